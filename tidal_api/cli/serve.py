@@ -1,0 +1,2 @@
+"""`tidal serve` (being built)."""
+COMMANDS: list = []

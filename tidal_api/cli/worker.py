@@ -1,0 +1,2 @@
+"""`tidal worker` (being built)."""
+COMMANDS: list = []

@@ -1,0 +1,92 @@
+"""Engine and session handling for SQLite (WAL) and PostgreSQL."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+import typing as t
+
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from config import Settings
+from tidal_workers.store.models import ApiKey, Base, Tenant
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # WAL lets readers run beside one writer
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Store:
+    """The database of one process: an engine, a session factory and start-up helpers."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        if settings.sqlalchemy_url.startswith("sqlite"):
+            from pathlib import Path
+
+            Path(settings.home).mkdir(parents=True, exist_ok=True)
+        self.engine = make_engine(settings.sqlalchemy_url)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def session(self) -> t.Iterator[Session]:
+        """A session committed on success and rolled back on error."""
+        with self.sessions() as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision."""
+        from tidal_workers.store.migrate import upgrade
+
+        upgrade(self.engine)
+
+    def sync_keys(self) -> None:
+        """Store the configured keys (hashed) and their tenants."""
+        now = int(time.time())
+        with self.session() as s:
+            for tenant, key in self.settings.configured_keys:
+                if s.get(Tenant, tenant) is None:
+                    s.add(Tenant(id=tenant, created_at=now))
+                    s.flush()
+                h = hash_key(key)
+                if s.get(ApiKey, h) is None:
+                    s.add(ApiKey(key_hash=h, tenant_id=tenant, created_at=now))
+            if self.settings.env != "dev":  # the dev key must not outlive dev mode
+                dev = s.get(ApiKey, hash_key("tidal-dev-key"))
+                if dev is not None:
+                    s.delete(dev)
+
+    def tenant_for_key(self, key: str) -> str | None:
+        with self.sessions() as s:
+            row = s.execute(select(ApiKey.tenant_id).where(ApiKey.key_hash == hash_key(key))).first()
+            return row[0] if row else None
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+__all__ = ["Base", "Store", "hash_key", "make_engine"]

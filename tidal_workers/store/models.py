@@ -1,0 +1,139 @@
+"""Tables. Times are integer Unix seconds, as on OpenAI's wire."""
+from __future__ import annotations
+
+import enum
+import secrets
+
+from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+class BatchStatus(str, enum.Enum):
+    validating = "validating"
+    failed = "failed"
+    in_progress = "in_progress"
+    finalizing = "finalizing"
+    completed = "completed"
+    expired = "expired"
+    cancelling = "cancelling"
+    cancelled = "cancelled"
+
+    @property
+    def is_open(self) -> bool:
+        """Items of an open batch may still be claimed or finish."""
+        return self in (BatchStatus.in_progress, BatchStatus.cancelling)
+
+
+class ItemStatus(str, enum.Enum):
+    pending = "pending"      # queued or in flight: only a terminal write changes it
+    completed = "completed"  # engine answered 2xx: an output-file line
+    failed = "failed"        # engine 4xx or retry budget spent: an error-file line
+    cancelled = "cancelled"  # batch cancelled before it ran: batch_cancelled line
+    expired = "expired"      # window ran out before it ran: batch_expired line
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class File(Base):
+    __tablename__ = "files"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("file-"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    lines: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="processed")
+    blob: Mapped[str] = mapped_column(String(128))  # name inside the blob directory
+    deleted: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    __table_args__ = (Index("ix_files_tenant_created", "tenant_id", "created_at", "id"),)
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("batch_"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    completion_window: Mapped[str] = mapped_column(String(8), default="24h")
+    status: Mapped[str] = mapped_column(String(16), default=BatchStatus.validating.value, index=True)
+    output_file_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    errors: Mapped[list | None] = mapped_column(JSON, nullable=True)  # validation errors.data
+    metadata_: Mapped[dict | None] = mapped_column("metadata", JSON, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    in_progress_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expires_at: Mapped[int] = mapped_column(BigInteger)
+    finalizing_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    completed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    failed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expired_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cancelling_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cancelled_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # request_counts, kept live in the same transaction as each item's terminal write
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    # usage of completed items (the billed ones)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # SLA state written by the re-score sweep (the `tidal` extension object)
+    priority: Mapped[int] = mapped_column(Integer, default=100)
+    laxity_seconds: Mapped[float | None] = mapped_column(nullable=True)
+    observed_rate: Mapped[float | None] = mapped_column(nullable=True)
+
+    __table_args__ = (Index("ix_batches_tenant_created", "tenant_id", "created_at", "id"),)
+
+
+class Item(Base):
+    """One request line of a batch's input file."""
+
+    __tablename__ = "items"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"))
+    line: Mapped[int] = mapped_column(Integer)       # 1-based line in the input file
+    ordinal: Mapped[int] = mapped_column(Integer)    # claim order inside the batch (prefix groups)
+    custom_id: Mapped[str] = mapped_column(String(512))
+    url: Mapped[str] = mapped_column(String(64))
+    body: Mapped[str] = mapped_column(Text)          # the request body as JSON text
+    status: Mapped[str] = mapped_column(String(16), default=ItemStatus.pending.value)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # attempt whose result was written
+    response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    response_body: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (
+        UniqueConstraint("batch_id", "custom_id", name="uq_items_batch_custom_id"),
+        Index("ix_items_batch_status", "batch_id", "status"),
+    )
