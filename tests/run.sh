@@ -16,6 +16,12 @@ pg_isready -h 127.0.0.1 -p 5432 -q || {
   echo "starting postgresql"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
 }
+# `docker compose config` validates docker-compose.yml; no Docker engine runs here, so Debian's
+# compose v1 (a Python program) is enough where the v2 plugin is missing.
+docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || {
+  echo "installing docker-compose (Debian package)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose) >/dev/null
+}
 for _ in $(seq 30); do
   redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -q && break
   sleep 1
