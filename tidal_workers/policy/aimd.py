@@ -1,0 +1,160 @@
+"""The AIMD rule that sets how many batch items a node may have in flight.
+
+The engine is the mechanism (priority admission and preemption between
+scrapes); this is the policy that keeps batch work from bloating the engine's
+queue. One :meth:`AimdController.step` per scrape of the co-located vLLM:
+
+* KV usage and online waiting are smoothed by an EWMA (``alpha``; the first
+  good reading seeds it).
+* Pressure: KV EWMA > ``kv_high``, or online-waiting EWMA, counted in whole
+  requests (>= ``online_waiting_tolerance + 0.5``), above the tolerance, or
+  ``preemptions_total`` rose since the last reading. Pressure halves the
+  target (rounding down), at most once per ``period`` however often it is
+  scraped, so one burst seen by several scrapes does not collapse the target.
+* Growth: no pressure and KV EWMA < ``kv_low`` add one, at most once per
+  period and not within a period of the last change, and only while the gate
+  is in use (``batch_inflight >= target - 1``): an idle node's target stays
+  where it is instead of ballooning, so a burst of batch work starts from a
+  target that was earned under load.
+* Between ``kv_low`` and ``kv_high`` the target holds (hysteresis).
+* A counter that falls (an engine restart) is a new baseline, not pressure.
+* A failed reading (``ok=False``: unreachable, malformed or stale) closes the
+  target to ``min_target`` at once and forgets the EWMAs; good readings then
+  reopen it one step per period.
+
+Waiting counts are whole requests: comparing the rounded count keeps an EWMA
+that decays geometrically toward zero from holding a tolerance of 0 breached
+for ever after a burst ends.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing as t
+
+if t.TYPE_CHECKING:
+    from config import Settings
+
+HALVE = "halve"
+GROW = "grow"
+HOLD = "hold"
+FAILSAFE = "failsafe"
+DECISIONS = (HALVE, GROW, HOLD, FAILSAFE)
+
+
+@dataclasses.dataclass(frozen=True)
+class AimdConfig:
+    kv_high: float = 0.85
+    kv_low: float = 0.70
+    alpha: float = 0.5
+    period: float = 1.0
+    online_waiting_tolerance: float = 0.0
+    min_target: int = 0
+    max_target: int = 4
+    initial_target: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+        if not self.kv_low <= self.kv_high:
+            raise ValueError(f"kv_low ({self.kv_low}) must not exceed kv_high ({self.kv_high})")
+        if not 0 <= self.min_target <= self.initial_target <= self.max_target:
+            raise ValueError(
+                f"need 0 <= min_target <= initial_target <= max_target, got "
+                f"{self.min_target}, {self.initial_target}, {self.max_target}"
+            )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AimdConfig:
+        return cls(
+            kv_high=settings.kv_high,
+            kv_low=settings.kv_low,
+            alpha=settings.ewma_alpha,
+            period=settings.scrape_seconds,
+            online_waiting_tolerance=settings.online_waiting_tolerance,
+            min_target=settings.min_inflight,
+            max_target=settings.max_inflight,
+            # a misconfigured start value is clamped rather than fatal: the bounds are what matter
+            initial_target=min(max(settings.initial_inflight, settings.min_inflight), settings.max_inflight),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """One scrape of the engine, plus this node's own batch items in flight."""
+
+    kv_usage: float  # 0..1
+    waiting: float  # requests in the engine's waiting queue, online and batch alike
+    running: float
+    preemptions_total: float  # a counter
+    batch_inflight: int  # this node's batch items sent and not yet answered
+    ok: bool = True  # False: unreachable, malformed or stale
+
+    @classmethod
+    def failed(cls, batch_inflight: int) -> Observation:
+        return cls(0.0, 0.0, 0.0, 0.0, batch_inflight, ok=False)
+
+    @property
+    def online_waiting(self) -> float:
+        """Waiting requests that cannot be ours: ``max(0, waiting - batch_inflight)``.
+
+        vLLM does not label its queue by origin, but this node's batch items can
+        account for at most ``batch_inflight`` of the waiting requests. The
+        estimate is biased low: when some of our items are running, the
+        remainder of ``batch_inflight`` still "absorbs" that many online waiters,
+        so online waiting is seen only once it exceeds our unanswered items. The
+        bias errs toward admitting batch work, and the target bounds it: at
+        most ``target`` online requests can hide behind our own. Other nodes do
+        not share this engine, so their items never appear here.
+        """
+        return max(0.0, self.waiting - self.batch_inflight)
+
+
+@dataclasses.dataclass(frozen=True)
+class AimdState:
+    target: int
+    kv_ewma: float | None = None
+    waiting_ewma: float | None = None  # of online waiting
+    preemptions_seen: float | None = None  # last counter value, the baseline for "rose"
+    halved_at: float | None = None
+    changed_at: float | None = None
+    decision: str = HOLD  # what the last step decided
+
+
+class AimdController:
+    def __init__(self, config: AimdConfig):
+        self.config = config
+
+    def initial(self) -> AimdState:
+        return AimdState(target=self.config.initial_target)
+
+    def step(self, state: AimdState, obs: Observation, now: float) -> AimdState:
+        cfg = self.config
+        if not obs.ok:
+            return AimdState(target=cfg.min_target, halved_at=state.halved_at, changed_at=now, decision=FAILSAFE)
+
+        kv = _ewma(state.kv_ewma, obs.kv_usage, cfg.alpha)
+        waiting = _ewma(state.waiting_ewma, obs.online_waiting, cfg.alpha)
+        preempted = state.preemptions_seen is not None and obs.preemptions_total > state.preemptions_seen
+        pressure = kv > cfg.kv_high or waiting >= cfg.online_waiting_tolerance + 0.5 or preempted
+        new = dataclasses.replace(
+            state, kv_ewma=kv, waiting_ewma=waiting, preemptions_seen=obs.preemptions_total, decision=HOLD
+        )
+
+        if pressure:
+            if _elapsed(state.halved_at, now, cfg.period):
+                target = max(cfg.min_target, state.target // 2)
+                return dataclasses.replace(new, target=target, halved_at=now, changed_at=now, decision=HALVE)
+            return new
+        in_use = obs.batch_inflight >= state.target - 1
+        if kv < cfg.kv_low and in_use and state.target < cfg.max_target and _elapsed(state.changed_at, now, cfg.period):
+            return dataclasses.replace(new, target=state.target + 1, changed_at=now, decision=GROW)
+        return new
+
+
+def _ewma(prev: float | None, value: float, alpha: float) -> float:
+    return value if prev is None else alpha * value + (1 - alpha) * prev
+
+
+def _elapsed(since: float | None, now: float, period: float) -> bool:
+    # a clock that stepped back must not freeze the controller until it catches up
+    return since is None or not 0 <= now - since < period
