@@ -1,0 +1,134 @@
+"""`tidal up`: the docker-compose topology on one machine, without Docker.
+
+API (gunicorn), one worker, one beat and optionally Flower, each the same
+`tidal ...` command docker-compose.yml runs, supervised here: if one exits the
+rest are stopped, and Ctrl-C stops them all.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import click
+import redis
+
+from config import Settings, load_settings
+from config.settings import child_environ
+
+
+class Supervisor:
+    """Children started in order, stopped in reverse; SIGTERM first, SIGKILL after a grace period."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.env = env
+        self.log_dir = log_dir
+        self.children: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.children.append((name, proc))
+        click.echo(f"  {name:<7} pid {proc.pid:<7} log {self.log_dir / (name + '.log')}")
+        return proc
+
+    def first_exited(self) -> tuple[str, int] | None:
+        for name, proc in self.children:
+            if proc.poll() is not None:
+                return name, proc.returncode
+        return None
+
+    def stop(self, grace: float = 15.0) -> None:
+        for _name, proc in reversed(self.children):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for name, proc in reversed(self.children):
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                click.echo(f"  {name} did not stop in {grace:.0f} s: killed")
+                proc.kill()
+                proc.wait()
+
+
+def ensure_redis(settings: Settings, sup: Supervisor) -> None:
+    """Use TIDAL_REDIS_URL if it answers; else start a redis-server under TIDAL_HOME on its port."""
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        client.ping()
+        return
+    except redis.ConnectionError:
+        pass
+    server = shutil.which("redis-server")
+    url = urlparse(settings.redis_url)
+    if server is None or url.hostname not in ("127.0.0.1", "localhost"):
+        raise click.ClickException(
+            f"no Redis answers at {settings.redis_url} and none can be started here "
+            "(install redis-server, or set TIDAL_REDIS_URL to a running Redis)"
+        )
+    data = Path(settings.home) / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    sup.start("redis", [server, "--port", str(url.port or 6379), "--bind", "127.0.0.1",
+                        "--save", "", "--appendonly", "no", "--dir", str(data)])
+    for _ in range(50):
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    raise click.ClickException("redis-server did not come up; see its log")
+
+
+@click.command()
+@click.option("--flower/--no-flower", default=False, help="Also run the Flower UI.")
+@click.option("--demo", is_flag=True, help="Start the tiny local engine and follow a sample batch to completion.")
+def up(flower: bool, demo: bool) -> None:
+    """Run the whole Tidal stack on this machine until Ctrl-C."""
+    settings = load_settings()
+    tidal = [sys.executable, "-m", "tidal_api.cli"]
+    log_dir = Path(settings.home) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    overrides: dict[str, str] = {}
+    if not settings.api_keys and settings.env != "dev":
+        click.echo("no TIDAL_API_KEYS configured: running in dev mode with the key tidal-dev-key")
+        overrides["TIDAL_ENV"] = "dev"
+    engine = None
+    if demo:
+        from tidal_engine.serve import serve_tiny
+
+        click.echo("starting the tiny local vLLM engine (about 30 s) ...")
+        engine = serve_tiny(settings, log_dir=log_dir)
+        overrides["TIDAL_VLLM_URL"] = engine.url
+    sup = Supervisor(child_environ(**overrides), log_dir)
+    click.echo(f"tidal up: home {settings.home}")
+    try:
+        ensure_redis(settings, sup)
+        subprocess.run(tidal + ["db", "upgrade"], env=sup.env, check=True)
+        sup.start("api", tidal + ["serve"])
+        sup.start("worker", tidal + ["worker"])
+        sup.start("beat", tidal + ["beat"])
+        if flower:
+            sup.start("flower", tidal + ["flower", "--address", "127.0.0.1"])
+        click.echo(f"API on http://{settings.bind}/v1  (Ctrl-C stops everything)")
+        if demo:
+            from tidal_api.cli.demo import run_demo
+
+            dev = sup.env.get("TIDAL_ENV", settings.env) == "dev"
+            run_demo(f"http://{settings.bind}", "tidal-dev-key" if dev else settings.configured_keys[0][1])
+        while (exited := sup.first_exited()) is None:
+            time.sleep(0.5)
+        click.echo(f"{exited[0]} exited with status {exited[1]}: stopping the rest")
+    except KeyboardInterrupt:
+        click.echo("\nstopping ...")
+    finally:
+        sup.stop()
+        if engine is not None:
+            engine.stop()
+
+
+COMMANDS = [up]

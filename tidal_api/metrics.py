@@ -1,0 +1,96 @@
+"""GET /metrics for the API: request latency by route, plus store and queue gauges read at scrape time.
+
+Under gunicorn each worker process keeps its own histogram samples in
+PROMETHEUS_MULTIPROC_DIR (set by `tidal serve`); a scrape answered by any one
+worker merges all of them, so the numbers are right whichever process answers.
+Store and queue figures are read from SQL and Redis at scrape time, so they
+need no cross-process bookkeeping at all.
+"""
+from __future__ import annotations
+
+import time
+
+import prometheus_client
+from flask import Blueprint, Flask, Response, current_app, g, request
+from prometheus_client import multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from sqlalchemy import func, select
+
+from tidal_workers.metrics import QueueCollector
+from tidal_workers.store import Batch, BatchStatus
+
+REQUEST_SECONDS = prometheus_client.Histogram(
+    "tidal_api_request_seconds", "API request latency by route template.", ["route", "method", "status"],
+    buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
+)
+
+bp = Blueprint("metrics", __name__)
+
+
+class StoreCollector:
+    """Batches by status, completed items and harvested tokens, straight from SQL."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def collect(self):
+        with self.store.sessions() as s:
+            by_status = dict(s.execute(select(Batch.status, func.count()).group_by(Batch.status)).all())
+            done, tokens = s.execute(select(func.coalesce(func.sum(Batch.completed), 0),
+                                            func.coalesce(func.sum(Batch.input_tokens + Batch.output_tokens), 0))).one()
+        batches = GaugeMetricFamily("tidal_batches", "Batches by status.", labels=["status"])
+        for status in BatchStatus:
+            batches.add_metric([status.value], by_status.get(status.value, 0))
+        yield batches
+        yield CounterMetricFamily("tidal_items_completed", "Batch items completed (billed); rate() gives items/s.",
+                                  value=int(done))
+        yield CounterMetricFamily("tidal_harvested_tokens", "Input plus output tokens of completed batch items.",
+                                  value=int(tokens))
+
+    def describe(self):
+        return []
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    rt = current_app.extensions["tidal"]
+    registry = prometheus_client.CollectorRegistry()
+    if multiprocess_mode():
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(_LocalRequests())
+    registry.register(StoreCollector(rt.store))
+    registry.register(QueueCollector(rt.queue))
+    return Response(prometheus_client.generate_latest(registry), mimetype=prometheus_client.CONTENT_TYPE_LATEST)
+
+
+def multiprocess_mode() -> bool:
+    """True when prometheus_client was imported in multiprocess mode (gunicorn via `tidal serve`)."""
+    return prometheus_client.values.ValueClass is not prometheus_client.values.MutexValue
+
+
+class _LocalRequests:
+    """One process (tests, the dev server): the request histogram from the default registry."""
+
+    def collect(self):
+        yield from REQUEST_SECONDS.collect()
+
+    def describe(self):
+        return []
+
+
+def init_app(app: Flask) -> None:
+    @app.before_request
+    def _start_timer() -> None:
+        g.tidal_started = time.perf_counter()
+
+    @app.after_request
+    def _observe(response: Response) -> Response:
+        started = g.pop("tidal_started", None)
+        if started is not None:
+            route = request.url_rule.rule if request.url_rule else "unmatched"
+            REQUEST_SECONDS.labels(route, request.method, str(response.status_code)).observe(
+                time.perf_counter() - started)
+        return response
+
+    app.register_blueprint(bp)

@@ -1,0 +1,1 @@
+"""`tidal bench`: measurements, not tests. Results go to docs/benchmarks.md with command, machine and date."""

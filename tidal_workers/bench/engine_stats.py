@@ -1,0 +1,88 @@
+"""Counters read from vLLM's /metrics, sampled over a run: generated tokens and budget fill."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclasses.dataclass
+class Reading:
+    at: float
+    generation_tokens: float
+    prompt_tokens: float
+    iteration_tokens_sum: float
+    iteration_count: float
+    kv_usage: float
+    running: float
+    waiting: float
+    prefix_queries: float
+    prefix_hits: float
+
+
+def read(engine_url: str, timeout: float = 2.0) -> Reading:
+    text = requests.get(f"{engine_url}/metrics", timeout=timeout).text
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            values[s.name] = values.get(s.name, 0.0) + s.value
+    return Reading(
+        at=time.monotonic(),
+        generation_tokens=values.get("vllm:generation_tokens_total", 0.0),
+        prompt_tokens=values.get("vllm:prompt_tokens_total", 0.0),
+        iteration_tokens_sum=values.get("vllm:iteration_tokens_total_sum", 0.0),
+        iteration_count=values.get("vllm:iteration_tokens_total_count", 0.0),
+        kv_usage=values.get("vllm:kv_cache_usage_perc", 0.0),
+        running=values.get("vllm:num_requests_running", 0.0),
+        waiting=values.get("vllm:num_requests_waiting", 0.0),
+        prefix_queries=values.get("vllm:prefix_cache_queries_total", 0.0),
+        prefix_hits=values.get("vllm:prefix_cache_hits_total", 0.0),
+    )
+
+
+class Sampler:
+    """Reads /metrics every ``period`` seconds in a thread until stopped."""
+
+    def __init__(self, engine_url: str, period: float = 1.0):
+        self.engine_url = engine_url
+        self.period = period
+        self.readings: list[Reading] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.readings.append(read(self.engine_url))
+            except requests.RequestException:
+                pass
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.readings.append(read(self.engine_url))
+        except requests.RequestException:
+            pass
+
+
+def budget_fill(readings: list[Reading], budget_tokens: int) -> list[tuple[float, float]]:
+    """(seconds since start, tokens per step / budget) per sampling interval, from the iteration histogram."""
+    out = []
+    for a, b in zip(readings, readings[1:]):
+        steps = b.iteration_count - a.iteration_count
+        if steps > 0:
+            out.append((b.at - readings[0].at, (b.iteration_tokens_sum - a.iteration_tokens_sum) / steps / budget_tokens))
+    return out
+
+
+def delta(readings: list[Reading], field: str) -> float:
+    return getattr(readings[-1], field) - getattr(readings[0], field) if len(readings) >= 2 else 0.0

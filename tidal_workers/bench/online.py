@@ -1,0 +1,117 @@
+"""Open-loop online load sent straight to vLLM at priority 0, as chat clients would.
+
+Arrivals follow a rate function (flat or diurnal) regardless of how fast the
+server answers, so queueing shows up as latency instead of being hidden by a
+closed loop. Each request streams, so time-to-first-token (TTFT) and the gaps
+between tokens (TBT) are measured from the client's side.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import random
+import time
+import typing as t
+
+import httpx
+
+
+@dataclasses.dataclass
+class OnlineSample:
+    start: float          # seconds since the run began
+    ttft: float | None    # None: the request failed
+    tbts: list[float]
+    tokens: int
+    error: str | None = None
+
+
+def flat(rate: float) -> t.Callable[[float], float]:
+    return lambda _t: rate
+
+
+def diurnal(mean: float, amplitude: float, period_s: float) -> t.Callable[[float], float]:
+    """A day compressed into ``period_s``: mean·(1 + amplitude·sin), starting at the trough."""
+    return lambda now: max(0.0, mean * (1 + amplitude * math.sin(2 * math.pi * now / period_s - math.pi / 2)))
+
+
+def arrivals(rate_fn: t.Callable[[float], float], duration: float, seed: int = 7) -> list[float]:
+    """Poisson arrival times for a time-varying rate, by thinning."""
+    rng = random.Random(seed)
+    peak = max(rate_fn(x * duration / 200) for x in range(201)) or 1e-9
+    now, out = 0.0, []
+    while True:
+        now += rng.expovariate(peak)
+        if now >= duration:
+            return out
+        if rng.random() < rate_fn(now) / peak:
+            out.append(now)
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict, t0: float) -> OnlineSample:
+    start = time.perf_counter()
+    sample = OnlineSample(start=start - t0, ttft=None, tbts=[], tokens=0)
+    last = None
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                sample.error = f"http {resp.status_code}"
+                return sample
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                choices = chunk.get("choices") or []
+                if not choices or not (choices[0].get("delta") or {}).get("content"):
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    sample.ttft = now - start
+                else:
+                    sample.tbts.append(now - last)
+                last = now
+                sample.tokens += 1
+    except httpx.HTTPError as exc:
+        sample.error = type(exc).__name__
+    return sample
+
+
+async def run_online(engine_url: str, model: str, times: list[float], prompt: str,
+                     max_tokens: int, timeout: float = 120.0) -> list[OnlineSample]:
+    """Fire one streaming request at each arrival time; return every sample."""
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True, "priority": 0,
+            "messages": [{"role": "user", "content": prompt}]}
+    url = f"{engine_url}/v1/chat/completions"
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        t0 = time.perf_counter()
+        tasks = []
+        for at in times:
+            delay = at - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_one(client, url, body, t0)))
+        return list(await asyncio.gather(*tasks))
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summarize(samples: list[OnlineSample], duration: float) -> dict:
+    ok = [s for s in samples if s.ttft is not None]
+    ttfts = [s.ttft for s in ok]
+    tbts = [g for s in ok for g in s.tbts]
+    return {
+        "requests": len(samples),
+        "errors": len(samples) - len(ok),
+        "ttft_p50": percentile(ttfts, 0.5), "ttft_p99": percentile(ttfts, 0.99),
+        "tbt_p50": percentile(tbts, 0.5), "tbt_p99": percentile(tbts, 0.99),
+        "tokens_per_s": sum(s.tokens for s in ok) / duration if duration else 0.0,
+    }

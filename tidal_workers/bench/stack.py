@@ -1,0 +1,107 @@
+"""A private Tidal (store, Redis DB, one `tidal worker` process) feeding one engine, for benchmarks.
+
+Batches go in through the real API code (the Flask app in-process), and the
+worker is the same command production runs, so a benchmark measures Tidal
+itself rather than a shortcut around it.
+"""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from config import Settings
+from config.settings import child_environ
+from tidal_workers.runtime import Runtime
+from tidal_workers.store import Item, ItemStatus
+
+BENCH_REDIS_DB = 14
+
+
+class TidalStack:
+    def __init__(self, base: Settings, engine_url: str, home: Path, *, gate_mode: str = "aimd",
+                 max_inflight: int = 16, extra_env: dict[str, str] | None = None):
+        redis_url = base.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+        env = {"TIDAL_HOME": str(home), "TIDAL_DATABASE_URL": "", "TIDAL_BLOB_DIR": "", "TIDAL_REDIS_URL": redis_url,
+               "TIDAL_BROKER_URL": "", "TIDAL_VLLM_URL": engine_url, "TIDAL_ENV": "dev",
+               "TIDAL_GATE_MODE": gate_mode, "TIDAL_MAX_INFLIGHT": str(max_inflight),
+               "TIDAL_NODE": "bench-node", **(extra_env or {})}
+        self.settings = base.replace(home=str(home), database_url="", blob_dir="", redis_url=redis_url,
+                                     broker_url="", vllm_url=engine_url, env="dev", node="bench-node",
+                                     max_inflight=max_inflight)
+        self.rt = Runtime(self.settings)
+        self.rt.redis.flushdb()
+        self.rt.store.migrate()
+        self.rt.store.sync_keys()
+        from tidal_api import create_app
+
+        self.client = create_app(runtime=self.rt).test_client()
+        self.headers = {"Authorization": "Bearer tidal-dev-key"}
+        home.mkdir(parents=True, exist_ok=True)
+        self.log = open(home / "worker.log", "ab")
+        self.worker = subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "worker"], env=child_environ(**env),
+                                       stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.batch_ids: list[str] = []
+
+    def submit(self, n: int, body: dict, endpoint: str = "/v1/chat/completions") -> str:
+        lines = (json.dumps({"custom_id": f"r{i}", "method": "POST", "url": endpoint, "body": body}) for i in range(n))
+        data = ("\n".join(lines) + "\n").encode()
+        up = self.client.post("/v1/files", headers=self.headers,
+                              data={"purpose": "batch", "file": (io.BytesIO(data), "bench.jsonl")})
+        assert up.status_code == 200, up.get_data(as_text=True)
+        created = self.client.post("/v1/batches", headers=self.headers, json={
+            "input_file_id": up.get_json()["id"], "endpoint": endpoint, "completion_window": "24h"})
+        assert created.status_code == 200, created.get_data(as_text=True)
+        self.batch_ids.append(created.get_json()["id"])
+        return self.batch_ids[-1]
+
+    def batch(self, batch_id: str) -> dict:
+        return self.client.get(f"/v1/batches/{batch_id}", headers=self.headers).get_json()
+
+    def completed_items(self) -> int:
+        with self.rt.store.sessions() as s:
+            return s.scalar(select(func.count()).select_from(Item).where(Item.status == ItemStatus.completed.value))
+
+    def wait_until_flowing(self, timeout: float = 120.0) -> None:
+        """Block until the worker has finished at least one item (engine warm, gate open)."""
+        deadline = time.monotonic() + timeout
+        while self.completed_items() == 0:
+            if self.worker.poll() is not None:
+                raise RuntimeError(f"tidal worker exited ({self.worker.returncode}); see {self.log.name}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("no batch item completed; see the worker log")
+            time.sleep(0.5)
+
+    def wait_done(self, batch_id: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while (b := self.batch(batch_id))["status"] not in ("completed", "failed", "expired", "cancelled"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"batch {batch_id} still {b['status']}")
+            time.sleep(0.5)
+        return b
+
+    def cancel_all(self) -> None:
+        for batch_id in self.batch_ids:
+            self.client.post(f"/v1/batches/{batch_id}/cancel", headers=self.headers)
+
+    def close(self) -> None:
+        self.worker.terminate()
+        try:
+            self.worker.wait(20)
+        except subprocess.TimeoutExpired:
+            self.worker.kill()
+            self.worker.wait()
+        self.log.close()
+        self.rt.redis.flushdb()
+        self.rt.close()
+
+    def __enter__(self) -> "TidalStack":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
