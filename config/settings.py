@@ -60,6 +60,7 @@ class Settings:
     retry_backoff_seconds: float = _setting(0.5, "First retry delay; doubles each time, capped at 30 s.")
 
     # --- the AIMD gate ------------------------------------------------------
+    gate_mode: str = _setting("aimd", "`aimd`: the in-flight target follows the co-located vLLM's /metrics; `fixed`: it stays at `TIDAL_MAX_INFLIGHT`.")
     scrape_seconds: float = _setting(1.0, "Period of the /metrics scrape and of the AIMD controller.")
     ewma_alpha: float = _setting(0.5, "Smoothing of KV usage and waiting counts (1 = no smoothing).")
     kv_high: float = _setting(0.85, "KV cache usage (EWMA) above which the target is halved.")
@@ -67,11 +68,23 @@ class Settings:
     online_waiting_tolerance: float = _setting(0.0, "Online requests waiting (EWMA) tolerated before the target is halved.")
     metrics_stale_seconds: float = _setting(5.0, "A reading older than this closes the gate (fail-safe).")
 
+    # --- TidalScheduler (read inside vLLM's engine-core process) ----------
+    sched_tbt_slo_ms: float = _setting(200.0, "TidalScheduler: online time-between-tokens SLO in ms; the step budget is this times (1 - guard).")
+    sched_guard: float = _setting(0.2, "TidalScheduler: fraction of the TBT SLO kept free as a safety margin.")
+    sched_r2_min: float = _setting(0.85, "TidalScheduler: R² below which the latency model is not trusted and the static cap applies.")
+    sched_static_cap_frac: float = _setting(0.25, "TidalScheduler: static batch cap as a fraction of max_num_batched_tokens, used while online traffic is present and the model is untrusted.")
+    sched_window: int = _setting(4000, "TidalScheduler: steps in the latency model's rolling least-squares window.")
+    sched_h_min: float = _setting(0.05, "TidalScheduler: lower clamp of the KV guardband H.")
+    sched_h_max: float = _setting(0.30, "TidalScheduler: upper clamp of the KV guardband H.")
+    sched_h_alpha: float = _setting(0.05, "TidalScheduler: EWMA weight of each step's online KV demand in the guardband H.")
+    sched_metrics_port: int = _setting(0, "TidalScheduler: port of its Prometheus endpoint in the engine-core process; 0 turns it off.")
+
     # --- SLA: laxity, escalation, floor ------------------------------------
     escalation_horizon_seconds: float = _setting(6 * 3600.0, "H: laxity below this starts raising a batch's priority.")
     batch_priority_min: int = _setting(1, "Most urgent priority a batch may reach (vLLM priority; lower is sooner).")
     sla_strict: bool = _setting(False, "Allow priority 0 (parity with online traffic) for a batch about to miss its window.")
     floor_urgency: float = _setting(0.9, "Urgency past which the token-bucket floor admits a batch even when the gate is closed.")
+    rate_tau_seconds: float = _setting(900.0, "Time constant of a batch's observed-rate estimate: how fast its laxity (and ETA) follows a burst or a stall.")
     floor_rate: float = _setting(0.5, "Guaranteed items per second per urgent batch per node, past the gate.")
     rescore_seconds: float = _setting(5.0, "Period of beat's laxity re-score.")
     reclaim_seconds: float = _setting(5.0, "Period of beat's expired-lease sweep.")
@@ -159,3 +172,10 @@ def documented_fields() -> list[tuple[str, str, str]]:
         default = f.default if f.default is not dataclasses.MISSING else "(computed)"
         rows.append((env_name(f.name), str(default), f.metadata["doc"]))
     return rows
+
+
+def child_environ(**overrides: str) -> dict[str, str]:
+    """The environment for a child process Tidal starts (``tidal up``): ours plus overrides."""
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in overrides.items()})
+    return env

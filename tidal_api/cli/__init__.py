@@ -1,7 +1,7 @@
 """The `tidal` command: one group, one module per sub-command family."""
 import click
 
-from tidal_api.cli import db, engine, serve, worker
+from tidal_api.cli import bench, config_cmd, db, engine, flower, report, serve, up, watch, worker
 
 
 @click.group()
@@ -9,7 +9,7 @@ def main() -> None:
     """Tidal: an OpenAI-compatible Batch API on the slack of live vLLM servers."""
 
 
-for module in (db, engine, serve, worker):
+for module in (bench, config_cmd, db, engine, flower, report, serve, up, watch, worker):
     for command in module.COMMANDS:
         main.add_command(command)
 
