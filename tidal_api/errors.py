@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -62,13 +62,11 @@ def _render(err: APIError):
 
 def _http_error(exc: HTTPException):
     status = exc.code or 500
-    if status == 404:
-        from flask import request
-
-        message = f"Invalid URL ({request.method} {request.path})"
-    else:
-        message = exc.description or exc.name
-    return _render(APIError(status, message, code=_HTTP_CODES.get(status)))
+    message = f"Invalid URL ({request.method} {request.path})" if status == 404 else (exc.description or exc.name)
+    body, status = _render(APIError(status, message, code=_HTTP_CODES.get(status)))
+    # keep werkzeug's headers that matter to the client (Allow on a 405)
+    headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
+    return body, status, headers
 
 
 def _unexpected(exc: Exception):

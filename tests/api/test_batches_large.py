@@ -1,0 +1,31 @@
+"""A batch whose input file is over TIDAL_SYNC_VALIDATE_BYTES is validated by the `tidal.ingest` Celery task."""
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from api_helpers import CHAT, request_line
+from tidal_workers.ingest import ingest_batch
+
+
+@pytest.fixture
+def settings(settings):
+    return settings.replace(sync_validate_bytes=0)
+
+
+def test_create_answers_validating_and_sends_the_ingest_task(acme, batch_file, rt):
+    b = acme.batches.create(input_file_id=batch_file([request_line("1"), request_line("2")]), endpoint=CHAT,
+                            completion_window="24h")
+    assert b.status == "validating" and b.in_progress_at is None and b.request_counts.total == 0
+    # the message is in the broker's tidal.ops list, as a worker will receive it
+    raw = rt.redis.rpop("tidal.ops")
+    assert raw is not None and rt.redis.llen("tidal.ops") == 0
+    message = json.loads(raw)
+    assert message["headers"]["task"] == "tidal.ingest"
+    args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+    assert (args, kwargs) == ([b.id], {})
+    ingest_batch(rt, *args)  # what the task does
+    after = acme.batches.retrieve(b.id)
+    assert (after.status, after.request_counts.total, after.model) == ("in_progress", 2, "tiny")

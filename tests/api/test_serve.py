@@ -1,0 +1,57 @@
+"""`tidal serve` starts gunicorn (gthread) with config/gunicorn.py and answers over real HTTP."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+
+from config.settings import env_name
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tidal_serve_runs_the_api_under_gunicorn(settings, rt, tmp_path):  # rt: an empty store
+    port = _free_port()
+    overrides = {"home": settings.home, "database_url": settings.database_url, "redis_url": settings.redis_url,
+                 "api_keys": settings.api_keys, "env": "prod", "bind": f"127.0.0.1:{port}", "api_workers": 2,
+                 "api_threads": 2}
+    env = {**os.environ, **{env_name(k): str(v) for k, v in overrides.items()}}
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "serve"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/openapi.json", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        with openai.OpenAI(base_url=url + "/v1", api_key="acme-key", max_retries=0) as client:
+            f = client.files.create(file=("a.jsonl", b"{}\n"), purpose="user_data")
+            assert [x.id for x in client.files.list().data] == [f.id]  # the store was migrated and keys synced
+        r = httpx.get(url + "/v1/files", headers={"Authorization": "Bearer tidal-dev-key"})
+        assert r.status_code == 401  # not dev mode: no dev key
+        assert b"gthread" in (tmp_path / "serve.log").read_bytes()
+        # /metrics merges the samples of both workers (multiprocess mode, set up by `tidal serve`)
+        for _ in range(20):
+            httpx.get(url + "/v1/files", headers={"Authorization": "Bearer acme-key"})
+        scrape = httpx.get(url + "/metrics").text
+        assert 'tidal_api_request_seconds_count{method="GET",route="/v1/files",status="200"} 21.0' in scrape
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+        log.close()

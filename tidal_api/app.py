@@ -1,0 +1,33 @@
+"""The Flask app factory: one Runtime per app, /v1/files and /v1/batches, OpenAI errors, /metrics."""
+from __future__ import annotations
+
+from flask import Flask
+
+from config import Settings, load_settings
+from tidal_workers.runtime import Runtime
+
+#: Room for multipart boundaries and the `purpose` field above the largest upload.
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:
+    """Build the API. Given a runtime (tests, embedding) it is used as is; else one is built and prepared."""
+    if runtime is None:
+        runtime = Runtime(settings or load_settings())
+        runtime.store.migrate()
+        runtime.store.sync_keys()
+        # gunicorn preloads the app and then forks: no worker may inherit the master's pooled connections.
+        runtime.store.engine.dispose()
+
+    from tidal_api import batches, errors, files, metrics, openapi
+
+    app = Flask(__name__)
+    # Past this werkzeug answers 413 before parsing; below it uploads spool to temporary files, never to memory.
+    app.config["MAX_CONTENT_LENGTH"] = runtime.settings.max_upload_bytes + MULTIPART_OVERHEAD
+    app.json.sort_keys = False  # keep OpenAI's field order on the wire
+    app.extensions["tidal"] = runtime
+    errors.init_app(app)
+    metrics.init_app(app)  # GET /metrics and the request-latency histogram
+    for blueprint in (files.bp, batches.bp, openapi.bp):
+        app.register_blueprint(blueprint)
+    return app

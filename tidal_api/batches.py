@@ -1,0 +1,138 @@
+"""/v1/batches: create (validated inline or by a Celery task), retrieve, cancel, list."""
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, current_app, jsonify, request
+from sqlalchemy import select
+
+from tidal_api import serialize
+from tidal_api.auth import authenticate, current_tenant
+from tidal_api.errors import APIError, batch_not_found, invalid_type, invalid_value, missing
+from tidal_api.files import owned_file
+from tidal_api.pagination import can_name_a_row, int_arg, keyset_page, list_body
+from tidal_workers.cancel import cancel_batch
+from tidal_workers.ingest import ingest_batch
+from tidal_workers.store.models import Batch, BatchStatus
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+COMPLETION_WINDOWS = ("24h",)
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+NOT_CANCELLABLE = (BatchStatus.completed.value, BatchStatus.failed.value, BatchStatus.expired.value)
+ALREADY_CANCELLED = (BatchStatus.cancelling.value, BatchStatus.cancelled.value)
+
+bp = Blueprint("batches", __name__, url_prefix="/v1/batches")
+bp.before_request(authenticate)
+
+
+def _rt():
+    return current_app.extensions["tidal"]
+
+
+def _owned_batch(session, batch_id: str) -> Batch:
+    b = session.get(Batch, batch_id) if can_name_a_row(batch_id) else None
+    if b is None or b.tenant_id != current_tenant():
+        raise batch_not_found(batch_id)
+    return b
+
+
+def _json_body() -> dict:
+    try:
+        body = request.get_json(force=True, silent=True)
+    except RecursionError:  # nesting deeper than the parser's stack; not caught by silent=True
+        body = None
+    if not isinstance(body, dict):
+        raise APIError(400, "We could not parse the JSON body of your request. The body must be a JSON object.",
+                       code="invalid_json")
+    return body
+
+
+def _required_str(body: dict, name: str) -> str:
+    value = body.get(name)
+    if value is None:
+        raise missing(name)
+    if not isinstance(value, str):
+        raise invalid_type(name, "a string")
+    return value
+
+
+def _metadata(value) -> dict | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid_type("metadata", "an object of string keys and string values")
+    if len(value) > MAX_METADATA_PAIRS:
+        raise invalid_value("metadata", f"Invalid 'metadata': at most {MAX_METADATA_PAIRS} key-value pairs.")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise invalid_value("metadata", f"Invalid 'metadata': keys are at most {MAX_METADATA_KEY} characters.")
+        if not isinstance(item, str):
+            raise invalid_type(f"metadata.{key}", "a string")
+        if len(item) > MAX_METADATA_VALUE:
+            raise invalid_value(f"metadata.{key}",
+                                f"Invalid 'metadata': values are at most {MAX_METADATA_VALUE} characters.")
+    return value
+
+
+@bp.post("")
+def create():
+    body = _json_body()
+    input_file_id = _required_str(body, "input_file_id")
+    endpoint = _required_str(body, "endpoint")
+    if endpoint not in ENDPOINTS:
+        raise invalid_value("endpoint", f"Invalid value for 'endpoint': '{endpoint[:64]}'. "
+                                        f"Supported values are: {', '.join(ENDPOINTS)}.")
+    window = _required_str(body, "completion_window")
+    if window not in COMPLETION_WINDOWS:
+        raise invalid_value("completion_window", f"Invalid value for 'completion_window': '{window[:64]}'. "
+                                                 "Supported values are: '24h'.")
+    metadata = _metadata(body.get("metadata"))
+
+    rt = _rt()
+    now = int(time.time())
+    with rt.store.session() as s:
+        source = owned_file(s, input_file_id, param="input_file_id")
+        if source.purpose != "batch":
+            raise invalid_value("input_file_id", f"File {input_file_id} has purpose '{source.purpose}'; "
+                                                 "a batch input file must have purpose 'batch'.")
+        batch = Batch(tenant_id=current_tenant(), endpoint=endpoint, input_file_id=input_file_id,
+                      completion_window=window, metadata_=metadata, created_at=now,
+                      expires_at=now + rt.settings.completion_window_seconds)
+        s.add(batch)
+        inline = source.bytes <= rt.settings.sync_validate_bytes
+    if inline:
+        ingest_batch(rt, batch.id)
+    else:
+        rt.celery.send_task("tidal.ingest", args=[batch.id], queue="tidal.ops")
+    with rt.store.sessions() as s:
+        return jsonify(serialize.batch_object(s.get(Batch, batch.id)))
+
+
+@bp.get("/<path:batch_id>")
+def retrieve(batch_id: str):
+    with _rt().store.sessions() as s:
+        return jsonify(serialize.batch_object(_owned_batch(s, batch_id)))
+
+
+@bp.post("/<path:batch_id>/cancel")
+def cancel(batch_id: str):
+    rt = _rt()
+    with rt.store.sessions() as s:
+        status = _owned_batch(s, batch_id).status
+    if status in NOT_CANCELLABLE:
+        raise APIError(409, f"Cannot cancel a batch with status '{status}'.", code="batch_not_cancellable")
+    if status not in ALREADY_CANCELLED:
+        cancel_batch(rt, batch_id)
+    with rt.store.sessions() as s:
+        return jsonify(serialize.batch_object(s.get(Batch, batch_id)))
+
+
+@bp.get("")
+def list_batches():
+    limit = int_arg(request.args, "limit", 20, 1, 100)
+    after = request.args.get("after")
+    stmt = select(Batch).where(Batch.tenant_id == current_tenant())
+    with _rt().store.sessions() as s:
+        rows, has_more = keyset_page(s, stmt, Batch, tenant=current_tenant(), after=after, limit=limit,
+                                     order="desc", not_found=batch_not_found(after or "", "after"))
+    return jsonify(list_body([serialize.batch_object(b) for b in rows], has_more))

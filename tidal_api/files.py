@@ -1,0 +1,124 @@
+"""/v1/files: upload (streamed to the blob directory), list, retrieve, content, delete."""
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, current_app, jsonify, request
+from sqlalchemy import select
+
+from tidal_api import serialize
+from tidal_api.auth import authenticate, current_tenant
+from tidal_api.errors import APIError, file_not_found, invalid_value, missing
+from tidal_api.pagination import can_name_a_row, int_arg, keyset_page, list_body, order_arg
+from tidal_workers.blobs import TooLarge
+from tidal_workers.store.models import File
+
+UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+PURPOSES = UPLOAD_PURPOSES + ("assistants_output", "batch_output", "fine-tune-results")  # incl. files Tidal writes
+MAX_FILENAME = 512  # files.filename
+
+bp = Blueprint("files", __name__, url_prefix="/v1/files")
+bp.before_request(authenticate)
+
+
+def _rt():
+    return current_app.extensions["tidal"]
+
+
+def owned_file(session, file_id: str, param: str = "file_id") -> File:
+    """The caller's live file, or the same 404 whatever the reason (unknown, deleted, not theirs)."""
+    f = session.get(File, file_id) if can_name_a_row(file_id) else None
+    if f is None or f.deleted or f.tenant_id != current_tenant():
+        raise file_not_found(file_id, param)
+    return f
+
+
+def _clean_filename(name: str | None) -> str:
+    """A display name every database can store: no NUL, no lone surrogate, bounded."""
+    name = (name or "upload").replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    return name[:MAX_FILENAME] or "upload"
+
+
+def _line_count(blob_path, size: int, newlines: int) -> int:
+    if size == 0:
+        return 0
+    with open(blob_path, "rb") as fh:
+        fh.seek(-1, 2)
+        return newlines + (fh.read(1) != b"\n")
+
+
+@bp.post("")
+def upload():
+    if request.mimetype != "multipart/form-data":
+        raise APIError(415, "Files must be uploaded as multipart/form-data.", code="unsupported_media_type")
+    rt, settings = _rt(), _rt().settings
+    # request.files spools each part to a temporary file; the limit below is enforced while copying it.
+    purpose = request.form.get("purpose")
+    if not purpose:
+        raise missing("purpose")
+    if purpose not in UPLOAD_PURPOSES:
+        raise invalid_value("purpose", f"Invalid value for 'purpose': '{purpose[:64]}'. "
+                                       f"Supported values are: {', '.join(UPLOAD_PURPOSES)}.")
+    upload_ = request.files.get("file")
+    if upload_ is None:
+        raise missing("file")
+    limit = settings.max_upload_bytes
+    if purpose == "batch":
+        limit = min(limit, settings.max_file_bytes)
+    try:
+        blob, size, newlines = rt.blobs.write_stream(upload_.stream, limit)
+    except TooLarge:
+        raise APIError(413, f"File is too large: at most {limit} bytes for purpose '{purpose}'.", param="file",
+                       code="file_too_large") from None
+    lines = _line_count(rt.blobs.path(blob), size, newlines)
+    if purpose == "batch" and lines > settings.max_file_lines:
+        rt.blobs.delete(blob)
+        raise APIError(400, f"A batch input file may hold at most {settings.max_file_lines} lines; this one has "
+                            f"{lines}.", param="file", code="too_many_lines")
+    now = int(time.time())
+    with rt.store.session() as s:
+        f = File(tenant_id=current_tenant(), filename=_clean_filename(upload_.filename),
+                 purpose=purpose, bytes=size, lines=lines, created_at=now,
+                 expires_at=now + settings.file_expiry_seconds, status="processed", blob=blob)
+        s.add(f)
+    return jsonify(serialize.file_object(f))
+
+
+@bp.get("")
+def list_files():
+    limit = int_arg(request.args, "limit", 10_000, 1, 10_000)
+    order = order_arg(request.args)
+    stmt = select(File).where(File.tenant_id == current_tenant(), File.deleted.is_(False))
+    if purpose := request.args.get("purpose"):
+        if purpose not in PURPOSES:
+            raise invalid_value("purpose", f"Invalid value for 'purpose': '{purpose[:64]}'.")
+        stmt = stmt.where(File.purpose == purpose)
+    after = request.args.get("after")
+    with _rt().store.sessions() as s:
+        rows, has_more = keyset_page(s, stmt, File, tenant=current_tenant(), after=after, limit=limit, order=order,
+                                     not_found=file_not_found(after or "", "after"))
+    return jsonify(list_body([serialize.file_object(f) for f in rows], has_more))
+
+
+@bp.get("/<path:file_id>")
+def retrieve(file_id: str):
+    with _rt().store.sessions() as s:
+        return jsonify(serialize.file_object(owned_file(s, file_id)))
+
+
+@bp.get("/<path:file_id>/content")
+def content(file_id: str):
+    with _rt().store.sessions() as s:
+        f = owned_file(s, file_id)
+    return Response(_rt().blobs.iter_chunks(f.blob), mimetype="application/octet-stream",
+                    headers={"Content-Length": str(f.bytes)})
+
+
+@bp.delete("/<path:file_id>")
+def delete(file_id: str):
+    rt = _rt()
+    with rt.store.session() as s:
+        f = owned_file(s, file_id)
+        f.deleted = True
+    rt.blobs.delete(f.blob)
+    return jsonify(serialize.file_deleted(f.id))

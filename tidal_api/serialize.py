@@ -1,0 +1,52 @@
+"""Store rows -> OpenAI wire objects. The only place that knows the wire field names."""
+from __future__ import annotations
+
+from tidal_workers.store.models import Batch, File
+
+_BATCH_TIMES = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+                "expired_at", "cancelling_at", "cancelled_at")
+
+
+def file_object(f: File) -> dict:
+    return {
+        "id": f.id,
+        "object": "file",
+        "bytes": f.bytes,
+        "created_at": f.created_at,
+        "expires_at": f.expires_at,
+        "filename": f.filename,
+        "purpose": f.purpose,
+        "status": f.status,
+        "status_details": None,
+    }
+
+
+def file_deleted(file_id: str) -> dict:
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+def batch_object(b: Batch) -> dict:
+    return {
+        "id": b.id,
+        "object": "batch",
+        "endpoint": b.endpoint,
+        "model": b.model,
+        "errors": {"object": "list", "data": b.errors} if b.errors else None,
+        "input_file_id": b.input_file_id,
+        "completion_window": b.completion_window,
+        "status": b.status,
+        "output_file_id": b.output_file_id,
+        "error_file_id": b.error_file_id,
+        **{name: getattr(b, name) for name in _BATCH_TIMES},
+        "request_counts": {"total": b.total, "completed": b.completed, "failed": b.failed},
+        "metadata": b.metadata_,
+        "usage": {
+            "input_tokens": b.input_tokens,
+            "input_tokens_details": {"cached_tokens": b.cached_tokens},
+            "output_tokens": b.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": b.reasoning_tokens},
+            "total_tokens": b.input_tokens + b.output_tokens,
+        },
+        # Tidal's extension: where the batch stands against its window (written by the re-score sweep).
+        "tidal": {"priority": b.priority, "laxity_seconds": b.laxity_seconds, "observed_rate": b.observed_rate},
+    }

@@ -1,0 +1,74 @@
+"""Ingest: validate a `validating` batch's input file and turn its lines into Item rows.
+
+Runs inline in ``POST /v1/batches`` for small files and as the Celery task
+``tidal.ingest`` for large ones. Either way it is idempotent: only a batch still
+``validating`` is touched, and the status change and the item rows commit in
+one transaction, so a redelivered task finds the batch moved on and does nothing.
+"""
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import insert, update
+
+from tidal_workers.enqueue import enqueue_batch
+from tidal_workers.store.models import Batch, BatchStatus, File, Item
+from tidal_workers.validate import LineError, ParsedLine, validate_file
+
+CHUNK_ROWS = 5000
+
+
+def ordered(items: list[ParsedLine]) -> list[ParsedLine]:
+    """Claim order: requests sharing a prompt prefix sit together (prefix-cache hits), then file order."""
+    return sorted(items, key=lambda p: (p.prefix_key, p.line))
+
+
+def _claim(session, batch_id: str, **values) -> bool:
+    """Move the batch out of `validating`; False if another delivery (or a cancel) got there first."""
+    done = session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.status == BatchStatus.validating.value).values(**values)
+    )
+    return done.rowcount == 1
+
+
+def ingest_batch(rt, batch_id: str) -> None:
+    """Validate the batch's file; then either fail the batch with its line errors, or insert its items and queue them."""
+    with rt.store.session() as s:
+        batch = s.get(Batch, batch_id)
+        if batch is None or batch.status != BatchStatus.validating.value:
+            return
+        endpoint = batch.endpoint
+        source = s.get(File, batch.input_file_id)
+        path = None if source is None or source.deleted else rt.blobs.path(source.blob)
+
+    try:
+        if path is None:
+            raise FileNotFoundError(batch_id)
+        result = validate_file(path, endpoint, rt.settings)
+    except FileNotFoundError:
+        errors = [LineError("file_not_found", None, "The input file was deleted before it was validated.",
+                            "input_file_id")]
+        model = None
+    else:
+        errors, model = result.errors, result.model
+
+    now = int(time.time())
+    if errors:
+        with rt.store.session() as s:
+            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model,
+                   errors=[e.as_dict() for e in errors])
+        return
+
+    with rt.store.session() as s:
+        if not _claim(s, batch_id, status=BatchStatus.in_progress.value, in_progress_at=now, model=model,
+                      total=len(result.items)):
+            return
+        rows = [
+            {"batch_id": batch_id, "line": p.line, "ordinal": rank, "custom_id": p.custom_id, "url": p.url,
+             "body": p.body}
+            for rank, p in enumerate(ordered(result.items))
+        ]
+        for start in range(0, len(rows), CHUNK_ROWS):
+            s.execute(insert(Item), rows[start:start + CHUNK_ROWS])
+
+    enqueue_batch(rt, batch_id)

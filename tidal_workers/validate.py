@@ -1,0 +1,189 @@
+"""Line-by-line validation of a batch input file (JSONL) against its endpoint.
+
+Reads the file as a stream of lines, so a 200 MB file costs one line of
+parsing state plus the accepted requests. Error codes follow OpenAI's batch
+errors (``errors.data[]`` = {code, line, message, param}); after
+``MAX_REPORTED_ERRORS`` further errors are counted but not kept.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing as t
+from pathlib import Path
+
+from config import Settings
+
+MAX_REPORTED_ERRORS = 1000
+PREFIX_CHARS = 512   # prompt text kept to group requests that share a prefix
+MAX_CUSTOM_ID = 512  # items.custom_id
+MAX_MODEL = 256      # batches.model
+_BOM = b"\xef\xbb\xbf"
+_REQUIRED = ("custom_id", "method", "url", "body")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ParsedLine:
+    line: int           # 1-based line in the file
+    custom_id: str
+    url: str
+    body: str           # the request body as compact JSON text
+    model: str | None
+    prefix_key: str     # start of the prompt text; equal keys are claimed next to each other
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LineError:
+    code: str
+    line: int | None    # None for errors about the whole file
+    message: str
+    param: str | None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Validation:
+    items: list[ParsedLine]
+    errors: list[LineError]
+    model: str | None
+    error_count: int = 0  # every error found, including those past MAX_REPORTED_ERRORS
+
+    @property
+    def ok(self) -> bool:
+        return self.error_count == 0
+
+
+def _reject_constant(name: str) -> t.NoReturn:
+    raise ValueError(f"{name} is not JSON")  # NaN/Infinity would reach vLLM as invalid JSON
+
+
+_loads = json.JSONDecoder(parse_constant=_reject_constant).decode
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode  # ASCII: no lone surrogate reaches SQL
+
+
+def _short(value: str) -> str:
+    return value if len(value) <= 64 else value[:61] + "..."
+
+
+def _storable(value: str, limit: int) -> bool:
+    """Fits the column, and PostgreSQL can store it (no NUL, no lone surrogate)."""
+    if not value or len(value) > limit or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text(value: t.Any, depth: int = 0) -> str:
+    """The text inside a prompt, message content (string or parts) or embedding input."""
+    if isinstance(value, str):
+        return value
+    if depth > 3 or value is None:
+        return ""
+    if isinstance(value, list):
+        return "".join(_text(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return _text(value.get("text"), depth + 1)
+    return f"{value} "  # token ids
+
+
+def prefix_key(body: dict) -> str:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        text = "".join(_text(m.get("content")) for m in messages if isinstance(m, dict))
+    else:
+        text = _text(body.get("prompt", body.get("input")))
+    return text[:PREFIX_CHARS]
+
+
+def parse_line(number: int, text: str, endpoint: str) -> ParsedLine | LineError:
+    """The checks that need only the line itself."""
+    try:
+        obj = _loads(text)
+    except (ValueError, RecursionError):
+        obj = None
+    if not isinstance(obj, dict):
+        return LineError("invalid_json_line", number, "This line is not parseable as valid JSON.", None)
+    for name in _REQUIRED:
+        if obj.get(name) in (None, ""):
+            return LineError("missing_required_parameter", number, f"Missing required parameter: '{name}'.", name)
+    custom_id, method, url, body = obj["custom_id"], obj["method"], obj["url"], obj["body"]
+    if not isinstance(custom_id, str) or not _storable(custom_id, MAX_CUSTOM_ID):
+        return LineError("invalid_request", number,
+                         f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters.", "custom_id")
+    if method != "POST":
+        return LineError("invalid_request", number, "Only the POST method is supported in the Batch API.", "method")
+    if url != endpoint:
+        return LineError("invalid_url", number,
+                         "The URL provided for this request does not match the batch endpoint.", "url")
+    if not isinstance(body, dict):
+        return LineError("invalid_request", number, "body must be a JSON object.", "body")
+    if body.get("stream") is True:
+        return LineError("streaming_unsupported", number, "Streaming is not supported in the Batch API.",
+                         "body.stream")
+    model = body.get("model")
+    if model is None:
+        return LineError("invalid_request", number, "Model parameter is required.", "body.model")
+    if not isinstance(model, str) or not _storable(model, MAX_MODEL):
+        return LineError("invalid_request", number, f"model must be a string of 1 to {MAX_MODEL} characters.",
+                         "body.model")
+    return ParsedLine(number, custom_id, url, _dumps(body), model, prefix_key(body))
+
+
+def validate_file(path: Path, endpoint: str, settings: Settings) -> Validation:
+    """Validate every line of ``path``; the result holds the requests or the errors (never both kinds used)."""
+    result = Validation(items=[], errors=[], model=None)
+
+    def fail(err: LineError) -> None:
+        result.error_count += 1
+        if len(result.errors) < MAX_REPORTED_ERRORS:
+            result.errors.append(err)
+
+    allowed = frozenset(settings.model_list)
+    seen: set[str] = set()
+    requests = 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                fail(LineError("invalid_encoding", number, "The file is not valid UTF-8 text.", None))
+                break  # a file in another encoding would fail on every line
+            if not text.strip():
+                continue
+            requests += 1
+            if requests == settings.max_file_lines + 1:
+                fail(LineError("too_many_lines", number,
+                               f"A batch input file may hold at most {settings.max_file_lines} requests.", None))
+            parsed = parse_line(number, text, endpoint)
+            if isinstance(parsed, LineError):
+                fail(parsed)
+                continue
+            if allowed and parsed.model not in allowed:
+                fail(LineError("model_not_found", number,
+                               f"The provided model '{_short(parsed.model)}' is not supported by the Batch API.",
+                               "body.model"))
+                continue
+            if result.model is None:
+                result.model = parsed.model
+            elif parsed.model != result.model:
+                fail(LineError("mismatched_model", number,
+                               f"The model '{_short(parsed.model)}' differs from '{_short(result.model)}' of "
+                               "earlier requests; all requests in a batch must use the same model.", "body.model"))
+                continue
+            if parsed.custom_id in seen:
+                fail(LineError("duplicate_custom_id", number,
+                               f"The custom_id '{_short(parsed.custom_id)}' is used by an earlier request; "
+                               "custom_id must be unique within a batch.", "custom_id"))
+                continue
+            seen.add(parsed.custom_id)
+            result.items.append(parsed)
+    if requests == 0 and result.error_count == 0:
+        fail(LineError("empty_file", None, "The batch input file holds no requests.", None))
+    return result
