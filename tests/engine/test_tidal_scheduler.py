@@ -1,0 +1,161 @@
+"""TidalScheduler driven in-process: the real vLLM scheduler class, scripted steps."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from config import load_settings
+from tidal_engine.metrics import Mode
+from tidal_engine.scheduler import TidalScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from engine_steps import make_request, run_step
+
+TAU = 2048
+# A step costs 0.15 ms per scheduled token, 0.05 ms per token in the attention
+# window (scheduled + resident) and 10 ms fixed.
+PER_TOKEN_S, PER_WINDOW_TOKEN_S, FIXED_S = 1.5e-4, 0.5e-4, 0.01
+
+
+def settings(**changes):
+    return load_settings().replace(sched_metrics_port=0, **changes)
+
+
+def teach(scheduler, noise_s: float = 0.0, steps: int = 300) -> None:
+    """Feed the latency model steps of known cost, as update_from_output does."""
+    rng = np.random.default_rng(7)
+    for p, c in zip(rng.integers(1, TAU, steps), rng.integers(0, 8000, steps)):
+        seconds = PER_TOKEN_S * p + PER_WINDOW_TOKEN_S * (p + c) + FIXED_S + rng.normal(0, noise_s)
+        scheduler.latency.observe(int(p), int(c), float(seconds))
+    scheduler.latency.refit()
+
+
+def test_online_first_and_never_displaced(make_scheduler):
+    s = make_scheduler(TidalScheduler, settings=settings())
+    for i in range(6):
+        s.add_request(make_request(f"batch-{i}", 900, priority=5, max_tokens=40))
+    run_step(s)  # no online traffic: batch may take all of τ
+    assert s.last_plan.mode is Mode.NO_ONLINE and s.last_plan.batch_scheduled == TAU
+
+    s.add_request(make_request("online", 300, priority=0, max_tokens=12))
+    out = run_step(s)
+    # Untrained model: the static cap (25% of τ) holds batch back; the online prompt goes whole.
+    assert s.last_plan.mode is Mode.STATIC
+    assert out.num_scheduled_tokens["online"] == 300
+    assert 0 < s.last_plan.batch_scheduled <= TAU // 4
+    assert s.last_plan.parked  # running batch prefills beyond the cap sat this step out
+    sample = s.tidal_metrics.registry.get_sample_value
+    assert sample("tidal_sched_starved_slack_tokens_total") == TAU // 4 - s.last_plan.batch_scheduled
+    assert sample("tidal_sched_slack_fill_ratio") == s.last_plan.batch_scheduled / (TAU // 4)
+    assert sample("tidal_sched_mode", {"mode": "static"}) == 1.0
+    while "online" in s.requests:
+        out = run_step(s)
+        assert "online" not in out.preempted_req_ids
+        if "online" in s.requests:
+            assert out.num_scheduled_tokens["online"] == 1  # decoded every step, never parked
+    run_step(s)
+    assert s.last_plan.mode is Mode.NO_ONLINE
+    assert all(f"batch-{i}" in s.requests for i in range(6))  # parked, not dropped
+
+
+def test_the_model_cap_is_respected(make_scheduler):
+    s = make_scheduler(TidalScheduler, settings=settings())
+    teach(s)
+    assert s.latency.fit.r2 > 0.99
+    s.add_request(make_request("online", 100, priority=0, max_tokens=30))
+    for i in range(4):
+        s.add_request(make_request(f"batch-{i}", 1000, priority=1, max_tokens=30))
+    for _ in range(8):
+        out = run_step(s)
+        plan = s.last_plan
+        assert plan.mode is Mode.MODEL
+        # The largest P with PER_TOKEN·P + PER_WINDOW·(P + C) + FIXED <= 160 ms, less online.
+        p_max = (s.budget_s - FIXED_S - PER_WINDOW_TOKEN_S * plan.context) / (PER_TOKEN_S + PER_WINDOW_TOKEN_S)
+        assert abs(plan.batch_cap - (math.floor(p_max) - plan.online_demand)) <= 1
+        assert 0 < plan.batch_scheduled <= plan.batch_cap
+        assert plan.online_scheduled == plan.online_demand  # online got all it asked for
+        assert out.total_num_scheduled_tokens <= p_max + 1  # the step fits the budget
+    assert s.last_plan.context > 0  # the cap shrank as context grew
+    assert s.last_plan.batch_cap < 750 - 100
+
+
+def test_low_r2_falls_back_to_the_static_cap(make_scheduler):
+    s = make_scheduler(TidalScheduler, settings=settings(sched_window=300))
+    teach(s, noise_s=0.2)  # the fit explains little of the variance
+    assert s.latency.fit.r2 < 0.85
+    s.add_request(make_request("online", 50, priority=0, max_tokens=4))
+    s.add_request(make_request("batch", 1500, priority=3, max_tokens=4))
+    run_step(s)
+    assert s.last_plan.mode is Mode.STATIC
+    assert s.last_plan.batch_cap == TAU // 4 == s.last_plan.batch_scheduled
+
+    teach(s)  # a window of clean steps restores trust
+    run_step(s)
+    assert s.last_plan.mode is Mode.MODEL
+
+
+def fixed_h(h: float):
+    return settings(sched_h_min=h, sched_h_max=h)
+
+
+def test_batch_admission_stops_above_one_minus_h(make_scheduler):
+    # 100 blocks of 16 tokens; H = 0.3: admission stops above 70%, eviction above 85%.
+    s = make_scheduler(TidalScheduler, num_blocks=101, settings=fixed_h(0.3))
+    s.add_request(make_request("resident", 1200, priority=2, max_tokens=50))
+    run_step(s)
+    assert 0.7 < s.get_kv_cache_usage() <= 0.85
+
+    s.add_request(make_request("new-batch", 32, priority=1, max_tokens=4))
+    s.add_request(make_request("online", 32, priority=0, max_tokens=4))
+    out = run_step(s)
+    assert not s.last_plan.admit_batch and s.last_plan.hidden == ["new-batch"]
+    assert "online" in out.num_scheduled_tokens and "new-batch" not in out.num_scheduled_tokens
+    assert s.last_plan.evicted is None
+    assert any(r.request_id == "new-batch" for r in s.waiting)  # hidden, then put back
+
+
+def test_eviction_above_one_minus_half_h_takes_the_cheapest(make_scheduler):
+    # A static cap of all of τ lets every request in below be admitted in one step.
+    s = make_scheduler(TidalScheduler, num_blocks=101, settings=fixed_h(0.3).replace(sched_static_cap_frac=1.0))
+    prefix = [7] * 512
+    s.add_request(make_request("warm", prefix + [9], priority=1, max_tokens=1))
+    while "warm" in s.requests:
+        run_step(s)  # leaves 32 blocks of `prefix` in the prefix cache
+    # "cached" has the most computed tokens but 512 of them come back from the cache.
+    s.add_request(make_request("cached", prefix + [8] * 88, priority=1, max_tokens=50))
+    s.add_request(make_request("b", 400, priority=1, max_tokens=50))
+    s.add_request(make_request("c", 420, priority=1, max_tokens=50))
+    s.add_request(make_request("live", 16, priority=0, max_tokens=50))  # cheapest of all, but online
+    run_step(s)
+    assert s.get_kv_cache_usage() > 0.85
+
+    out = run_step(s)
+    assert s.last_plan.evicted == "cached"
+    assert out.preempted_req_ids == {"cached"}
+    assert {r.request_id for r in s.running} == {"b", "c", "live"}
+    assert "cached" in s.last_plan.hidden  # not re-admitted in the step that evicted it
+
+
+def test_plugin_overhead_per_step(make_scheduler):
+    """The gate's cost over the stock scheduler, 16 running requests (reported in docs/engine.md).
+
+    Rounds alternate between the two so a load spike from other processes
+    hits both; the best round of each is compared.
+    """
+    schedulers = {"stock": make_scheduler(Scheduler), "tidal": make_scheduler(TidalScheduler, settings=settings())}
+    best = dict.fromkeys(schedulers, float("inf"))
+    for s in schedulers.values():
+        for i in range(16):
+            s.add_request(make_request(f"r{i}", 64, priority=i % 3, max_tokens=1000))
+        run_step(s)
+    for _ in range(5):
+        for name, s in schedulers.items():
+            started = time.perf_counter()
+            for _ in range(100):
+                run_step(s)
+            best[name] = min(best[name], (time.perf_counter() - started) / 100)
+    print(f"per step: stock {best['stock'] * 1e6:.0f} µs, TidalScheduler {best['tidal'] * 1e6:.0f} µs")
+    assert all(len(s.running) == 16 for s in schedulers.values())  # every round measured full steps
+    assert best["tidal"] < 1.5 * best["stock"]

@@ -1,0 +1,51 @@
+"""TidalScheduler's state as Prometheus metrics, served from the engine-core process.
+
+The scheduler lives in vLLM's engine-core process, which has no HTTP server of
+its own; prometheus_client's ``start_http_server`` adds one on
+``TIDAL_SCHED_METRICS_PORT`` (0 = off) so workers and dashboards can read the
+plugin next to vLLM's own /metrics. Each scheduler has its own registry, so
+several in one process (tests) do not collide.
+"""
+from __future__ import annotations
+
+import enum
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+class Mode(str, enum.Enum):
+    MODEL = "model"  # the latency model is trusted and sets the cap
+    STATIC = "static"  # online traffic present, model untrusted: a fixed share of τ
+    NO_ONLINE = "no_online"  # nothing to protect: batch may use the whole step
+
+
+class SchedulerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.slack_fill_ratio = Gauge(
+            "tidal_sched_slack_fill_ratio",
+            "Batch tokens scheduled / batch cap X, over steps with online traffic in which batch work waited.", registry=r)
+        self.starved_slack_tokens = Counter(
+            "tidal_sched_starved_slack_tokens",
+            "Batch-cap tokens left unused while online traffic was present and batch work waited.", registry=r)
+        self.starved_slack_seconds = Counter(
+            "tidal_sched_starved_slack_seconds",
+            "Step-budget seconds left unused while online traffic was present and batch work waited.", registry=r)
+        self.batch_cap = Gauge("tidal_sched_batch_cap_tokens", "Batch cap X of the last step.", registry=r)
+        self.mode = Gauge("tidal_sched_mode", "1 for the mode of the last step.", ["mode"], registry=r)
+        self.guardband = Gauge("tidal_sched_kv_guardband", "KV guardband H (fraction of the KV pool).", registry=r)
+        self.r2 = Gauge("tidal_sched_model_r2", "R² of the latency model's last fit.", registry=r)
+        self.online_waiting = Gauge("tidal_sched_online_waiting", "Online (priority 0) requests waiting.", registry=r)
+        self.evictions = Counter("tidal_sched_evictions", "Batch requests evicted by the KV guardband.", registry=r)
+        self.steps = Counter("tidal_sched_steps", "Steps scheduled.", registry=r)
+        self._mode: Mode | None = None
+
+    def set_mode(self, mode: Mode) -> None:
+        if mode is not self._mode:
+            for m in Mode:
+                self.mode.labels(m.value).set(1.0 if m is mode else 0.0)
+            self._mode = mode
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,161 @@
+"""Start a stock ``vllm serve`` as a child process and wait until it is healthy.
+
+One function serves both hosts: on this CPU build it adds the fast-start test
+flags (float32, eager, an explicit KV size; docs/engine.md explains each); on a
+GPU host the same call with ``cpu=False`` and a real model name runs the stock
+``vllm`` with only the flags Tidal needs (priority scheduling, the plugin).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from config import Settings
+from config.settings import child_environ, env_name
+
+SCHEDULER_CLS = "tidal_engine.scheduler.TidalScheduler"
+# The hub is unreachable here, and usage reports would only hang.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    model: str  # a local directory or, on a GPU host, a model name
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port
+    tidal_scheduler: bool = False  # load TidalScheduler through --scheduler-cls
+    cpu: bool = True  # add the CPU build's fast-start flags
+    kv_cache_bytes: str | None = "64M"  # always set on CPU: the default can fail the memory check
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    max_num_seqs: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def argv(self, port: int) -> list[str]:
+        vllm = str(Path(sys.executable).with_name("vllm"))
+        args = [vllm, "serve", self.model, "--host", self.host, "--port", str(port),
+                "--scheduling-policy", "priority",
+                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+                "--max-model-len", str(self.max_model_len)]
+        if self.served_model_name:
+            args += ["--served-model-name", self.served_model_name]
+        if self.cpu:
+            # float32 with eager mode: bf16 + eager + an explicit KV size dies
+            # with SIGILL on 1-2 token prompts (docs/engine.md, pitfalls).
+            args += ["--dtype", "float32", "--enforce-eager"]
+        if self.kv_cache_bytes:
+            args += ["--kv-cache-memory-bytes", self.kv_cache_bytes]
+        if self.max_num_seqs:
+            args += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.tidal_scheduler:
+            args += ["--scheduler-cls", SCHEDULER_CLS]
+        return args + list(self.extra_args)
+
+
+@dataclasses.dataclass
+class Engine:
+    """A running vLLM server; ``stop()`` ends it and its engine-core child."""
+
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+    started_s: float  # seconds from spawn to a healthy /health
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.process.poll() is not None:
+            return
+        # The server runs in its own session: signal the whole group so the
+        # engine-core process goes too.
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout_s)
+
+
+def scheduler_env(settings: Settings) -> dict[str, str]:
+    """TidalScheduler's settings as the ``TIDAL_SCHED_*`` variables its process will read."""
+    return {env_name(f.name): str(getattr(settings, f.name))
+            for f in dataclasses.fields(settings) if f.name.startswith("sched_")}
+
+
+class EngineStartError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_engine(options: EngineOptions, *, log_path: Path, env: dict[str, str] | None = None,
+                 timeout_s: float = 240.0) -> Engine:
+    """Spawn ``vllm serve`` and return once ``/health`` answers 200.
+
+    ``env`` adds variables to the inherited environment (TidalScheduler's
+    ``TIDAL_SCHED_*`` settings travel this way into the engine-core process).
+    """
+    port = options.port or free_port(options.host)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")
+    started = time.monotonic()
+    process = subprocess.Popen(
+        options.argv(port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=child_environ(**OFFLINE_ENV, **(env or {})), start_new_session=True,
+    )
+    log.close()
+    engine = Engine(f"http://{options.host}:{port}", process, log_path, 0.0)
+    try:
+        _wait_healthy(engine, started + timeout_s)
+    except BaseException:
+        engine.stop()
+        raise
+    engine.started_s = time.monotonic() - started
+    return engine
+
+
+def _wait_healthy(engine: Engine, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if engine.process.poll() is not None:
+            raise EngineStartError(f"vllm exited with {engine.process.returncode}; log tail:\n{_tail(engine.log_path)}")
+        try:
+            if requests.get(engine.url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise EngineStartError(f"vllm not healthy at {engine.url} in time; log tail:\n{_tail(engine.log_path)}")
+
+
+def _tail(path: Path, num_bytes: int = 4000) -> str:
+    data = path.read_bytes()
+    return data[-num_bytes:].decode(errors="replace")
+
+
+def start_tiny(settings: Settings, *, log_path: Path, tidal_scheduler: bool = False,
+               max_num_seqs: int | None = None) -> Engine:
+    """The tiny local model (built under TIDAL_HOME on first use) served as ``tiny`` on a free port.
+
+    TidalScheduler's ``TIDAL_SCHED_*`` settings travel with it, so ``tidal up --demo``
+    and ``tidal bench`` run the engine a GPU host would, only smaller.
+    """
+    from tidal_engine.tiny import build_tiny
+
+    options = EngineOptions(model=str(build_tiny(settings.home)), served_model_name="tiny",
+                            tidal_scheduler=tidal_scheduler, max_num_seqs=max_num_seqs)
+    return start_engine(options, log_path=log_path, env=scheduler_env(settings))

@@ -1,0 +1,101 @@
+"""A tiny random-weight Qwen2-style model that vLLM serves on a CPU in seconds.
+
+No model hub is reachable from CI, so tests and the local benchmark use a model
+built here: 2 layers, hidden size 128, head size 32 (a size vLLM's CPU attention
+supports), random seeded weights, a byte-level tokenizer that never needs
+training and a ChatML chat template. Its text is noise; its timing, KV use and
+scheduling are those of a real transformer served by the real engine.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+SEED = 1234
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Bump when the recipe changes so cached copies are rebuilt.
+RECIPE_VERSION = "1"
+
+
+def model_dir(home: str | Path) -> Path:
+    return Path(home) / "models" / "tiny"
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    # Byte-level BPE over the 256 byte symbols with no merges: every text
+    # encodes, one token per byte, and nothing is ever unknown.
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+    )
+
+
+def _model(vocab_size: int, special_ids: list[int]):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(SEED)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=special_ids[0],
+        eos_token_id=special_ids[2],
+        torch_dtype="float32",
+    )
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        # A random model stops at random; wide output weights with the special
+        # tokens' rows zeroed keep it generating ordinary bytes.
+        model.lm_head.weight.mul_(8.0)
+        model.lm_head.weight[special_ids] = 0.0
+    return model
+
+
+def build_tiny(home: str | Path) -> Path:
+    """Build the model under ``<home>/models/tiny`` unless a complete copy exists; return its path."""
+    target = model_dir(home)
+    stamp = target / "tidal-tiny.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == RECIPE_VERSION:
+        return target
+    work = target.with_name("tiny.partial")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    tokenizer = _tokenizer()
+    special_ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
+    _model(len(tokenizer), special_ids).save_pretrained(work, safe_serialization=True)
+    tokenizer.save_pretrained(work)
+    # vLLM takes default sampling parameters from this file: keep them neutral.
+    (work / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": special_ids[0], "eos_token_id": special_ids[2], "do_sample": True}
+    ))
+    (work / "tidal-tiny.json").write_text(json.dumps({"recipe": RECIPE_VERSION, "seed": SEED}))
+    shutil.rmtree(target, ignore_errors=True)
+    work.rename(target)  # atomic: a crashed build never looks complete
+    return target
