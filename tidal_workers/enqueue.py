@@ -1,5 +1,56 @@
-"""Enqueue: put a validated batch's pending items into the Redis queue (being built)."""
+"""Enqueue: put pending items of open batches into the Redis queue, from SQL (the source of truth).
+
+``enqueue_batch`` runs once a batch validates; ``rebuild`` runs at worker start,
+when a worker sees Redis lost its data, and in the reconcile sweep. Both are
+idempotent: pushing an item that is already queued changes nothing, and an item
+holding a lease is in flight and is left alone.
+"""
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+
+from tidal_workers.store.models import Batch, BatchStatus, Item, ItemStatus
+
+ROWS = 5000
 
 
-def enqueue_batch(rt, batch_id: str) -> None:
-    """Push every pending item of ``batch_id`` into the sorted sets (dispatch issue)."""
+def _pending(session, batch_id: str):
+    rows = session.execute(
+        select(Item.id, Item.ordinal)
+        .where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
+        .order_by(Item.ordinal)
+        .execution_options(yield_per=ROWS)
+    )
+    return ((item_id, ordinal) for item_id, ordinal in rows)
+
+
+def enqueue_batch(rt, batch_id: str) -> int:
+    """Push every pending item of ``batch_id`` if it is in progress; returns how many were queued."""
+    with rt.store.sessions() as s:
+        batch = s.execute(
+            select(Batch.status, Batch.priority, Batch.expires_at).where(Batch.id == batch_id)
+        ).one_or_none()
+        if batch is None or batch.status != BatchStatus.in_progress.value:
+            return 0
+        return rt.queue.enqueue_batch(batch_id, batch.priority, batch.expires_at, _pending(s, batch_id))
+
+
+def rebuild(rt) -> int:
+    """Rebuild the whole queue from SQL: every pending item of every in-progress batch not leased.
+
+    Batches Redis still queues but SQL no longer has in progress (a cancel that
+    raced a rebuild) are dropped. Returns the number of items queued.
+    """
+    started = time.time()
+    with rt.store.sessions() as s:
+        open_ids = set(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.in_progress.value)))
+    for stale in set(rt.queue.queued_batches()) - open_ids:
+        rt.queue.drop_batch(stale)
+    queued = sum(enqueue_batch(rt, batch_id) for batch_id in sorted(open_ids))
+    rt.queue.mark_built(started)
+    return queued
+
+
+__all__ = ["enqueue_batch", "rebuild"]

@@ -1,2 +1,32 @@
-"""`tidal worker` (being built)."""
-COMMANDS: list = []
+"""`tidal worker` (a Celery worker next to one vLLM) and `tidal beat` (the sweeps' one scheduler)."""
+import click
+
+from config import load_settings
+
+
+@click.command()
+@click.option("--loglevel", default="info", show_default=True)
+@click.option("--threads", type=int, default=None, help="Pool threads. Default: TIDAL_WORKER_THREADS.")
+def worker(loglevel: str, threads: int | None) -> None:
+    """Run a worker: its claim thread feeds TIDAL_VLLM_URL; it consumes its own queue and tidal.ops."""
+    from config.celery import OPS_QUEUE
+    from tidal_workers.celery_app import make_celery
+
+    settings = load_settings()
+    app = make_celery(settings)
+    # Threads pool: the tasks are HTTP calls, and they share the claim thread's lease book.
+    app.worker_main(["worker", "--pool=threads", f"--concurrency={threads or settings.worker_threads}",
+                     f"--hostname=tidal@{settings.node}", f"--queues={OPS_QUEUE}", f"--loglevel={loglevel}",
+                     "--without-mingle", "--without-gossip"])
+
+
+@click.command()
+@click.option("--loglevel", default="info", show_default=True)
+def beat(loglevel: str) -> None:
+    """Run celery beat with RedBeat: several may run, only the lock holder fires."""
+    from tidal_workers.celery_app import make_celery
+
+    make_celery(load_settings()).start(["beat", "--scheduler=redbeat.RedBeatScheduler", f"--loglevel={loglevel}"])
+
+
+COMMANDS = [worker, beat]

@@ -1,0 +1,144 @@
+"""Fixtures for dispatch tests: a batch factory (direct SQL inserts), a fault-injecting stub engine, real workers.
+
+Workers are real Celery workers on the real Redis broker: in a thread
+(``celery.contrib.testing.worker.start_worker``, threads pool) or, where a test
+must kill one, a ``tidal worker`` subprocess.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+import redis
+from celery.contrib.testing.worker import start_worker
+from stub_engine import StubEngine
+
+from tidal_workers.celery_app import make_celery
+from tidal_workers.enqueue import enqueue_batch
+from tidal_workers.store.models import Batch, BatchStatus, File, Item
+
+FREE_DBS = range(1, 13)  # 0 is a developer's, 13 the shared tests', 14-15 benchmarks'
+
+
+@pytest.fixture(scope="session")
+def workers_redis_db(settings_base_url):
+    """A Redis DB of its own for this pytest session, so two sessions on one Redis never flush each other.
+
+    Ownership is a named connection held for the session (a key would not survive the per-test FLUSHDB).
+    """
+    holder = redis.Redis.from_url(f"{settings_base_url}/0", single_connection_client=True)
+    me = holder.client_id()
+    for db in FREE_DBS:
+        name = f"tidal-tests-db{db}"
+        if any(c["name"] == name for c in holder.client_list()):
+            continue
+        holder.client_setname(name)
+        if min(int(c["id"]) for c in holder.client_list() if c["name"] == name) == me:  # lowest id wins a race
+            yield db
+            holder.close()
+            return
+        holder.client_setname("")
+    pytest.fail("no free Redis DB in 1-12 for the workers tests")
+
+
+@pytest.fixture(scope="session")
+def settings_base_url():
+    from config import load_settings
+
+    return load_settings().redis_url.rsplit("/", 1)[0]
+
+
+@pytest.fixture
+def stub():
+    engine = StubEngine()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def settings(settings, stub, workers_redis_db):
+    """Short leases, retries and windows, so faults and recovery show up in seconds."""
+    return settings.replace(
+        redis_url=settings.redis_url.rsplit("/", 1)[0] + f"/{workers_redis_db}",
+        vllm_url=stub.url,
+        gate_mode="fixed",  # the AIMD gate has its own tests; here the target is max_inflight
+        lease_seconds=1.5,
+        claim_idle_seconds=0.02,
+        retry_backoff_seconds=0.02,
+        retry_budget=3,
+        request_timeout_seconds=1.0,
+        max_inflight=4,
+        worker_threads=4,
+        reclaim_seconds=0.5,
+        beat_lock_seconds=2,
+    )
+
+
+@pytest.fixture
+def make_batch(rt):
+    """Insert an in-progress batch with ``n`` chat items (content = custom_id) and queue it."""
+    counter = iter(range(1_000_000))
+
+    def make(n: int = 4, priority: int = 100, expires_in: float | None = None, ordinals=None,
+             enqueue: bool = True, tenant: str = "acme", model: str = "m", max_tokens: int | None = None) -> str:
+        k = next(counter)
+        now = int(time.time())
+        window = rt.settings.completion_window_seconds if expires_in is None else expires_in
+        with rt.store.session() as s:
+            f = File(tenant_id=tenant, filename="in.jsonl", purpose="batch", bytes=0, created_at=now, blob="none")
+            s.add(f)
+            s.flush()
+            b = Batch(tenant_id=tenant, endpoint="/v1/chat/completions", model=model, input_file_id=f.id,
+                      completion_window="24h", status=BatchStatus.in_progress.value, created_at=now,
+                      in_progress_at=now, expires_at=int(now + window), total=n, priority=priority)
+            s.add(b)
+            s.flush()
+            for i in range(n):
+                cid = f"b{k}-{i}"
+                body = {"model": model, "messages": [{"role": "user", "content": cid}]}
+                if max_tokens is not None:
+                    body["max_tokens"] = max_tokens
+                s.add(Item(batch_id=b.id, line=i + 1, ordinal=ordinals[i] if ordinals else i, custom_id=cid,
+                           url="/v1/chat/completions", body=json.dumps(body)))
+            batch_id = b.id
+        if enqueue:
+            enqueue_batch(rt, batch_id)
+        return batch_id
+
+    return make
+
+
+@pytest.fixture
+def celery_app(settings):
+    return make_celery(settings)
+
+
+@pytest.fixture
+def worker(celery_app, rt):
+    """A real worker (threads pool, ClaimStep) in this process, as a context manager factory."""
+
+    @contextlib.contextmanager
+    def run(hostname: str = "tidal@test-node"):
+        with start_worker(celery_app, pool="threads", concurrency=rt.settings.worker_threads,
+                          perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
+                          hostname=hostname) as w:
+            yield w
+        alive = [t.name for t in threading.enumerate() if t.name == "tidal-claim"]
+        assert not alive, "a claim thread outlived its worker"
+
+    return run
+
+
+@pytest.fixture
+def children():
+    """Child processes a test starts; any still running at the end are killed."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)

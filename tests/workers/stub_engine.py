@@ -1,0 +1,115 @@
+"""A tiny OpenAI-protocol HTTP server on loopback, only for fault injection (5xx, 429, 4xx, hangs, aborts).
+
+It answers /v1/chat/completions, /v1/completions and /v1/embeddings with a
+usage block. A request is identified by its first message's content (the
+tests put the custom_id there); ``script(key, *faults)`` queues faults that
+the next requests for that key get, in order, before it answers normally.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+FAULTS = ("500", "503", "429", "400", "hang", "abort")
+METRICS = ('vllm:kv_cache_usage_perc{engine="0"} 0.1\nvllm:num_requests_waiting{engine="0"} 0\n'
+           'vllm:num_requests_running{engine="0"} 0\nvllm:num_preemptions_total{engine="0"} 0\n')
+
+
+class StubEngine:
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay  # seconds before every normal answer
+        self.requests: list[dict] = []  # bodies received, in order
+        self._faults: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def script(self, key: str, *faults: str) -> None:
+        assert all(f in FAULTS for f in faults), faults
+        with self._lock:
+            self._faults.setdefault(key, []).extend(faults)
+
+    def seen(self, key: str) -> int:
+        with self._lock:
+            return sum(1 for body in self.requests if _key(body) == key)
+
+    def close(self) -> None:
+        self._closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _next(self, body: dict) -> str | None:
+        with self._lock:
+            self.requests.append(body)
+            queued = self._faults.get(_key(body))
+            return queued.pop(0) if queued else None
+
+    def _handler(self):
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # an idle engine's /metrics, for an AIMD gate pointed here
+                raw = METRICS.encode()
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fault = stub._next(body)
+                if fault == "abort":
+                    self.connection.shutdown(2)  # no response at all: a connection error for the client
+                    return
+                if fault == "hang":
+                    stub._closing.wait(30)
+                    return
+                if fault in ("500", "503", "429", "400"):
+                    status = int(fault)
+                    payload = {"error": {"message": f"stub fault {status}", "type": "BadRequestError",
+                                         "param": None, "code": status}}
+                else:
+                    time.sleep(stub.delay)
+                    status, payload = 200, _answer(self.path, body)
+                raw = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.send_header("x-request-id", f"req-{len(stub.requests)}")
+                self.end_headers()
+                self.wfile.write(raw)
+
+        return Handler
+
+
+def _key(body: dict) -> str:
+    if "messages" in body:
+        return body["messages"][0]["content"]
+    return str(body.get("prompt") or body.get("input"))
+
+
+def _answer(path: str, body: dict) -> dict:
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+             "prompt_tokens_details": {"cached_tokens": 2}}
+    if path.endswith("/embeddings"):
+        return {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 1.0]}],
+                "model": body.get("model"), "usage": {"prompt_tokens": 7, "total_tokens": 7}}
+    text = f"echo {_key(body)}"
+    if path.endswith("/completions") and "chat" not in path:
+        return {"id": "cmpl-stub", "object": "text_completion", "model": body.get("model"),
+                "choices": [{"index": 0, "text": text, "finish_reason": "stop"}], "usage": usage}
+    return {"id": "chatcmpl-stub", "object": "chat.completion", "model": body.get("model"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": usage}

@@ -1,0 +1,54 @@
+"""The claim loop against real Redis and SQL: the gate bounds in-flight items, leases are renewed, data loss rebuilds."""
+from __future__ import annotations
+
+import time
+
+from tidal_workers.claim import ClaimLoop
+from tidal_workers.context import LeaseBook, WorkerContext
+from tidal_workers.gate import FixedGate
+
+
+def loop_for(rt, target: int, sent: list):
+    def send(claims):
+        sent.extend(claims)
+        return claims
+
+    return ClaimLoop(WorkerContext(rt, LeaseBook()), FixedGate(target), send)
+
+
+def test_claims_up_to_the_gate_target_minus_in_flight(rt, make_batch):
+    make_batch(10, enqueue=False)  # the loop's first pass rebuilds the queue from SQL
+    sent: list = []
+    loop = loop_for(rt, 3, sent)
+    now = time.time()
+    assert loop.tick(now) == 3 and rt.queue.inflight(rt.settings.node) == 3
+    assert loop.tick(now) == 0  # the gate is full
+    first = sent[0]
+    assert rt.queue.complete(first.item_id, first.lease)
+    assert loop.tick(now) == 1
+    assert len(loop.leases) == 4  # the completed one is still in the book until its task discards it
+
+
+def test_upkeep_renews_held_leases_and_forgets_lost_ones(rt, make_batch, settings):
+    rt.settings = settings.replace(lease_seconds=2.0)
+    make_batch(2)
+    sent: list = []
+    loop = loop_for(rt, 2, sent)
+    loop.tick(time.time())
+    held, lost = sent
+    rt.queue.complete(lost.item_id, lost.lease)
+    for _ in range(6):  # well past one lease: renewal keeps `held` alive
+        time.sleep(0.5)
+        loop.upkeep()
+    assert rt.queue.lease_current(held.item_id, held.lease)
+    assert loop.leases.items() == [(held.item_id, held.lease)]
+
+
+def test_a_pass_after_data_loss_rebuilds_the_queue(rt, make_batch):
+    batch = make_batch(3)
+    sent: list = []
+    loop = loop_for(rt, 1, sent)
+    loop.tick(time.time())
+    rt.redis.flushdb()
+    assert loop.tick(time.time() + 60) == 1  # upkeep is due: it sees tidal:built gone and rebuilds
+    assert rt.queue.queued(batch) == 2 and {c.item_id for c in sent} == {sent[0].item_id}

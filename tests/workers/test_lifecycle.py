@@ -1,0 +1,106 @@
+"""Fencing, cancel and expiry: every custom_id ends in exactly one line, whatever races."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from sqlalchemy import func, select, update
+
+from tidal_workers.cancel import cancel_batch
+from tidal_workers.execute import execute_item
+from tidal_workers.finalize import maybe_finalize
+from tidal_workers.result import Outcome, record
+from tidal_workers.store.models import Batch, File, Item, ItemStatus
+from tidal_workers.sweeps import reconcile
+from worker_helpers import assert_exactly_once, batch_row, settled, wait_for
+
+NODE = "test-node"
+
+
+def test_stale_attempt_is_dropped_and_first_write_wins(rt, make_batch, stub):
+    batch = make_batch(1)
+    (old,) = rt.queue.claim(NODE, 1, lease_seconds=0.2)
+    time.sleep(0.3)
+    rt.queue.reclaim_expired()  # the first worker "died": its lease expired
+    (new,) = rt.queue.claim("node-b", 1, lease_seconds=30)
+    assert new.item_id == old.item_id and new.attempt == 2
+
+    assert execute_item(rt, old.item_id, old.lease) == "stale" and stub.requests == []
+    late = Outcome(status=ItemStatus.completed, response_status=200, request_id="late", body='{"late": true}')
+    assert not record(rt, old.item_id, batch, old.lease, late)  # a zombie's late result never lands
+
+    assert execute_item(rt, new.item_id, new.lease) == "completed"
+    assert not record(rt, new.item_id, batch, new.lease, late)  # a second write of the same attempt neither
+    b, out, err = settled(rt, batch)
+    assert (b.completed, b.failed, err) == (1, 0, [])
+    assert out[0]["response"]["request_id"] != "late"
+    with rt.store.sessions() as s:
+        assert s.get(Item, new.item_id).attempts == 2
+
+
+def test_cancel_with_nothing_in_flight_is_immediate(rt, make_batch):
+    batch = make_batch(3)
+    cancel_batch(rt, batch)
+    b, out, err = settled(rt, batch, ("cancelled",))
+    assert b.cancelling_at and b.cancelled_at and out == [] and b.output_file_id is None
+    assert [line["error"]["code"] for line in err] == ["batch_cancelled"] * 3
+    assert all(line["response"] is None for line in err)
+    assert rt.queue.queued(batch) == 0 and rt.queue.queued_batches() == []
+    cancel_batch(rt, batch)  # cancelling twice changes nothing
+    assert batch_row(rt, batch).cancelled_at == b.cancelled_at
+
+
+def test_cancel_mid_batch_keeps_what_finished_and_cancels_the_rest(rt, make_batch, worker, stub):
+    stub.delay = 0.3
+    batch = make_batch(20)
+    with worker():
+        wait_for(lambda: batch_row(rt, batch).completed >= 2, what="two items to finish")
+        sent_at_cancel = len(stub.requests)
+        cancel_batch(rt, batch)
+        assert batch_row(rt, batch).status in ("cancelling", "cancelled")
+        b, out, err = settled(rt, batch, ("cancelled",))
+    assert_exactly_once(rt, batch, out, err)
+    assert len(out) == b.completed >= 2
+    assert {line["error"]["code"] for line in err} == {"batch_cancelled"}
+    assert len(stub.requests) <= sent_at_cancel + rt.settings.max_inflight  # no new claims after the cancel
+
+
+def test_racing_finalizers_elect_exactly_one(rt, make_batch):
+    batch = make_batch(3, enqueue=False)
+    with rt.store.session() as s:  # every item done, as if the last worker died before finalizing
+        s.execute(update(Item).where(Item.batch_id == batch).values(
+            status=ItemStatus.completed.value, response_status=200, request_id="r", response_body="{}"))
+        s.execute(update(Batch).where(Batch.id == batch).values(completed=3))
+    with ThreadPoolExecutor(4) as pool:
+        won = list(pool.map(lambda _: maybe_finalize(rt, batch), range(4)))
+    assert won.count(True) == 1
+    b, out, err = settled(rt, batch)
+    assert len(out) == 3 and err == []
+    with rt.store.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(File).where(File.purpose == "batch_output")) == 1
+
+
+def test_reconcile_finishes_what_a_dead_finalizer_left(rt, make_batch, settings):
+    done, stuck, cancelling = make_batch(1), make_batch(1), make_batch(2)
+    with rt.store.session() as s:
+        s.execute(update(Item).where(Item.batch_id.in_([done, stuck])).values(
+            status=ItemStatus.completed.value, response_status=200, request_id="r", response_body="{}"))
+        s.execute(update(Batch).where(Batch.id == done).values(completed=1))
+        s.execute(update(Batch).where(Batch.id == stuck).values(
+            completed=1, status="finalizing", finalizing_at=int(time.time() - 2 * settings.reconcile_seconds)))
+        s.execute(update(Batch).where(Batch.id == cancelling).values(status="cancelling"))
+    rt.redis.flushdb()  # and Redis lost everything meanwhile
+
+    assert reconcile(rt) == 0  # nothing is in progress with pending items
+    assert batch_row(rt, done).status == "completed" and batch_row(rt, stuck).status == "completed"
+    b, out, err = settled(rt, cancelling, ("cancelled",))
+    assert [line["error"]["code"] for line in err] == ["batch_cancelled"] * 2
+
+
+def test_priority_sent_is_the_batch_priority_at_submission(rt, make_batch, stub):
+    batch = make_batch(1, priority=100)
+    (claim,) = rt.queue.claim(NODE, 1, 30)
+    with rt.store.session() as s:  # escalated after the claim, before the POST
+        s.execute(update(Batch).where(Batch.id == batch).values(priority=3))
+    assert execute_item(rt, claim.item_id, claim.lease) == "completed"
+    assert [body["priority"] for body in stub.requests] == [3]

@@ -1,0 +1,124 @@
+"""The Redis queue on real Redis: claim order, re-score, leases and fencing, drop, rebuild, gauges."""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, generate_latest
+from sqlalchemy import update
+
+from tidal_workers import keys
+from tidal_workers.enqueue import rebuild
+from tidal_workers.metrics import register_queue_metrics
+from tidal_workers.queue import batch_score, parse_lease
+from tidal_workers.store.models import Item, ItemStatus
+from worker_helpers import item_ids
+
+NODE = "test-node"
+
+
+def claim_order(rt, n: int) -> list[int]:
+    return [c.item_id for c in rt.queue.claim(NODE, n, 30)]
+
+
+def test_keys_are_built_in_one_place():
+    assert keys.ready("batch_1") == "tidal:b:batch_1:ready"
+    assert keys.item(7) == "tidal:item:7"
+    assert keys.node_inflight("gpu-1") == "tidal:node:gpu-1:inflight"
+    assert keys.batch("batch_1") == "tidal:batch:batch_1"
+
+
+def test_claim_order_is_priority_then_deadline_then_prefix_ordinal(rt, make_batch):
+    late = make_batch(3, priority=100, expires_in=7200, ordinals=[2, 0, 1])
+    early = make_batch(2, priority=100, expires_in=3600, ordinals=[1, 0])
+    urgent = make_batch(2, priority=50, expires_in=9000)
+    late_ids, early_ids, urgent_ids = item_ids(rt, late), item_ids(rt, early), item_ids(rt, urgent)
+
+    order = claim_order(rt, 1) + claim_order(rt, 1) + claim_order(rt, 10)  # one at a time, then across batches
+
+    assert order == [*urgent_ids, early_ids[1], early_ids[0], late_ids[1], late_ids[2], late_ids[0]]
+    assert rt.queue.queued_batches() == []
+
+
+def test_rescore_reorders_queued_items_with_one_zadd(rt, make_batch):
+    a = make_batch(3, priority=100, expires_in=3600)
+    b = make_batch(3, priority=100, expires_in=7200)
+    first = claim_order(rt, 1)
+    assert first == item_ids(rt, a)[:1]
+
+    assert rt.queue.rescore(b, priority=1, deadline=time.time() + 7200)
+    assert claim_order(rt, 3) == item_ids(rt, b)  # b's queued items jump ahead of a's, all at once
+    assert claim_order(rt, 5) == item_ids(rt, a)[1:]
+    assert not rt.queue.rescore("batch_unknown", 1, 0)  # never resurrects a batch Redis does not queue
+
+
+def test_lease_fencing_renew_complete_and_reclaim(rt, make_batch):
+    batch = make_batch(2)
+    first, second = rt.queue.claim(NODE, 2, lease_seconds=0.3)
+    assert parse_lease(first.lease) == (NODE, 1) and first.task_id == f"item-{first.item_id}#1"
+    assert rt.queue.inflight(NODE) == 2 and rt.queue.batch_inflight(batch) == 2
+
+    assert rt.queue.renew(NODE, [(second.item_id, second.lease)], lease_seconds=30) == []
+    time.sleep(0.4)
+    reclaimed = rt.queue.reclaim_expired()
+    assert [(r.item_id, r.requeued) for r in reclaimed] == [(first.item_id, True)]  # the renewed one stays
+    assert rt.queue.inflight(NODE) == 1
+
+    (again,) = rt.queue.claim("other-node", 5, 30)
+    assert again.item_id == first.item_id and again.attempt == 2
+    assert not rt.queue.lease_current(first.item_id, first.lease)
+    assert not rt.queue.complete(first.item_id, first.lease)  # the stale attempt is fenced off
+    assert rt.queue.renew(NODE, [(first.item_id, first.lease)], 30) == [first.item_id]
+    assert rt.queue.complete(again.item_id, again.lease)
+    assert rt.queue.inflight_by_node() == {NODE: 1, "other-node": 0}
+
+
+def test_drop_batch_forgets_queued_items_and_abandons_leased_ones(rt, make_batch):
+    batch = make_batch(5)
+    (leased,) = rt.queue.claim(NODE, 1, lease_seconds=0.2)
+    assert rt.queue.drop_batch(batch) == 4
+    assert claim_order(rt, 10) == []
+    time.sleep(0.3)
+    (r,) = rt.queue.reclaim_expired()
+    assert (r.item_id, r.batch_id, r.requeued) == (leased.item_id, batch, False)
+    assert rt.queue.batch_inflight(batch) == 0
+    assert not rt.redis.exists(keys.item(leased.item_id), keys.ready(batch), keys.batch(batch))
+
+
+def test_rebuild_from_sql_requeues_pending_items_not_leased(rt, make_batch):
+    batch = make_batch(4, enqueue=False)
+    ids = item_ids(rt, batch)
+    with rt.store.session() as s:
+        s.execute(update(Item).where(Item.id == ids[0]).values(status=ItemStatus.completed.value))
+    assert rebuild(rt) == 3 and rt.queue.is_built()
+    (leased,) = rt.queue.claim(NODE, 1, 30)
+
+    rt.redis.delete(keys.ready(batch), keys.BATCHES)  # lose the queue but not the lease
+    assert rebuild(rt) == 2  # the leased item is in flight, not queued again
+    assert claim_order(rt, 10) == ids[2:]
+    assert leased.item_id == ids[1]
+
+    rt.redis.flushdb()
+    assert not rt.queue.is_built()
+    assert rebuild(rt) == 3  # nothing is leased after data loss: every pending item is queued
+
+
+def test_enqueue_of_a_large_batch_is_chunked_and_exact(rt):
+    items = [(i, i) for i in range(12_000)]
+    deadline = time.time() + 60
+    assert rt.queue.enqueue_batch("batch_big", 100, deadline, items) == 12_000
+    assert rt.queue.queued("batch_big") == 12_000
+    assert rt.redis.zscore(keys.BATCHES, "batch_big") == batch_score(100, deadline)
+
+
+def test_gauges_show_depth_by_band_and_inflight_by_node(rt, make_batch):
+    make_batch(3, priority=100)
+    make_batch(2, priority=5)
+    rt.queue.claim(NODE, 1, 30)
+    assert rt.queue.depth_by_band() == {"0": 0, "1-9": 1, "10-49": 0, "50-99": 0, "100": 3}
+
+    registry = CollectorRegistry()
+    register_queue_metrics(rt, registry)
+    text = generate_latest(registry).decode()
+    assert 'tidal_queue_depth{band="100"} 3.0' in text
+    assert 'tidal_queue_depth{band="1-9"} 1.0' in text
+    assert f'tidal_inflight_items{{node="{NODE}"}} 1.0' in text

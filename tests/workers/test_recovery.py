@@ -1,0 +1,58 @@
+"""Processes that die: kill -9 of a `tidal worker` mid-batch, and two `tidal beat`s that must not double-fire."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from sqlalchemy import func, select
+
+from config.celery import OPS_QUEUE
+from tidal_workers.store.models import Item
+from worker_helpers import assert_exactly_once, batch_row, settled, spawn, wait_for
+
+
+def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(rt, make_batch, worker, stub, settings, children,
+                                                               tmp_path):
+    stub.delay = 2.0  # longer than a lease: node-a must renew, and is surely mid-request when killed
+    batch = make_batch(24)
+    doomed = spawn(settings.replace(node="node-a", request_timeout_seconds=10), "worker", "--loglevel=warning", log=tmp_path / "a.log")
+    children.append(doomed)
+    wait_for(lambda: batch_row(rt, batch).completed >= 4, timeout=60, what="the subprocess worker to make progress")
+    assert rt.queue.inflight("node-a") > 0
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait(10)
+    stub.delay = 0.05
+
+    with worker():  # a survivor on another node reclaims node-a's leases once they expire
+        b, out, err = settled(rt, batch)
+    assert (b.completed, b.failed, err) == (24, 0, [])
+    assert_exactly_once(rt, batch, out, err)
+    with rt.store.sessions() as s:
+        rerun = s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == batch, Item.attempts > 1))
+    assert rerun >= 1  # the killed worker's in-flight items ran again, as attempt 2
+    assert rt.queue.inflight("node-a") == 0
+
+
+def _reclaims_sent(rt) -> int:
+    messages = [json.loads(m) for m in rt.redis.lrange(OPS_QUEUE, 0, -1)]
+    return sum(1 for m in messages if m["headers"]["task"] == "tidal.sweep.reclaim")
+
+
+def test_two_beats_fire_once_and_the_standby_takes_over(rt, settings, children, tmp_path):
+    period, span = settings.reclaim_seconds, 2.0
+    for name in ("one", "two"):
+        children.append(spawn(settings, "beat", "--loglevel=warning", log=tmp_path / f"beat-{name}.log"))
+    wait_for(lambda: _reclaims_sent(rt) >= 1, timeout=60, what="the first sweep")
+    before = _reclaims_sent(rt)
+    time.sleep(span)
+    fired = _reclaims_sent(rt) - before
+    assert 1 <= fired <= span / period + 2  # one beat's worth (4); two beats would send about 8
+
+    leader = children[0]  # whichever holds the lock, the other must be sending from the lock timeout on
+    os.kill(leader.pid, signal.SIGKILL)
+    leader.wait(10)
+    time.sleep(settings.beat_lock_seconds + 1)
+    before = _reclaims_sent(rt)
+    wait_for(lambda: _reclaims_sent(rt) > before, timeout=10, what="the surviving beat to fire")

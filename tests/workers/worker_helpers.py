@@ -1,0 +1,81 @@
+"""Helpers for dispatch tests: waiting, reading batches and their output files, child processes."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from config.settings import env_name
+from tidal_workers.store.models import Batch, File, Item
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def batch_row(rt, batch_id: str) -> Batch:
+    with rt.store.sessions() as s:
+        return s.get(Batch, batch_id)
+
+
+def item_ids(rt, batch_id: str) -> list[int]:
+    with rt.store.sessions() as s:
+        return list(s.scalars(select(Item.id).where(Item.batch_id == batch_id).order_by(Item.line)))
+
+
+def file_lines(rt, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    with rt.store.sessions() as s:
+        f = s.get(File, file_id)
+        assert f.purpose == "batch_output"
+        raw = rt.blobs.path(f.blob).read_bytes()
+    lines = [json.loads(x) for x in raw.decode().splitlines()]
+    assert len(lines) == f.lines and len(raw) == f.bytes
+    return lines
+
+
+def settled(rt, batch_id: str, statuses=("completed",)):
+    """Wait until the batch reaches one of ``statuses``; return (batch, output lines, error lines)."""
+    wait_for(lambda: batch_row(rt, batch_id).status in statuses, what=f"{batch_id} to reach {statuses}")
+    b = batch_row(rt, batch_id)
+    return b, file_lines(rt, b.output_file_id), file_lines(rt, b.error_file_id)
+
+
+def assert_exactly_once(rt, batch_id: str, out: list[dict], err: list[dict]) -> None:
+    ids = [line["custom_id"] for line in out + err]
+    with rt.store.sessions() as s:
+        expected = set(s.scalars(select(Item.custom_id).where(Item.batch_id == batch_id)))
+    assert len(ids) == len(set(ids)), "a custom_id appears twice"
+    assert set(ids) == expected, "a custom_id is missing"
+
+
+def settings_env(settings) -> dict[str, str]:
+    """The TIDAL_* environment that makes a child process load exactly ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        env[env_name(f.name)] = str(value).lower() if isinstance(value, bool) else str(value)
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def spawn(settings, *args: str, log: Path) -> subprocess.Popen:
+    """Start ``tidal <args>`` as a child process with ``settings``; output goes to ``log``."""
+    out = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "tidal_api.cli", *args], cwd=ROOT, env=settings_env(settings),
+                            stdout=out, stderr=subprocess.STDOUT)

@@ -1,0 +1,29 @@
+"""The Celery app: ``make_celery(settings)``, plus ``app`` for ``celery -A tidal_workers.celery_app``.
+
+Only claimed items become Celery messages (``tidal.run_item`` on the claiming
+worker's own queue); items waiting their turn stay in Redis sorted sets that
+Tidal owns (see ``queue.py`` for why).
+"""
+from __future__ import annotations
+
+from celery import Celery
+
+from config import Settings, load_settings
+from config.celery import celery_config
+from tidal_workers import execute, sweeps  # noqa: F401  (registers the shared tasks on every app)
+from tidal_workers.claim import ClaimStep
+from tidal_workers.context import ContextStep
+from tidal_workers.metrics import MetricsStep
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("tidal", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    app.tidal_settings = settings
+    app.steps["worker"].add(ContextStep)
+    app.steps["worker"].add(MetricsStep)
+    app.steps["consumer"].add(ClaimStep)
+    return app
+
+
+app = make_celery(load_settings())

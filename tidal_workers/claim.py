@@ -1,0 +1,114 @@
+"""ClaimStep: the worker's claim thread, between the Redis queue and the worker's own Celery queue.
+
+It lives in the consumer's lifecycle, so claiming stops when the broker
+connection is lost and resumes with the consumer. Each pass it renews this
+process's leases (every third of a lease), reclaims expired ones, rebuilds the
+queue from SQL if Redis lost its data, and claims up to the gate's in-flight
+target. Each claim becomes a ``tidal.run_item`` message on this worker's
+``<hostname>.dq2`` queue with task id ``item-<id>#<attempt>``, which Flower shows.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from celery import bootsteps
+from celery.utils.nodenames import worker_direct
+
+from tidal_workers.context import worker_context
+from tidal_workers.enqueue import rebuild
+from tidal_workers.gate import make_gate
+from tidal_workers.sweeps import reclaim
+
+log = logging.getLogger(__name__)
+
+
+class ClaimLoop:
+    """One node's claim loop; ``tick`` is one pass, ``run`` repeats it until stopped."""
+
+    def __init__(self, ctx, gate, send):
+        self.rt, self.leases, self.gate, self.send = ctx.rt, ctx.leases, gate, send
+        self.settings = ctx.rt.settings
+        self.stopping = threading.Event()
+        self._next_upkeep = 0.0
+        self._started = False
+
+    def upkeep(self) -> None:
+        """Renew our leases, requeue expired ones, and rebuild the queue at start or if Redis lost it."""
+        s, q = self.settings, self.rt.queue
+        lost = q.renew(s.node, self.leases.items(), s.lease_seconds)
+        self.leases.forget(lost)
+        reclaim(self.rt)
+        if not self._started or not q.is_built():
+            if self._started:
+                log.warning("the Redis queue is gone: rebuilding it from SQL")
+            rebuild(self.rt)
+            self._started = True
+
+    def tick(self, now: float) -> int:
+        s, q = self.settings, self.rt.queue
+        if now >= self._next_upkeep:
+            self.upkeep()
+            self._next_upkeep = now + s.lease_seconds / 3
+        inflight = q.inflight(s.node)
+        want = min(self.gate.poll(now, inflight), s.worker_threads) - inflight
+        claims = q.claim(s.node, want, s.lease_seconds)
+        # Only published claims are renewed; the lease of one that failed to publish expires and is reclaimed.
+        for c in self.send(claims) if claims else ():
+            self.leases.add(c.item_id, c.lease)
+        return len(claims)
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                claimed = self.tick(time.time())
+            except Exception:  # Redis or the broker blinked: keep the thread, try again shortly
+                log.exception("claim pass failed")
+                claimed = 0
+            if not claimed:
+                self.stopping.wait(self.settings.claim_idle_seconds)
+
+
+class ClaimStep(bootsteps.StartStopStep):
+    """Runs the ClaimLoop in a thread while the consumer runs."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c, **kwargs):
+        super().__init__(c, **kwargs)
+        self.loop: ClaimLoop | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, c):
+        app = c.app
+        queue = worker_direct(c.hostname)
+
+        def send(claims):
+            sent = []
+            try:
+                with app.producer_or_acquire() as producer:
+                    for claim in claims:
+                        app.send_task("tidal.run_item", (claim.item_id, claim.lease), task_id=claim.task_id,
+                                      queue=queue, producer=producer)
+                        sent.append(claim)
+            except Exception:
+                log.exception("%d claimed items not published; their leases will expire",
+                              len(claims) - len(sent))
+            return sent
+
+        ctx = worker_context(app)
+        self.loop = ClaimLoop(ctx, make_gate(ctx.rt.settings), send)
+        self.thread = threading.Thread(target=self.loop.run, name="tidal-claim", daemon=True)
+        self.thread.start()
+
+    def stop(self, c):
+        if self.loop is not None:
+            self.loop.stopping.set()
+            self.thread.join(10)
+            self.loop = self.thread = None
+
+    shutdown = stop
+
+    def info(self, c):
+        return {"tidal_claim": {"running": self.thread is not None}}

@@ -1,0 +1,68 @@
+"""What one worker process holds: its Runtime and the book of leases it must keep renewing.
+
+Built by ``ContextStep`` when the worker starts (one per process, never a global
+shared with the API) and reached by tasks through ``worker_context(app)``.
+Workers run the threads pool, so the claim thread and the tasks share it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from celery import Celery, bootsteps
+
+from tidal_workers.runtime import Runtime
+
+
+class LeaseBook:
+    """item_id -> lease of every item this process claimed and has not settled (thread-safe)."""
+
+    def __init__(self):
+        self._leases: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def add(self, item_id: int, lease: str) -> None:
+        with self._lock:
+            self._leases[item_id] = lease
+
+    def discard(self, item_id: int, lease: str) -> None:
+        with self._lock:
+            if self._leases.get(item_id) == lease:
+                del self._leases[item_id]
+
+    def forget(self, item_ids: list[int]) -> None:
+        with self._lock:
+            for item_id in item_ids:
+                self._leases.pop(item_id, None)
+
+    def items(self) -> list[tuple[int, str]]:
+        with self._lock:
+            return list(self._leases.items())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._leases)
+
+
+@dataclasses.dataclass
+class WorkerContext:
+    rt: Runtime
+    leases: LeaseBook
+
+
+class ContextStep(bootsteps.StartStopStep):
+    """Builds the process's WorkerContext before the consumer (and ClaimStep) starts; closes it at exit."""
+
+    def __init__(self, w, **kwargs):
+        super().__init__(w, **kwargs)
+        w.app.tidal_context = WorkerContext(Runtime(w.app.tidal_settings), LeaseBook())
+
+    def shutdown(self, w):
+        w.app.tidal_context.rt.close()
+
+
+def worker_context(app: Celery) -> WorkerContext:
+    try:
+        return app.tidal_context
+    except AttributeError:
+        raise RuntimeError("Tidal tasks run only inside a worker of an app from make_celery()") from None

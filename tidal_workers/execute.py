@@ -1,0 +1,110 @@
+"""The ``tidal.run_item`` task: POST one claimed item to the co-located vLLM, then record what came back.
+
+Priority is read from the batch at each submission, so an escalation reaches
+items not yet sent. Transient failures (connection errors, timeouts, 5xx,
+429) are retried here with exponential backoff while the claim thread keeps
+renewing the lease; they become an error line only once ``retry_budget`` is
+spent. A 4xx is the request's own fault: an error line with the engine's
+status and body.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import requests
+from celery import shared_task
+from sqlalchemy import select
+
+from tidal_workers.context import worker_context
+from tidal_workers.finalize import maybe_finalize
+from tidal_workers.result import Outcome, Usage, record
+from tidal_workers.store.models import Batch, BatchStatus, Item, ItemStatus
+
+log = logging.getLogger(__name__)
+
+BACKOFF_CAP_SECONDS = 30.0
+
+
+class Transient(Exception):
+    """The engine may answer next time: a connection error, a timeout, a 5xx or a 429."""
+
+
+def _load(rt, item_id: int):
+    with rt.store.sessions() as s:
+        return s.execute(
+            select(Item.batch_id, Item.url, Item.body, Item.status).where(Item.id == item_id)
+        ).one_or_none()
+
+
+def _batch_now(rt, batch_id: str):
+    """The batch's status and priority as of this submission (escalation and cancel reach queued items)."""
+    with rt.store.sessions() as s:
+        return s.execute(select(Batch.status, Batch.priority).where(Batch.id == batch_id)).one()
+
+
+def submit(rt, url: str, body: dict, priority: int) -> Outcome:
+    """One POST to the engine; raises Transient for anything worth retrying."""
+    try:
+        resp = requests.post(rt.settings.vllm_url.rstrip("/") + url, json={**body, "priority": priority},
+                             timeout=rt.settings.request_timeout_seconds)
+    except requests.RequestException as exc:
+        raise Transient(f"{type(exc).__name__}: {exc}") from exc
+    if resp.status_code == 429 or resp.status_code >= 500:
+        raise Transient(f"engine answered {resp.status_code}: {resp.text[:200]}")
+    try:
+        payload = resp.json()
+    except ValueError as exc:
+        raise Transient(f"engine answered {resp.status_code} with a body that is not JSON") from exc
+    request_id = resp.headers.get("x-request-id") or (payload.get("id") if isinstance(payload, dict) else None)
+    ok = 200 <= resp.status_code < 300
+    return Outcome(
+        status=ItemStatus.completed if ok else ItemStatus.failed,
+        response_status=resp.status_code, request_id=request_id, body=resp.text,
+        usage=Usage.from_body(payload) if ok and isinstance(payload, dict) else Usage(),
+    )
+
+
+def execute_item(rt, item_id: int, lease: str) -> str:
+    """Run one claimed item to its outcome; returns what happened (for Flower and tests)."""
+    if not rt.queue.lease_current(item_id, lease):
+        return "stale"
+    row = _load(rt, item_id)
+    if row is None or row.status != ItemStatus.pending.value:  # already settled by an earlier attempt
+        rt.queue.complete(item_id, lease)
+        return "done"
+    body = json.loads(row.body)
+    s = rt.settings
+    failures = 0
+    while True:
+        batch = _batch_now(rt, row.batch_id)
+        if batch.status != BatchStatus.in_progress.value:  # cancelled or expired since it was claimed
+            rt.queue.complete(item_id, lease)
+            maybe_finalize(rt, row.batch_id)
+            return "abandoned"
+        try:
+            outcome = submit(rt, row.url, body, batch.priority)
+            break
+        except Transient as exc:
+            failures += 1
+            if failures > s.retry_budget:
+                outcome = Outcome(status=ItemStatus.failed, error_code="retry_budget_exhausted",
+                                  error_message=f"The engine failed {failures} times; last: {exc}")
+                break
+            delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
+            log.info("item %s: %s; retry %d in %.2fs", item_id, exc, failures, delay)
+            time.sleep(delay)
+            if not rt.queue.lease_current(item_id, lease):
+                return "stale"
+    # "dropped": the lease went stale, or another attempt wrote first.
+    return outcome.status.value if record(rt, item_id, row.batch_id, lease, outcome) else "dropped"
+
+
+@shared_task(name="tidal.run_item", bind=True)
+def run_item(self, item_id: int, lease: str) -> str:
+    ctx = worker_context(self.app)
+    try:
+        return execute_item(ctx.rt, item_id, lease)
+    finally:
+        ctx.leases.discard(item_id, lease)

@@ -1,0 +1,136 @@
+"""Finalize: settle a batch whose work is over, writing its output and error files.
+
+in_progress → finalizing → completed when every item is done; cancelling →
+cancelled once nothing is in flight; in_progress → expired past expires_at.
+Pending items of a cancelled or expired batch become batch_cancelled /
+batch_expired error lines. Several workers and sweeps may race here, so each
+move starts with a conditional UPDATE of the batch's status: exactly one caller
+wins, and everything else it writes commits (or not) with that UPDATE.
+"""
+from __future__ import annotations
+
+import json
+import time
+import typing as t
+
+from sqlalchemy import select, update
+
+from tidal_workers.store.models import Batch, BatchStatus, File, Item, ItemStatus
+
+ROWS = 2000
+
+PENDING_ERRORS = {
+    ItemStatus.cancelled: ("batch_cancelled", "This request was not executed because the batch was cancelled."),
+    ItemStatus.expired: ("batch_expired", "This request could not be executed before the completion window expired."),
+}
+
+
+def line(item: Item) -> bytes:
+    """One line of an output or error file, in OpenAI's format."""
+    response = None
+    if item.response_status is not None:
+        response = {"status_code": item.response_status, "request_id": item.request_id or "",
+                    "body": json.loads(item.response_body) if item.response_body else None}
+    error = None
+    if item.error_code is not None:
+        error = {"code": item.error_code, "message": item.error_message or ""}
+    return (json.dumps({"id": f"batch_req_{item.id}", "custom_id": item.custom_id,
+                        "response": response, "error": error}) + "\n").encode()
+
+
+def _move(session, batch_id: str, frm: BatchStatus, to: BatchStatus, now: int) -> bool:
+    """The election: True for the one caller whose conditional UPDATE moved the batch."""
+    return session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.status == frm.value)
+        .values(status=to.value, **{f"{to.value}_at": now})
+    ).rowcount == 1
+
+
+def _write_file(rt, session, batch: Batch, kind: str, rows: t.Iterable[Item], now: int) -> File | None:
+    count = 0
+
+    def lines():
+        nonlocal count
+        for item in rows:
+            count += 1
+            yield line(item)
+
+    name, size = rt.blobs.write_lines(lines())
+    if not count:  # OpenAI leaves output_file_id / error_file_id null when there is nothing to put in them
+        rt.blobs.delete(name)
+        return None
+    f = File(tenant_id=batch.tenant_id, filename=f"{batch.id}_{kind}.jsonl", purpose="batch_output",
+             bytes=size, lines=count, created_at=now, expires_at=now + rt.settings.file_expiry_seconds, blob=name)
+    session.add(f)
+    session.flush()
+    return f
+
+
+def _items(session, batch_id: str, completed: bool):
+    status = Item.status == ItemStatus.completed.value if completed else Item.status != ItemStatus.completed.value
+    return session.scalars(select(Item).where(Item.batch_id == batch_id, status).order_by(Item.line)
+                           .execution_options(yield_per=ROWS))
+
+
+def _settle(rt, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: ItemStatus | None = None) -> bool:
+    """Move frm → to and write both files in one transaction; False if another caller won."""
+    now = int(time.time())
+    written: list[str] = []
+    try:
+        with rt.store.session() as s:
+            if not _move(s, batch_id, frm, to, now):
+                return False
+            if pending_as is not None:
+                code, message = PENDING_ERRORS[pending_as]
+                s.execute(update(Item).where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
+                          .values(status=pending_as.value, error_code=code, error_message=message, finished_at=now))
+            batch = s.get(Batch, batch_id)
+            file_ids = {}
+            for kind, completed in (("output", True), ("error", False)):
+                f = _write_file(rt, s, batch, kind, _items(s, batch_id, completed), now)
+                if f is not None:
+                    written.append(f.blob)
+                file_ids[f"{kind}_file_id"] = f.id if f is not None else None
+            s.execute(update(Batch).where(Batch.id == batch_id).values(**file_ids))
+    except BaseException:  # nothing committed: leave no orphan blobs behind
+        for blob in written:
+            rt.blobs.delete(blob)
+        raise
+    rt.queue.drop_batch(batch_id)
+    return True
+
+
+def complete(rt, batch_id: str) -> bool:
+    """in_progress → finalizing (visible while the files are written) → completed."""
+    with rt.store.session() as s:
+        if not _move(s, batch_id, BatchStatus.in_progress, BatchStatus.finalizing, int(time.time())):
+            return False
+    return finish_finalizing(rt, batch_id)
+
+
+def finish_finalizing(rt, batch_id: str) -> bool:
+    """finalizing → completed; also how the reconcile sweep finishes a finalizer that died."""
+    return _settle(rt, batch_id, BatchStatus.finalizing, BatchStatus.completed)
+
+
+def expire(rt, batch_id: str) -> bool:
+    """in_progress → expired: finished items keep their lines, the rest become batch_expired."""
+    rt.queue.drop_batch(batch_id)
+    return _settle(rt, batch_id, BatchStatus.in_progress, BatchStatus.expired, ItemStatus.expired)
+
+
+def maybe_finalize(rt, batch_id: str) -> bool:
+    """Finalize ``batch_id`` if its work is over: all items done, or cancelling with nothing in flight."""
+    with rt.store.sessions() as s:
+        row = s.execute(select(Batch.status, Batch.total, Batch.completed, Batch.failed)
+                        .where(Batch.id == batch_id)).one_or_none()
+    if row is None:
+        return False
+    if row.status == BatchStatus.in_progress.value and row.completed + row.failed >= row.total:
+        return complete(rt, batch_id)
+    if row.status == BatchStatus.cancelling.value and rt.queue.batch_inflight(batch_id) == 0:
+        return _settle(rt, batch_id, BatchStatus.cancelling, BatchStatus.cancelled, ItemStatus.cancelled)
+    return False
+
+
+__all__ = ["complete", "expire", "finish_finalizing", "line", "maybe_finalize"]

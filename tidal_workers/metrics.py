@@ -1,0 +1,77 @@
+"""Prometheus gauges of the Redis queue: items waiting are not Celery messages, so Flower cannot see them.
+
+A collector reads Redis at scrape time, so the numbers are never older than
+the scrape and nothing has to keep gauges up to date. ``MetricsStep`` serves
+them, with the gate's gauges, from each worker on ``TIDAL_WORKER_METRICS_PORT``.
+"""
+from __future__ import annotations
+
+import logging
+
+from celery import bootsteps
+from prometheus_client import start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, CollectorRegistry
+
+log = logging.getLogger(__name__)
+
+
+class QueueCollector:
+    def __init__(self, queue):
+        self.queue = queue
+
+    def collect(self):
+        depth = GaugeMetricFamily("tidal_queue_depth", "Items queued in Redis, by batch priority band.",
+                                  labels=["band"])
+        for band, n in self.queue.depth_by_band().items():
+            depth.add_metric([band], n)
+        yield depth
+        inflight = GaugeMetricFamily("tidal_inflight_items", "Items leased (in flight), by node.", labels=["node"])
+        for node, n in self.queue.inflight_by_node().items():
+            inflight.add_metric([node], n)
+        yield inflight
+
+    def describe(self):
+        return []  # read only at scrape time: registering must not touch Redis
+
+
+def register_queue_metrics(rt, registry: CollectorRegistry = REGISTRY) -> QueueCollector:
+    collector = QueueCollector(rt.queue)
+    registry.register(collector)
+    return collector
+
+
+def worker_registry(rt) -> CollectorRegistry:
+    """What a worker exports: this process's own metrics (the gate's) and the queue, read at scrape time."""
+    registry = CollectorRegistry()
+    registry.register(REGISTRY)  # a registry is a collector too; describe-less, so nothing is read now
+    register_queue_metrics(rt, registry)
+    return registry
+
+
+class MetricsStep(bootsteps.StartStopStep):
+    """Serves ``worker_registry`` over HTTP while the worker runs (one server per worker process)."""
+
+    requires = ("tidal_workers.context:ContextStep",)
+
+    def __init__(self, w, **kwargs):
+        super().__init__(w, **kwargs)
+        self.server = None
+
+    def start(self, w):
+        rt = w.app.tidal_context.rt
+        port = rt.settings.worker_metrics_port
+        if not port:
+            return
+        try:
+            self.server, _thread = start_http_server(port, registry=worker_registry(rt))
+        except OSError as exc:  # a second worker on this host: it runs, unscraped, rather than not at all
+            log.warning("worker metrics not served: port %d: %s", port, exc)
+            return
+        log.info("worker metrics on :%d/metrics", port)
+
+    def stop(self, w):
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None

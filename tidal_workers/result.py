@@ -1,0 +1,84 @@
+"""Record one item's outcome in SQL exactly once, then release its lease.
+
+Delivery is at least once (a dead worker's item runs again), so the write is
+idempotent: ``UPDATE items ... WHERE status = 'pending'`` lets the first write
+win, and a result under a lease that is no longer current is dropped before it
+gets there. request_counts and billed usage move in the same transaction.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from sqlalchemy import select, update
+
+from tidal_workers.finalize import maybe_finalize
+from tidal_workers.queue import parse_lease
+from tidal_workers.store.models import Batch, Item, ItemStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @classmethod
+    def from_body(cls, body: dict) -> "Usage":
+        """Read OpenAI's usage block (chat, completions, embeddings); missing parts count 0."""
+        usage = body.get("usage") or {}
+        return cls(
+            input_tokens=int(usage.get("prompt_tokens") or 0),
+            cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+            output_tokens=int(usage.get("completion_tokens") or 0),
+            reasoning_tokens=int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What the engine made of one item: a response line, or an error line."""
+
+    status: ItemStatus  # completed or failed
+    response_status: int | None = None  # the engine's HTTP status, when it answered
+    request_id: str | None = None
+    body: str | None = None  # the engine's response body (JSON text)
+    error_code: str | None = None  # set when there is no engine response to show
+    error_message: str | None = None
+    usage: Usage = Usage()
+
+
+def record(rt, item_id: int, batch_id: str, lease: str, outcome: Outcome) -> bool:
+    """Write ``outcome`` if ``lease`` is current and the item still pending; True if this call wrote it."""
+    if not rt.queue.lease_current(item_id, lease):
+        return False
+    now = int(time.time())
+    completed = outcome.status is ItemStatus.completed
+    usage = outcome.usage
+    with rt.store.session() as s:
+        # Lock the batch row first, as finalize does, so the two never deadlock on PostgreSQL.
+        s.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
+        written = s.execute(
+            update(Item)
+            .where(Item.id == item_id, Item.status == ItemStatus.pending.value)
+            .values(status=outcome.status.value, attempts=parse_lease(lease)[1],
+                    response_status=outcome.response_status, request_id=outcome.request_id,
+                    response_body=outcome.body, error_code=outcome.error_code,
+                    error_message=outcome.error_message, finished_at=now,
+                    input_tokens=usage.input_tokens, cached_tokens=usage.cached_tokens,
+                    output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens)
+        ).rowcount == 1
+        if written and completed:  # only completed items are billed
+            s.execute(update(Batch).where(Batch.id == batch_id).values(
+                completed=Batch.completed + 1,
+                input_tokens=Batch.input_tokens + usage.input_tokens,
+                cached_tokens=Batch.cached_tokens + usage.cached_tokens,
+                output_tokens=Batch.output_tokens + usage.output_tokens,
+                reasoning_tokens=Batch.reasoning_tokens + usage.reasoning_tokens,
+            ))
+        elif written:
+            s.execute(update(Batch).where(Batch.id == batch_id).values(failed=Batch.failed + 1))
+    rt.queue.complete(item_id, lease)
+    maybe_finalize(rt, batch_id)
+    return written

@@ -1,0 +1,73 @@
+"""Periodic sweeps (sent by beat to ``tidal.ops``) and the ``tidal.ingest`` task.
+
+Every sweep is idempotent, so a sweep that fires twice, or races a worker
+doing the same thing, changes nothing the second time. Claim threads also
+reclaim and rebuild on their own, so recovery never waits on beat alone.
+"""
+from __future__ import annotations
+
+import time
+
+from celery import shared_task
+from sqlalchemy import select
+
+from tidal_workers import finalize
+from tidal_workers.context import worker_context
+from tidal_workers.enqueue import rebuild
+from tidal_workers.ingest import ingest_batch
+from tidal_workers.store.models import Batch, BatchStatus
+
+
+def expire_due(rt, now: float | None = None) -> list[str]:
+    """Expire every in-progress batch past its expires_at; returns the ids this call expired."""
+    now = time.time() if now is None else now
+    with rt.store.sessions() as s:
+        due = list(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.in_progress.value,
+                                                    Batch.expires_at <= now)))
+    return [batch_id for batch_id in due if finalize.expire(rt, batch_id)]
+
+
+def reclaim(rt) -> int:
+    """Requeue items whose lease expired; settle batches whose abandoned items were the last in flight."""
+    reclaimed = rt.queue.reclaim_expired()
+    for batch_id in {r.batch_id for r in reclaimed if not r.requeued and r.batch_id}:
+        finalize.maybe_finalize(rt, batch_id)
+    return len(reclaimed)
+
+
+def reconcile(rt, now: float | None = None) -> int:
+    """Rebuild the queue from SQL and finalize batches whose finalizer never ran or died; returns items queued."""
+    now = time.time() if now is None else now
+    queued = rebuild(rt)
+    stuck_since = now - rt.settings.reconcile_seconds
+    with rt.store.sessions() as s:
+        done = list(s.scalars(select(Batch.id).where(
+            Batch.status == BatchStatus.in_progress.value, Batch.completed + Batch.failed >= Batch.total)))
+        cancelling = list(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.cancelling.value)))
+        finalizing = list(s.scalars(select(Batch.id).where(
+            Batch.status == BatchStatus.finalizing.value, Batch.finalizing_at <= stuck_since)))
+    for batch_id in done + cancelling:
+        finalize.maybe_finalize(rt, batch_id)
+    for batch_id in finalizing:
+        finalize.finish_finalizing(rt, batch_id)
+    return queued
+
+
+@shared_task(name="tidal.sweep.expire", bind=True)
+def expire_task(self) -> int:
+    return len(expire_due(worker_context(self.app).rt))
+
+
+@shared_task(name="tidal.sweep.reclaim", bind=True)
+def reclaim_task(self) -> int:
+    return reclaim(worker_context(self.app).rt)
+
+
+@shared_task(name="tidal.sweep.reconcile", bind=True)
+def reconcile_task(self) -> int:
+    return reconcile(worker_context(self.app).rt)
+
+
+@shared_task(name="tidal.ingest", bind=True)
+def ingest_task(self, batch_id: str) -> None:
+    ingest_batch(worker_context(self.app).rt, batch_id)
