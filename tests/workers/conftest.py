@@ -13,44 +13,12 @@ import threading
 import time
 
 import pytest
-import redis
 from celery.contrib.testing.worker import start_worker
 from stub_engine import StubEngine
 
 from tidal_workers.celery_app import make_celery
 from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.store.models import Batch, BatchStatus, File, Item
-
-FREE_DBS = range(1, 13)  # 0 is a developer's, 13 the shared tests', 14-15 benchmarks'
-
-
-@pytest.fixture(scope="session")
-def workers_redis_db(settings_base_url):
-    """A Redis DB of its own for this pytest session, so two sessions on one Redis never flush each other.
-
-    Ownership is a named connection held for the session (a key would not survive the per-test FLUSHDB).
-    """
-    holder = redis.Redis.from_url(f"{settings_base_url}/0", single_connection_client=True)
-    me = holder.client_id()
-    for db in FREE_DBS:
-        name = f"tidal-tests-db{db}"
-        if any(c["name"] == name for c in holder.client_list()):
-            continue
-        holder.client_setname(name)
-        if min(int(c["id"]) for c in holder.client_list() if c["name"] == name) == me:  # lowest id wins a race
-            yield db
-            holder.close()
-            return
-        holder.client_setname("")
-    pytest.fail("no free Redis DB in 1-12 for the workers tests")
-
-
-@pytest.fixture(scope="session")
-def settings_base_url():
-    from config import load_settings
-
-    return load_settings().redis_url.rsplit("/", 1)[0]
-
 
 @pytest.fixture
 def stub():
@@ -60,10 +28,9 @@ def stub():
 
 
 @pytest.fixture
-def settings(settings, stub, workers_redis_db):
+def settings(settings, stub):
     """Short leases, retries and windows, so faults and recovery show up in seconds."""
     return settings.replace(
-        redis_url=settings.redis_url.rsplit("/", 1)[0] + f"/{workers_redis_db}",
         vllm_url=stub.url,
         gate_mode="fixed",  # the AIMD gate has its own tests; here the target is max_inflight
         lease_seconds=1.5,
