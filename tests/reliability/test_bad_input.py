@@ -1,0 +1,314 @@
+"""The bad-input corpus: each named case gets its status and OpenAI code over real HTTP; nothing is half-written.
+
+Kinds of case:
+
+- ``request``: a bad request; no file or batch appears.
+- ``ingest``: the upload is accepted, then validation fails the batch it creates:
+  the batch is ``failed`` with the line error, holds no items in SQL and nothing is queued.
+- ``accepted``: odd but valid input (blank lines, a BOM); the batch is ``in_progress``.
+
+After every case the API listings show exactly the files and batches the case
+meant to create, and the blob directory holds exactly the blobs of live files,
+with no ``.part`` left behind.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing as t
+
+import pytest
+import requests
+from sqlalchemy import func, select, update
+
+from tidal_workers import keys
+from tidal_workers.store.models import Batch, File, Item
+
+CHAT = "/v1/chat/completions"
+MAX_FILE_BYTES, MAX_UPLOAD_BYTES, MAX_FILE_LINES = 4096, 8192, 5
+
+
+@pytest.fixture
+def settings(settings):
+    """Limits shrunk so over-limit files are a few kilobytes; two allowed models (mixed models, model_not_found)."""
+    return settings.replace(max_file_bytes=MAX_FILE_BYTES, max_upload_bytes=MAX_UPLOAD_BYTES,
+                            max_file_lines=MAX_FILE_LINES, models="tiny,tiny-2")
+
+
+def line(custom_id: str = "r1", *, method: str = "POST", url: str = CHAT, **body) -> dict:
+    return {"custom_id": custom_id, "method": method, "url": url,
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **body}}
+
+
+def jsonl(*lines: dict | str | bytes) -> bytes:
+    """Dicts become JSON lines; str and bytes are written as they are (for broken lines)."""
+    out = b""
+    for item in lines:
+        out += item if isinstance(item, bytes) else (item if isinstance(item, str) else json.dumps(item)).encode()
+        out += b"\n"
+    return out
+
+
+GOOD = jsonl(line("r1"), line("r2"))
+
+
+class Client:
+    """acme's HTTP session against the live server, remembering what the case itself created."""
+
+    def __init__(self, url: str, rt):
+        self.url, self.rt = url, rt
+        self.http = requests.Session()
+        self.http.headers["Authorization"] = "Bearer acme-key"
+        self.files: set[str] = set()
+        self.batches: set[str] = set()
+
+    def send(self, method: str, path: str, **kw) -> requests.Response:
+        return self.http.request(method, self.url + path, timeout=30, **kw)
+
+    def upload(self, content: bytes, purpose: str = "batch") -> str:
+        r = self.send("POST", "/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": purpose})
+        assert r.status_code == 200, r.text
+        self.files.add(r.json()["id"])
+        return r.json()["id"]
+
+    def create(self, **body) -> requests.Response:
+        return self.send("POST", "/v1/batches", json={"endpoint": CHAT, "completion_window": "24h", **body})
+
+    def batch_of(self, content: bytes) -> requests.Response:
+        """Upload ``content`` and create a batch from it: the path of every file-validation case."""
+        r = self.create(input_file_id=self.upload(content))
+        if r.status_code == 200:
+            self.batches.add(r.json()["id"])
+        return r
+
+    def batch_with_status(self, status: str) -> str:
+        r = self.batch_of(GOOD)
+        with self.rt.store.session() as s:
+            s.execute(update(Batch).where(Batch.id == r.json()["id"]).values(status=status))
+        return r.json()["id"]
+
+    def visible(self) -> tuple[set[str], set[str]]:
+        files = self.send("GET", "/v1/files").json()["data"]
+        batches = self.send("GET", "/v1/batches", params={"limit": 100}).json()["data"]
+        return {f["id"] for f in files}, {b["id"] for b in batches}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    call: t.Callable[[Client], requests.Response]
+    status: int
+    code: str | None = None      # the error code of a 4xx, or the line error of an `ingest` case
+    kind: str = "request"        # request | ingest | accepted
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def request(name, call, status, code=None) -> Case:
+    return Case(name, call, status, code)
+
+
+def ingest(name, content: bytes, code: str) -> Case:
+    return Case(name, lambda c: c.batch_of(content), 200, code, "ingest")
+
+
+def accepted(name, content: bytes) -> Case:
+    return Case(name, lambda c: c.batch_of(content), 200, None, "accepted")
+
+
+def multipart(c: Client, **parts) -> requests.Response:
+    return c.send("POST", "/v1/files", files=parts)
+
+
+def metadata(meta) -> t.Callable[[Client], requests.Response]:
+    return lambda c: c.create(input_file_id=c.upload(GOOD), metadata=meta)
+
+
+def cancel_of(status: str) -> t.Callable[[Client], requests.Response]:
+    return lambda c: c.send("POST", f"/v1/batches/{c.batch_with_status(status)}/cancel")
+
+
+TRAVERSAL, SQL = "../../../etc/passwd", "file-x' OR '1'='1' --"
+BOM = b"\xef\xbb\xbf"
+
+CASES = [
+    # --- uploads refused before anything is stored
+    request("upload_json_content_type", lambda c: c.send("POST", "/v1/files", json={"purpose": "batch"}),
+            415, "unsupported_media_type"),
+    request("upload_text_plain", lambda c: c.send("POST", "/v1/files", data=GOOD,
+                                                  headers={"Content-Type": "text/plain"}), 415,
+            "unsupported_media_type"),
+    request("upload_urlencoded_form", lambda c: c.send("POST", "/v1/files", data={"purpose": "batch", "file": "x"}),
+            415, "unsupported_media_type"),
+    request("upload_missing_file_field", lambda c: multipart(c, purpose=(None, "batch")), 400,
+            "missing_required_parameter"),
+    request("upload_missing_purpose_field", lambda c: multipart(c, file=("a.jsonl", GOOD)), 400,
+            "missing_required_parameter"),
+    request("upload_unknown_purpose", lambda c: multipart(c, file=("a.jsonl", GOOD), purpose=(None, "batch_output")),
+            400, "invalid_value"),
+    request("upload_multipart_without_boundary",
+            lambda c: c.send("POST", "/v1/files", data=b"garbage", headers={"Content-Type": "multipart/form-data"}),
+            400, "missing_required_parameter"),
+    request("upload_multipart_truncated",
+            lambda c: c.send("POST", "/v1/files", headers={"Content-Type": "multipart/form-data; boundary=x"},
+                             data=b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--x\r\n'
+                                  b'Content-Disposition: form-data; name="file"; filename="a"\r\n\r\n{"custom'),
+            400, "missing_required_parameter"),
+    request("upload_over_batch_size_limit",
+            lambda c: multipart(c, file=("a.jsonl", b"x" * (MAX_FILE_BYTES + 1)), purpose=(None, "batch")),
+            413, "file_too_large"),
+    request("upload_over_any_purpose_limit",
+            lambda c: multipart(c, file=("a.bin", b"x" * (MAX_UPLOAD_BYTES + 1)), purpose=(None, "user_data")),
+            413, "file_too_large"),
+    request("upload_over_request_size_limit",
+            lambda c: multipart(c, file=("a.bin", b"x" * (MAX_UPLOAD_BYTES + 128 * 1024)),
+                                purpose=(None, "user_data")),
+            413, "file_too_large"),
+    request("upload_over_line_limit",
+            lambda c: multipart(c, file=("a.jsonl", jsonl(*(line(f"r{i}") for i in range(MAX_FILE_LINES + 1)))),
+                                purpose=(None, "batch")),
+            400, "too_many_lines"),
+    # --- uploads accepted, the batch fails validation: failed, errors, no items, nothing queued
+    ingest("truncated_json_line", jsonl(line("r1"), json.dumps(line("r2"))[:30]), "invalid_json_line"),
+    ingest("single_quoted_json", jsonl("{'custom_id': 'r1'}"), "invalid_json_line"),
+    ingest("json_array_line", jsonl("[1, 2]"), "invalid_json_line"),
+    ingest("nan_in_body", jsonl(json.dumps(line("r1")).replace('"hi"', "NaN")), "invalid_json_line"),
+    ingest("two_objects_on_one_line", jsonl(json.dumps(line("r1")) + json.dumps(line("r2"))), "invalid_json_line"),
+    ingest("non_utf8_bytes", jsonl(line("r1"), b'{"custom_id": "\xff\xfe"}'), "invalid_encoding"),
+    ingest("utf16_file", json.dumps(line("r1")).encode("utf-16") + b"\n", "invalid_encoding"),
+    ingest("empty_file", b"", "empty_file"),
+    ingest("only_blank_lines", b"\n  \n\t\n", "empty_file"),
+    ingest("duplicate_custom_id", jsonl(line("same"), line("same")), "duplicate_custom_id"),
+    ingest("wrong_url", jsonl(line("r1", url="/v1/embeddings")), "invalid_url"),
+    ingest("wrong_method", jsonl(line("r1", method="GET")), "invalid_request"),
+    ingest("stream_true", jsonl(line("r1", stream=True)), "streaming_unsupported"),
+    ingest("mixed_models", jsonl(line("r1"), {**line("r2"), "body": {**line()["body"], "model": "tiny-2"}}),
+           "mismatched_model"),
+    ingest("unknown_model", jsonl({**line("r1"), "body": {**line()["body"], "model": "gpt-x"}}), "model_not_found"),
+    ingest("missing_custom_id", jsonl({k: v for k, v in line().items() if k != "custom_id"}),
+           "missing_required_parameter"),
+    ingest("missing_body", jsonl({k: v for k, v in line().items() if k != "body"}), "missing_required_parameter"),
+    ingest("custom_id_not_a_string", jsonl({**line(), "custom_id": 7}), "invalid_request"),
+    ingest("body_not_an_object", jsonl({**line(), "body": "hi"}), "invalid_request"),
+    ingest("missing_model", jsonl({**line(), "body": {"messages": []}}), "invalid_request"),
+    # --- odd but valid
+    accepted("blank_lines_between_requests", b"\n" + jsonl(line("r1")) + b"\n  \n" + jsonl(line("r2"))),
+    accepted("utf8_bom", BOM + GOOD),
+    accepted("crlf_line_ends", GOOD.replace(b"\n", b"\r\n")),
+    accepted("no_final_newline", GOOD.rstrip(b"\n")),
+    # --- POST /v1/batches refused: no batch appears
+    request("batch_body_not_json", lambda c: c.send("POST", "/v1/batches", data=b"input_file_id=f",
+                                                    headers={"Content-Type": "application/json"}), 400,
+            "invalid_json"),
+    request("batch_body_truncated_json", lambda c: c.send("POST", "/v1/batches", data=b'{"input_file_id": "f',
+                                                          headers={"Content-Type": "application/json"}), 400,
+            "invalid_json"),
+    request("batch_body_json_array", lambda c: c.send("POST", "/v1/batches", json=[{"input_file_id": "f"}]), 400,
+            "invalid_json"),
+    request("batch_missing_input_file_id", lambda c: c.create(), 400, "missing_required_parameter"),
+    request("batch_missing_endpoint", lambda c: c.send("POST", "/v1/batches", json={
+        "input_file_id": c.upload(GOOD), "completion_window": "24h"}), 400, "missing_required_parameter"),
+    request("batch_input_file_id_not_a_string", lambda c: c.create(input_file_id=["file-x"]), 400, "invalid_type"),
+    request("batch_wrong_completion_window", lambda c: c.create(input_file_id=c.upload(GOOD), completion_window="48h"),
+            400, "invalid_value"),
+    request("batch_unsupported_endpoint", lambda c: c.create(input_file_id=c.upload(GOOD), endpoint="/v1/responses"),
+            400, "invalid_value"),
+    request("batch_unknown_input_file", lambda c: c.create(input_file_id="file-doesnotexist"), 404),
+    request("batch_input_file_path_traversal", lambda c: c.create(input_file_id=TRAVERSAL), 404),
+    request("batch_input_file_sql", lambda c: c.create(input_file_id=SQL), 404),
+    request("batch_input_file_deleted", lambda c: c.create(input_file_id=_deleted_file(c)), 404),
+    request("batch_input_file_wrong_purpose", lambda c: c.create(input_file_id=c.upload(GOOD, "user_data")), 400,
+            "invalid_value"),
+    request("metadata_17_pairs", metadata({f"k{i}": "v" for i in range(17)}), 400, "invalid_value"),
+    request("metadata_long_key", metadata({"k" * 65: "v"}), 400, "invalid_value"),
+    request("metadata_long_value", metadata({"k": "v" * 513}), 400, "invalid_value"),
+    request("metadata_non_string_value", metadata({"k": 1}), 400, "invalid_type"),
+    request("metadata_not_an_object", metadata(["k", "v"]), 400, "invalid_type"),
+    # --- reads, cursors and ids
+    request("files_limit_negative", lambda c: c.send("GET", "/v1/files", params={"limit": -1}), 400, "invalid_value"),
+    request("files_limit_oversized", lambda c: c.send("GET", "/v1/files", params={"limit": 10_001}), 400,
+            "invalid_value"),
+    request("files_limit_not_a_number", lambda c: c.send("GET", "/v1/files", params={"limit": "ten"}), 400,
+            "invalid_type"),
+    request("files_order_unknown", lambda c: c.send("GET", "/v1/files", params={"order": "random"}), 400,
+            "invalid_value"),
+    request("files_unknown_after", lambda c: c.send("GET", "/v1/files", params={"after": "file-nope"}), 404),
+    request("batches_limit_negative", lambda c: c.send("GET", "/v1/batches", params={"limit": -5}), 400,
+            "invalid_value"),
+    request("batches_limit_zero", lambda c: c.send("GET", "/v1/batches", params={"limit": 0}), 400, "invalid_value"),
+    request("batches_limit_oversized", lambda c: c.send("GET", "/v1/batches", params={"limit": 101}), 400,
+            "invalid_value"),
+    request("batches_unknown_after", lambda c: c.send("GET", "/v1/batches", params={"after": "batch_nope"}), 404),
+    request("batches_after_sql", lambda c: c.send("GET", "/v1/batches", params={"after": "' OR 1=1 --"}), 404),
+    request("file_id_path_traversal", lambda c: c.send("GET", "/v1/files/..%2F..%2F..%2Fetc%2Fpasswd"), 404),
+    request("file_content_path_traversal",
+            lambda c: c.send("GET", "/v1/files/..%2F..%2F..%2Fetc%2Fpasswd/content"), 404),
+    request("file_content_blob_name", lambda c: c.send("GET", f"/v1/files/{_blob_of(c)}/content"), 404),
+    request("file_id_sql", lambda c: c.send("DELETE", "/v1/files/" + requests.utils.quote(SQL, safe="")), 404),
+    request("batch_id_sql", lambda c: c.send("GET", "/v1/batches/batch_x'%3B%20DROP%20TABLE%20batches%3B--"), 404),
+    request("cancel_unknown_batch", lambda c: c.send("POST", "/v1/batches/batch_nope/cancel"), 404),
+    request("cancel_completed_batch", cancel_of("completed"), 409, "batch_not_cancellable"),
+    request("cancel_failed_batch", cancel_of("failed"), 409, "batch_not_cancellable"),
+    request("cancel_expired_batch", cancel_of("expired"), 409, "batch_not_cancellable"),
+    # --- routes
+    request("unknown_endpoint", lambda c: c.send("GET", "/v1/responses"), 404, "unknown_url"),
+    request("wrong_method_on_batches", lambda c: c.send("PUT", "/v1/batches"), 405, "method_not_allowed"),
+    request("wrong_method_on_a_batch", lambda c: c.send("DELETE", "/v1/batches/batch_x"), 405, "method_not_allowed"),
+    request("wrong_method_on_a_file", lambda c: c.send("PATCH", "/v1/files/file-x"), 405, "method_not_allowed"),
+]
+
+
+def _deleted_file(c: Client) -> str:
+    file_id = c.upload(GOOD)
+    assert c.send("DELETE", f"/v1/files/{file_id}").status_code == 200
+    c.files.discard(file_id)
+    return file_id
+
+
+def _blob_of(c: Client) -> str:
+    """The on-disk name of a live file: not an id, so it must answer 404 like any unknown one."""
+    c.upload(GOOD)
+    (blob,) = c.rt.blobs.root.iterdir()
+    return blob.name
+
+
+def test_corpus_is_large_and_names_are_unique():
+    assert len(CASES) >= 40
+    assert len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_bad_input(case: Case, live_api, rt):
+    c = Client(live_api.url, rt)
+    files_before, batches_before = c.visible()
+    assert not files_before and not batches_before
+
+    r = case.call(c)
+
+    assert r.status_code == case.status, r.text[:500]
+    body = r.json()
+    if case.status != 200:
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert body["error"]["code"] == case.code, body
+        assert body["error"]["type"] == "invalid_request_error", body
+    elif case.kind == "ingest":
+        assert body["status"] == "failed", body
+        assert body["errors"]["data"][0]["code"] == case.code, body["errors"]
+        assert body["failed_at"] and body["request_counts"]["total"] == 0
+    else:
+        assert body["status"] == "in_progress" and body["request_counts"]["total"] == 2, body
+
+    files_after, batches_after = c.visible()
+    assert files_after == c.files, "an upload became visible that the case did not mean to store"
+    assert batches_after == c.batches, "a batch became visible that the case did not mean to create"
+    with rt.store.sessions() as s:
+        if case.kind != "request":  # a failed batch holds no item and queued nothing; an accepted one all of them
+            items = s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == body["id"]))
+            assert items == (0 if case.kind == "ingest" else 2)
+            if case.kind == "ingest":
+                assert rt.redis.zcard(keys.ready(body["id"])) == 0
+        live_blobs = {f.blob for f in s.scalars(select(File).where(File.deleted.is_(False)))}
+    on_disk = {p.name for p in rt.blobs.root.iterdir()}
+    assert on_disk == live_blobs, "a stray or partial blob was left in the blob directory"
+
