@@ -1,0 +1,1 @@
+"""Alembic migrations of the SQL store (run by Store.migrate / `tidal db upgrade`)."""
