@@ -39,5 +39,6 @@ def celery_config(settings: Settings) -> dict:
             "tidal-expire": _sweep("tidal.sweep.expire", settings.expiry_seconds),
             "tidal-reclaim": _sweep("tidal.sweep.reclaim", settings.reclaim_seconds),
             "tidal-reconcile": _sweep("tidal.sweep.reconcile", settings.reconcile_seconds),
+            "tidal-rescore": _sweep("tidal.sweep.rescore", settings.rescore_seconds),
         },
     }

@@ -86,7 +86,7 @@ class Settings:
     sla_strict: bool = _setting(False, "Allow priority 0 (parity with online traffic) for a batch about to miss its window.")
     floor_urgency: float = _setting(0.9, "Urgency past which the token-bucket floor admits a batch even when the gate is closed.")
     rate_tau_seconds: float = _setting(900.0, "Time constant of a batch's observed-rate estimate: how fast its laxity (and ETA) follows a burst or a stall.")
-    floor_rate: float = _setting(0.5, "Guaranteed items per second per urgent batch per node, past the gate.")
+    floor_rate: float = _setting(0.5, "Guaranteed items per second per urgent batch per node, past the gate; 0 turns the floor off.")
     rescore_seconds: float = _setting(5.0, "Period of beat's laxity re-score.")
     reclaim_seconds: float = _setting(5.0, "Period of beat's expired-lease sweep.")
     expiry_seconds: float = _setting(30.0, "Period of beat's expiry sweep.")

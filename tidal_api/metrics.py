@@ -16,7 +16,7 @@ from prometheus_client import multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select
 
-from tidal_workers.metrics import QueueCollector
+from tidal_workers.metrics import BatchCollector, QueueCollector
 from tidal_workers.store import Batch, BatchStatus
 
 REQUEST_SECONDS = prometheus_client.Histogram(
@@ -61,6 +61,7 @@ def metrics() -> Response:
         registry.register(_LocalRequests())
     registry.register(StoreCollector(rt.store))
     registry.register(QueueCollector(rt.queue))
+    registry.register(BatchCollector(rt.store))
     return Response(prometheus_client.generate_latest(registry), mimetype=prometheus_client.CONTENT_TYPE_LATEST)
 
 

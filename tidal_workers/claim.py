@@ -4,7 +4,11 @@ It lives in the consumer's lifecycle, so claiming stops when the broker
 connection is lost and resumes with the consumer. Each pass it renews this
 process's leases (every third of a lease), reclaims expired ones, rebuilds the
 queue from SQL if Redis lost its data, and claims up to the gate's in-flight
-target. Each claim becomes a ``tidal.run_item`` message on this worker's
+target. Past the gate, the floor admits each urgent batch (``tidal:urgent``,
+kept by the re-score) at up to ``floor_rate`` items/s on this node through a
+per-batch token bucket, so a batch about to miss its window still progresses
+when the gate is closed; those items count as in flight like any other, so an
+open gate simply claims that many fewer. Each claim becomes a ``tidal.run_item`` message on this worker's
 ``<hostname>.dq2`` queue with task id ``item-<id>#<attempt>``, which Flower shows.
 """
 from __future__ import annotations
@@ -19,6 +23,7 @@ from celery.utils.nodenames import worker_direct
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
 from tidal_workers.gate import make_gate
+from tidal_workers.policy.laxity import TokenBucket
 from tidal_workers.sweeps import reclaim
 
 log = logging.getLogger(__name__)
@@ -33,6 +38,7 @@ class ClaimLoop:
         self.stopping = threading.Event()
         self._next_upkeep = 0.0
         self._started = False
+        self.buckets: dict[str, TokenBucket] = {}  # urgent batch -> its floor bucket on this node
 
     def upkeep(self) -> None:
         """Renew our leases, requeue expired ones, and rebuild the queue at start or if Redis lost it."""
@@ -46,17 +52,35 @@ class ClaimLoop:
             rebuild(self.rt)
             self._started = True
 
+    def floor(self, now: float, inflight: int) -> list:
+        """Claims the token buckets of urgent batches admit now, past the gate (never past the threads)."""
+        s, q = self.settings, self.rt.queue
+        if s.floor_rate <= 0:  # the floor is off
+            return []
+        self.buckets = {b: self.buckets.get(b) or TokenBucket(s.floor_rate) for b in sorted(q.urgent())}
+        claims: list = []
+        for batch_id, bucket in self.buckets.items():
+            while inflight + len(claims) < s.worker_threads and bucket.take(now):
+                claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds)
+        return claims
+
     def tick(self, now: float) -> int:
         s, q = self.settings, self.rt.queue
         if now >= self._next_upkeep:
             self.upkeep()
             self._next_upkeep = now + s.lease_seconds / 3
         inflight = q.inflight(s.node)
+        claims = self.floor(now, inflight)
+        inflight += len(claims)
         want = min(self.gate.poll(now, inflight), s.worker_threads) - inflight
-        claims = q.claim(s.node, want, s.lease_seconds)
-        # Only published claims are renewed; the lease of one that failed to publish expires and is reclaimed.
-        for c in self.send(claims) if claims else ():
+        claims += q.claim(s.node, want, s.lease_seconds)
+        # Book leases before publishing: a task can fail and discard its lease before send() returns, and a
+        # lease booked after that would be renewed forever. One that failed to publish expires and is reclaimed.
+        for c in claims:
             self.leases.add(c.item_id, c.lease)
+        sent = self.send(claims) if claims else []
+        for c in claims[len(sent):]:  # send() publishes in order and stops at the first failure
+            self.leases.discard(c.item_id, c.lease)
         return len(claims)
 
     def run(self) -> None:

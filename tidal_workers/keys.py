@@ -19,6 +19,12 @@ key                             type    content
 ``tidal:nodes``                 SET     nodes that have claimed (for the in-flight gauge).
 ``tidal:lease``                 HASH    item_id -> ``node|attempt|claim-µs``: the current
                                         lease; a result under any other lease is stale.
+``tidal:rate:{batch}``          HASH    the batch's observed-rate estimator between
+                                        re-score passes (``last_at``, ``last_done``,
+                                        ``mean``, ``weight``, ``seen``); lost = the
+                                        estimate starts over. Expires after 4 tau.
+``tidal:urgent``                SET     batches past ``floor_urgency``, rebuilt by every
+                                        re-score pass: the claim loop's floor admits them.
 ``tidal:built``                 STRING  time of the last rebuild from SQL; its absence
                                         tells a worker that Redis lost its data.
 ``tidal:redbeat:*``             (many)  RedBeat's schedule entries and its beat lock.
@@ -38,11 +44,13 @@ INFLIGHT = NS + "inflight"
 LEASES = NS + "lease"
 NODES = NS + "nodes"
 BUILT = NS + "built"
+URGENT = NS + "urgent"
 REDBEAT_PREFIX = NS + "redbeat:"
 
 BATCH_PREFIX = NS + "batch:"
 READY_PREFIX, READY_SUFFIX = NS + "b:", ":ready"
 ITEM_PREFIX = NS + "item:"
+RATE_PREFIX = NS + "rate:"
 NODE_PREFIX, NODE_SUFFIX = NS + "node:", ":inflight"
 
 
@@ -52,6 +60,10 @@ def batch(batch_id: str) -> str:
 
 def ready(batch_id: str) -> str:
     return f"{READY_PREFIX}{batch_id}{READY_SUFFIX}"
+
+
+def rate(batch_id: str) -> str:
+    return f"{RATE_PREFIX}{batch_id}"
 
 
 def item(item_id: int | str) -> str:

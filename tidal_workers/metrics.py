@@ -1,6 +1,7 @@
-"""Prometheus gauges of the Redis queue: items waiting are not Celery messages, so Flower cannot see them.
+"""Prometheus gauges of the Redis queue (items waiting are not Celery messages, so Flower cannot see them)
+and of each open batch's SLA state (priority, laxity, observed rate, as the last re-score wrote them).
 
-A collector reads Redis at scrape time, so the numbers are never older than
+Collectors read Redis and SQL at scrape time, so the numbers are never older than
 the scrape and nothing has to keep gauges up to date. ``MetricsStep`` serves
 them, with the gate's gauges, from each worker on ``TIDAL_WORKER_METRICS_PORT``.
 """
@@ -12,6 +13,9 @@ from celery import bootsteps
 from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, CollectorRegistry
+from sqlalchemy import select
+
+from tidal_workers.store.models import Batch, BatchStatus
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,36 @@ class QueueCollector:
         return []  # read only at scrape time: registering must not touch Redis
 
 
+class BatchCollector:
+    """Per open batch: the SLA columns the re-score keeps current (a batch without a value yet is left out)."""
+
+    GAUGES = (
+        ("tidal_batch_priority", "vLLM priority the batch's items are sent at (100 = least urgent).", "priority"),
+        ("tidal_batch_laxity_seconds", "Slack left: time to the deadline minus the drain at the observed rate.",
+         "laxity_seconds"),
+        ("tidal_batch_observed_rate", "The batch's settled items per second, as the re-score estimates it.",
+         "observed_rate"),
+    )
+
+    def __init__(self, store):
+        self.store = store
+
+    def collect(self):
+        with self.store.sessions() as s:
+            rows = s.execute(select(Batch.id, Batch.priority, Batch.laxity_seconds, Batch.observed_rate)
+                             .where(Batch.status == BatchStatus.in_progress.value)).all()
+        for name, doc, column in self.GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=["batch"])
+            for row in rows:
+                value = getattr(row, column)
+                if value is not None:
+                    family.add_metric([row.id], value)
+            yield family
+
+    def describe(self):
+        return []
+
+
 def register_queue_metrics(rt, registry: CollectorRegistry = REGISTRY) -> QueueCollector:
     collector = QueueCollector(rt.queue)
     registry.register(collector)
@@ -42,10 +76,11 @@ def register_queue_metrics(rt, registry: CollectorRegistry = REGISTRY) -> QueueC
 
 
 def worker_registry(rt) -> CollectorRegistry:
-    """What a worker exports: this process's own metrics (the gate's) and the queue, read at scrape time."""
+    """What a worker exports: its own metrics (the gate's), the queue and open batches, read at scrape time."""
     registry = CollectorRegistry()
     registry.register(REGISTRY)  # a registry is a collector too; describe-less, so nothing is read now
     register_queue_metrics(rt, registry)
+    registry.register(BatchCollector(rt.store))
     return registry
 
 

@@ -43,6 +43,29 @@ end
 return n
 """
 
+# Shared by CLAIM and CLAIM_BATCH (the same KEYS[1..5] and ARGV[1..3]): leases popped items under
+# one Redis-clock expiry and appends {item id, lease, batch id} to `out`.
+_LEASE = """
+local t = redis.call('TIME')
+local expiry = tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[3])
+local stamp = t[1] .. string.format('%06d', tonumber(t[2]))
+local out = {}
+local function lease(popped, batch, itemprefix)
+  for i = 1, #popped, 2 do
+    local id = popped[i]
+    local attempt = redis.call('HINCRBY', itemprefix .. id, 'attempts', 1)
+    local l = ARGV[1] .. '|' .. attempt .. '|' .. stamp
+    redis.call('ZADD', KEYS[2], expiry, id)
+    redis.call('ZADD', KEYS[3], expiry, id)
+    redis.call('HSET', KEYS[4], id, l)
+    out[#out + 1] = id
+    out[#out + 1] = l
+    out[#out + 1] = batch
+  end
+  if #out > 0 then redis.call('SADD', KEYS[5], ARGV[1]) end
+end
+"""
+
 CLAIM = """
 -- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight
 -- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes
@@ -50,11 +73,8 @@ CLAIM = """
 -- ARGV[4] = ready key prefix  ARGV[5] = ready key suffix  ARGV[6] = item key prefix
 -- Pops the lowest-ordinal items of the lowest-score batch, moving on while it runs dry,
 -- and leases each one. Returns {item id, lease, batch id, ...}.
-local t = redis.call('TIME')
-local expiry = tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[3])
-local stamp = t[1] .. string.format('%06d', tonumber(t[2]))
+""" + _LEASE + """
 local want = tonumber(ARGV[2])
-local out = {}
 while want > 0 do
   local top = redis.call('ZRANGE', KEYS[1], 0, 0)
   if #top == 0 then break end
@@ -63,22 +83,26 @@ while want > 0 do
   if #popped < 2 * want then
     redis.call('ZREM', KEYS[1], batch)
   end
-  for i = 1, #popped, 2 do
-    local id = popped[i]
-    local attempt = redis.call('HINCRBY', ARGV[6] .. id, 'attempts', 1)
-    local lease = ARGV[1] .. '|' .. attempt .. '|' .. stamp
-    redis.call('ZADD', KEYS[2], expiry, id)
-    redis.call('ZADD', KEYS[3], expiry, id)
-    redis.call('HSET', KEYS[4], id, lease)
-    out[#out + 1] = id
-    out[#out + 1] = lease
-    out[#out + 1] = batch
-  end
+  lease(popped, batch, ARGV[6])
   want = want - #popped / 2
 end
-if #out > 0 then
-  redis.call('SADD', KEYS[5], ARGV[1])
+return out
+"""
+
+CLAIM_BATCH = """
+-- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight
+-- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes     KEYS[6] = tidal:b:{batch}:ready
+-- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds
+-- ARGV[4] = batch id  ARGV[5] = item key prefix
+-- The floor's claim: pops the lowest-ordinal items of one named batch, whatever its score,
+-- and leases each one. Returns {item id, lease, batch id, ...}.
+""" + _LEASE + """
+local want = tonumber(ARGV[2])
+local popped = redis.call('ZPOPMIN', KEYS[6], want)
+if #popped < 2 * want then
+  redis.call('ZREM', KEYS[1], ARGV[4])
 end
+lease(popped, ARGV[4], ARGV[5])
 return out
 """
 
@@ -246,6 +270,7 @@ class Queue:
         self.redis = client
         self._enqueue = client.register_script(ENQUEUE)
         self._claim = client.register_script(CLAIM)
+        self._claim_batch = client.register_script(CLAIM_BATCH)
         self._renew = client.register_script(RENEW)
         self._complete = client.register_script(COMPLETE)
         self._reclaim = client.register_script(RECLAIM)
@@ -288,6 +313,17 @@ class Queue:
         flat = self._claim(
             keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.NODES],
             args=[node, n, lease_seconds, keys.READY_PREFIX, keys.READY_SUFFIX, keys.ITEM_PREFIX],
+        )
+        return [Claim(int(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+
+    def claim_batch(self, node: str, batch_id: str, n: int, lease_seconds: float) -> list[Claim]:
+        """Atomically lease up to ``n`` items of one batch in ordinal order, whatever its score (the floor)."""
+        if n <= 0:
+            return []
+        flat = self._claim_batch(
+            keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.NODES,
+                  keys.ready(batch_id)],
+            args=[node, n, lease_seconds, batch_id, keys.ITEM_PREFIX],
         )
         return [Claim(int(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
@@ -339,6 +375,18 @@ class Queue:
 
     def queued_batches(self) -> list[str]:
         return list(self.redis.zrange(keys.BATCHES, 0, -1))
+
+    def set_urgent(self, batch_ids: t.Iterable[str]) -> None:
+        """Replace the set of batches the floor admits past the gate (one transaction)."""
+        with self.redis.pipeline() as p:
+            p.delete(keys.URGENT)
+            ids = list(batch_ids)
+            if ids:
+                p.sadd(keys.URGENT, *ids)
+            p.execute()
+
+    def urgent(self) -> set[str]:
+        return set(self.redis.smembers(keys.URGENT))
 
     def depth_by_band(self) -> dict[str, int]:
         """Queued items per priority band (items waiting here are invisible to Flower)."""

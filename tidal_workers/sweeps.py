@@ -15,6 +15,7 @@ from tidal_workers import finalize
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
 from tidal_workers.ingest import ingest_batch
+from tidal_workers.rescore import rescore
 from tidal_workers.store.models import Batch, BatchStatus
 
 
@@ -66,6 +67,12 @@ def reclaim_task(self) -> int:
 @shared_task(name="tidal.sweep.reconcile", bind=True)
 def reconcile_task(self) -> int:
     return reconcile(worker_context(self.app).rt)
+
+
+@shared_task(name="tidal.sweep.rescore", bind=True)
+def rescore_task(self) -> int:
+    """Laxity re-score of every open batch; returns how many batches changed score."""
+    return sum(r.moved for r in rescore(worker_context(self.app).rt))
 
 
 @shared_task(name="tidal.ingest", bind=True)

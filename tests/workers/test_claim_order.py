@@ -1,0 +1,45 @@
+"""Claim order end to end: an ingested file's requests come out of the queue grouped by prompt prefix."""
+from __future__ import annotations
+
+import io
+import json
+import time
+
+from sqlalchemy import select
+
+from tidal_workers.ingest import ingest_batch
+from tidal_workers.store.models import Batch, File, Item
+
+CHAT = "/v1/chat/completions"
+
+
+def ingested(rt, prompts: list[str]) -> str:
+    data = b"".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT,
+                                "body": {"model": "m", "messages": [{"role": "user", "content": p}]}}).encode() + b"\n"
+                    for i, p in enumerate(prompts))
+    blob, size, _ = rt.blobs.write_stream(io.BytesIO(data))
+    now = int(time.time())
+    with rt.store.session() as s:
+        f = File(tenant_id="acme", filename="in.jsonl", purpose="batch", bytes=size, created_at=now, blob=blob)
+        s.add(f)
+        s.flush()
+        b = Batch(tenant_id="acme", endpoint=CHAT, input_file_id=f.id, created_at=now, expires_at=now + 86400)
+        s.add(b)
+    ingest_batch(rt, b.id)
+    return b.id
+
+
+def test_claims_come_out_grouped_by_prompt_prefix_then_file_order(rt):
+    shared = {g: f"system prompt {g}: " + "context " * 60 for g in "xyz"}
+    prompts = [shared[g] + f"question {i}" for i, g in enumerate("xyzzyxxzyx")]  # interleaved in the file
+    batch = ingested(rt, prompts)
+    claimed = [c.item_id for c in rt.queue.claim("test-node", 20, 30)]
+    with rt.store.sessions() as s:
+        line_of = dict(s.execute(select(Item.id, Item.line).where(Item.batch_id == batch)).all())
+        assert s.get(Batch, batch).status == "in_progress"
+    lines = [line_of[i] for i in claimed]
+    groups = [prompts[line - 1][len("system prompt ")] for line in lines]
+    assert groups == sorted(groups)  # each prefix group claimed together
+    for g in "xyz":  # and inside a group, in file order
+        inside = [line for line, grp in zip(lines, groups) if grp == g]
+        assert inside == sorted(inside) and len(inside) == "xyzzyxxzyx".count(g)

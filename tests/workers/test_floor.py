@@ -1,0 +1,93 @@
+"""The SLA floor: an urgent batch is admitted at floor_rate per node past a closed gate, on real Redis and SQL."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import REGISTRY
+from stub_engine import metrics_text
+
+from tidal_workers.claim import ClaimLoop
+from tidal_workers.context import LeaseBook, WorkerContext
+from tidal_workers.gate import FixedGate
+from tidal_workers.rescore import rescore
+from worker_helpers import batch_row, item_ids, settled
+
+FLOOR_RATE = 4.0
+
+
+@pytest.fixture
+def settings(settings):
+    """The real AIMD gate, starting closed; a floor fast enough to measure in seconds."""
+    return settings.replace(gate_mode="aimd", initial_inflight=0, floor_rate=FLOOR_RATE, scrape_seconds=0.5)
+
+
+def loop_for(rt, target: int, sent: list, settle: bool):
+    def send(claims):
+        sent.extend(claims)
+        for c in claims if settle else ():  # an engine that answers at once: the slot is free again
+            rt.queue.complete(c.item_id, c.lease)
+        return claims
+
+    return ClaimLoop(WorkerContext(rt, LeaseBook()), FixedGate(target), send)
+
+
+def urgent_pair(rt, make_batch, n: int = 100):
+    """An urgent batch (ten minutes left) and a calm one (a day left)."""
+    calm = make_batch(n)
+    urgent = make_batch(n, expires_in=600)
+    rescore(rt)  # ten minutes of slack against a 6 h horizon: urgency 0.97
+    assert rt.queue.urgent() == {urgent} and batch_row(rt, urgent).priority < 10
+    return calm, urgent
+
+
+def test_a_closed_gate_still_admits_an_urgent_batch_at_the_floor_rate(rt, make_batch):
+    calm, urgent = urgent_pair(rt, make_batch)
+    sent: list = []
+    loop = loop_for(rt, 0, sent, settle=True)
+    t0 = time.time()
+    for k in range(201):  # ten simulated seconds, a pass every 50 ms
+        loop.tick(t0 + 0.05 * k)
+    assert {c.batch_id for c in sent} == {urgent}  # nothing else passes the closed gate
+    assert len(sent) == 1 + FLOOR_RATE * 10  # a full bucket of one, then the rate
+    assert [c.item_id for c in sent] == item_ids(rt, urgent)[:len(sent)]  # still in prefix order
+    assert rt.queue.queued(calm) == 100
+
+
+def test_a_floor_rate_of_0_turns_the_floor_off(rt, make_batch):
+    urgent_pair(rt, make_batch)
+    rt.settings = rt.settings.replace(floor_rate=0.0)
+    sent: list = []
+    loop = loop_for(rt, 0, sent, settle=True)
+    t0 = time.time()
+    assert sum(loop.tick(t0 + k) for k in range(5)) == 0 and sent == []
+
+
+def test_floor_items_count_as_in_flight(rt, make_batch):
+    calm, urgent = urgent_pair(rt, make_batch)
+    sent: list = []
+    loop = loop_for(rt, 3, sent, settle=False)
+    t0 = time.time()
+    assert loop.tick(t0) == 3 and rt.queue.inflight(rt.settings.node) == 3
+    assert [c.batch_id for c in sent] == [urgent] * 3  # the floor's one, then the gate's remaining two
+    assert loop.tick(t0 + 0.1) == 0  # the gate is full and the bucket empty
+    rt.queue.set_urgent([])
+    assert loop.tick(t0 + 10) == 0 and loop.buckets == {}  # no longer urgent: no floor, and the gate is full
+
+
+def test_a_batch_starved_by_online_load_still_makes_its_floor_rate(rt, make_batch, stub, worker):
+    stub.metrics = metrics_text(kv_usage=0.99, running=8)  # online load fills the KV cache: the real gate stays shut
+    n = 12
+    calm, urgent = urgent_pair(rt, make_batch, n)
+    seen_at: list[float] = []
+    with worker():
+        deadline = time.monotonic() + 90
+        while batch_row(rt, urgent).status == "in_progress" and time.monotonic() < deadline:
+            seen_at += [time.monotonic()] * (len(stub.requests) - len(seen_at))
+            time.sleep(0.02)
+        b, out, err = settled(rt, urgent)
+        assert REGISTRY.get_sample_value("tidal_gate_target") == 0  # the gate never opened
+    assert len(out) == n and not err
+    assert batch_row(rt, calm).completed == 0 and rt.queue.queued(calm) == n  # the gate admitted nothing
+    rate = (n - 2) / (seen_at[-1] - seen_at[1])  # from the second arrival: the first may wait on a cold worker
+    assert FLOOR_RATE / 4 <= rate <= FLOOR_RATE * 1.5, rate  # settles at the floor, not above it
