@@ -4,6 +4,8 @@ It answers /v1/chat/completions, /v1/completions and /v1/embeddings with a
 usage block. A request is identified by its first message's content (the
 tests put the custom_id there); ``script(key, *faults)`` queues faults that
 the next requests for that key get, in order, before it answers normally.
+``metrics`` is what GET /metrics answers (an idle engine's series by default):
+a test steers an AIMD gate pointed here by replacing it.
 """
 from __future__ import annotations
 
@@ -13,14 +15,22 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 FAULTS = ("500", "503", "429", "400", "hang", "abort")
-METRICS = ('vllm:kv_cache_usage_perc{engine="0"} 0.1\nvllm:num_requests_waiting{engine="0"} 0\n'
-           'vllm:num_requests_running{engine="0"} 0\nvllm:num_preemptions_total{engine="0"} 0\n')
+
+
+def metrics_text(kv_usage: float = 0.1, waiting: int = 0, running: int = 0, preemptions: int = 0) -> str:
+    """The /metrics series an AIMD gate reads, with the given values."""
+    return (f'vllm:kv_cache_usage_perc{{engine="0"}} {kv_usage}\n'
+            f'vllm:num_requests_waiting{{engine="0"}} {waiting}\n'
+            f'vllm:num_requests_running{{engine="0"}} {running}\n'
+            f'vllm:num_preemptions_total{{engine="0"}} {preemptions}\n')
 
 
 class StubEngine:
     def __init__(self, delay: float = 0.0):
         self.delay = delay  # seconds before every normal answer
         self.requests: list[dict] = []  # bodies received, in order
+        self.metrics = metrics_text()  # what GET /metrics answers; a test may replace it to steer a gate
+        self.scrapes = 0  # GET /metrics answered so far: a gate pointed here is running
         self._faults: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -59,8 +69,9 @@ class StubEngine:
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):  # an idle engine's /metrics, for an AIMD gate pointed here
-                raw = METRICS.encode()
+            def do_GET(self):  # /metrics (an idle engine's unless scripted), for an AIMD gate pointed here
+                raw = stub.metrics.encode()
+                stub.scrapes += 1
                 self.send_response(200 if self.path == "/metrics" else 404)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(raw)))
