@@ -27,7 +27,9 @@ for _ in $(seq 30); do
   sleep 1
 done
 
-key=$(cat setup.cfg tidal_engine/install.py | sha256sum | cut -c1-12)
+# The cache key covers what decides the installed packages: setup.cfg up to its pytest section, and the
+# post-install fixes.
+key=$( (sed '/^\[tool:pytest\]/,$d' setup.cfg; cat tidal_engine/install.py) | sha256sum | cut -c1-12)
 venv="${TIDAL_TEST_VENV:-$HOME/.cache/tidal/test-venv-$key}"
 if [ ! -f "$venv/.complete" ]; then
   echo "building $venv (first run only: about 4 minutes)"
