@@ -105,13 +105,13 @@ def create():
     else:
         rt.celery.send_task("tidal.ingest", args=[batch.id], queue="tidal.ops")
     with rt.store.sessions() as s:
-        return jsonify(serialize.batch_object(s.get(Batch, batch.id)))
+        return jsonify(serialize.batch_object(s.get(Batch, batch.id), rt.settings))
 
 
 @bp.get("/<path:batch_id>")
 def retrieve(batch_id: str):
     with _rt().store.sessions() as s:
-        return jsonify(serialize.batch_object(_owned_batch(s, batch_id)))
+        return jsonify(serialize.batch_object(_owned_batch(s, batch_id), _rt().settings))
 
 
 @bp.post("/<path:batch_id>/cancel")
@@ -124,7 +124,7 @@ def cancel(batch_id: str):
     if status not in ALREADY_CANCELLED:
         cancel_batch(rt, batch_id)
     with rt.store.sessions() as s:
-        return jsonify(serialize.batch_object(s.get(Batch, batch_id)))
+        return jsonify(serialize.batch_object(s.get(Batch, batch_id), rt.settings))
 
 
 @bp.get("")
@@ -135,4 +135,4 @@ def list_batches():
     with _rt().store.sessions() as s:
         rows, has_more = keyset_page(s, stmt, Batch, tenant=current_tenant(), after=after, limit=limit,
                                      order="desc", not_found=batch_not_found(after or "", "after"))
-    return jsonify(list_body([serialize.batch_object(b) for b in rows], has_more))
+    return jsonify(list_body([serialize.batch_object(b, _rt().settings) for b in rows], has_more))

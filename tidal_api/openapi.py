@@ -28,7 +28,7 @@ def _ref(name: str) -> dict:
 
 INT, STR, BOOL = {"type": "integer"}, {"type": "string"}, {"type": "boolean"}
 INT_OR_NULL, STR_OR_NULL = {"type": ["integer", "null"]}, {"type": ["string", "null"]}
-NUM_OR_NULL = {"type": ["number", "null"]}
+NUM, NUM_OR_NULL = {"type": "number"}, {"type": ["number", "null"]}
 
 BATCH_STATUSES = ["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
                   "cancelled"]
@@ -61,10 +61,13 @@ SCHEMAS: dict[str, t.Any] = {
             "output_tokens": INT, "output_tokens_details": _obj({"reasoning_tokens": INT}),
             "total_tokens": INT,
         }),
-        "tidal": _obj({"priority": INT, "laxity_seconds": NUM_OR_NULL, "observed_rate": NUM_OR_NULL},
+        "tidal": _obj({"priority": INT, "laxity_seconds": NUM_OR_NULL, "observed_rate": NUM_OR_NULL,
+                       "cost": _obj({"batch_usd": NUM, "online_usd": NUM, "saved_usd": NUM})},
                       description="Tidal's extension: the batch's vLLM priority (100 = least urgent), seconds of "
                                   "slack left before it would miss its window at the observed rate, and that rate "
-                                  "in items per second. Null until the first re-score."),
+                                  "in items per second (null until the first re-score); and the cost in USD of "
+                                  "its completed items at the batch price, at the online price, and the "
+                                  "difference saved."),
     }),
 }
 

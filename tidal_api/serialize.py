@@ -1,6 +1,8 @@
 """Store rows -> OpenAI wire objects. The only place that knows the wire field names."""
 from __future__ import annotations
 
+from config import Settings
+from tidal_workers.policy.pricing import Usage, cost
 from tidal_workers.store.models import Batch, File
 
 _BATCH_TIMES = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
@@ -25,7 +27,17 @@ def file_deleted(file_id: str) -> dict:
     return {"id": file_id, "object": "file", "deleted": True}
 
 
-def batch_object(b: Batch) -> dict:
+def batch_cost(b: Batch, settings: Settings) -> dict:
+    """What the batch's billed usage (completed items only) costs at the batch price, and what it saved."""
+    usage = Usage(input_tokens=b.input_tokens, cached_tokens=b.cached_tokens,
+                  output_tokens=b.output_tokens, reasoning_tokens=b.reasoning_tokens)
+    c = cost(usage, b.model or "*", settings.price_table, settings.batch_discount)
+    # Nano-dollars: a few tokens still show, float noise does not.
+    return {"batch_usd": round(c.batch_usd, 9), "online_usd": round(c.online_usd, 9),
+            "saved_usd": round(c.saved_usd, 9)}
+
+
+def batch_object(b: Batch, settings: Settings) -> dict:
     return {
         "id": b.id,
         "object": "batch",
@@ -47,6 +59,8 @@ def batch_object(b: Batch) -> dict:
             "output_tokens_details": {"reasoning_tokens": b.reasoning_tokens},
             "total_tokens": b.input_tokens + b.output_tokens,
         },
-        # Tidal's extension: where the batch stands against its window (written by the re-score sweep).
-        "tidal": {"priority": b.priority, "laxity_seconds": b.laxity_seconds, "observed_rate": b.observed_rate},
+        # Tidal's extension: where the batch stands against its window (written by the re-score sweep)
+        # and what it costs so far.
+        "tidal": {"priority": b.priority, "laxity_seconds": b.laxity_seconds, "observed_rate": b.observed_rate,
+                  "cost": batch_cost(b, settings)},
     }

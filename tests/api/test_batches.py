@@ -35,7 +35,8 @@ def test_create_validates_inline_and_stores_items_in_prefix_order(acme, batch_fi
     assert b.usage.model_dump() == {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0},
                                     "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
                                     "total_tokens": 0}
-    assert b.model_extra["tidal"] == {"priority": 100, "laxity_seconds": None, "observed_rate": None}
+    assert b.model_extra["tidal"] == {"priority": 100, "laxity_seconds": None, "observed_rate": None,
+                                      "cost": {"batch_usd": 0.0, "online_usd": 0.0, "saved_usd": 0.0}}
     with rt.store.sessions() as s:
         items = s.scalars(select(Item).where(Item.batch_id == b.id).order_by(Item.ordinal)).all()
     assert [i.custom_id for i in items] == ["b", "d", "c", "a"]  # by prompt prefix: the shared ones adjacent

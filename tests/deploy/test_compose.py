@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Commands the compose file may run, each exercised by a test named here.
 TESTED_COMMANDS = {
     ("sh", "-c", "tidal db upgrade && tidal serve"): "tests/deploy/test_up.py (tidal up runs db upgrade, then serve)",
-    ("tidal", "beat"): "tests/workers/test_beat.py",
+    ("tidal", "beat"): "tests/workers/test_recovery.py (two beats: one fires, the standby takes over)",
     ("tidal", "flower"): "tests/deploy/test_flower.py",
     ("tidal", "worker"): "tests/deploy/test_up.py",
 }
@@ -41,7 +41,7 @@ def compose_config(*args: str) -> dict:
 def test_compose_file_is_valid_with_every_service():
     cfg = compose_config("--profile", "gpu")
     assert set(cfg["services"]) == {"redis", "postgres", "api", "beat", "flower", "vllm", "worker"}
-    for name in ("redis", "postgres", "api", "flower", "vllm"):
+    for name in ("redis", "postgres", "api", "flower", "vllm", "worker"):
         assert "healthcheck" in cfg["services"][name], name
     assert cfg["services"]["beat"]["deploy"]["replicas"] == 1
 
@@ -56,6 +56,11 @@ def test_every_tidal_command_is_one_the_tests_run():
     for name, svc in services.items():
         if svc.get("image", "").startswith("tidal:"):
             assert tuple(svc["command"]) in TESTED_COMMANDS, (name, svc["command"])
+
+
+def test_every_named_test_exists():
+    for where in TESTED_COMMANDS.values():
+        assert (ROOT / where.split()[0]).is_file(), where
 
 
 def test_vllm_runs_priority_policy_and_the_plugin():

@@ -25,12 +25,30 @@ def show() -> None:
         click.echo(f"{env_name(f.name)}={value}")
 
 
+BEGIN, END = "<!-- tidal config table: begin -->\n", "<!-- tidal config table: end -->"
+
+
+def markdown_table() -> str:
+    rows = [f"| `{name}` | `{default}` | {doc} |" for name, default, doc in documented_fields()]
+    return "\n".join(["| variable | default | meaning |", "| --- | --- | --- |", *rows]) + "\n"
+
+
 @config_group.command()
-def table() -> None:
+@click.option("--write", "doc", type=click.Path(exists=True, dir_okay=False),
+              help="Replace the table between the markers in this file (docs/configuration.md) instead.")
+def table(doc: str | None) -> None:
     """Print the Markdown table of every setting (the body of docs/configuration.md)."""
-    click.echo("| variable | default | meaning |\n| --- | --- | --- |")
-    for name, default, doc in documented_fields():
-        click.echo(f"| `{name}` | `{default}` | {doc} |")
+    if doc is None:
+        click.echo(markdown_table(), nl=False)
+        return
+    with open(doc) as f:
+        text = f.read()
+    head, found, rest = text.partition(BEGIN)
+    _old, found_end, tail = rest.partition(END)
+    if not (found and found_end):
+        raise click.ClickException(f"{doc} lacks the markers {BEGIN.strip()} ... {END}")
+    with open(doc, "w") as f:
+        f.write(head + BEGIN + markdown_table() + END + tail)
 
 
 COMMANDS = [config_group]

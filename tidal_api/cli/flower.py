@@ -1,5 +1,6 @@
 """`tidal flower`: Celery's Flower UI on Tidal's broker, behind basic auth."""
 import os
+import sys
 
 import click
 
@@ -13,7 +14,7 @@ def flower(port: int | None, address: str) -> None:
     """Run Flower; it refuses to start without TIDAL_FLOWER_BASIC_AUTH unless --address is loopback."""
     settings = load_settings()
     argv = [
-        "celery", "-A", "tidal_workers.celery_app", "flower",
+        sys.executable, "-m", "celery", "-A", "tidal_workers.celery_app", "flower",
         f"--address={address}", f"--port={port or settings.flower_port}",
         "--persistent=False", "--purge_offline_workers=60",
     ]
@@ -21,7 +22,7 @@ def flower(port: int | None, address: str) -> None:
         argv.append(f"--basic-auth={settings.flower_basic_auth}")
     elif address not in ("127.0.0.1", "localhost", "::1"):
         raise click.UsageError("set TIDAL_FLOWER_BASIC_AUTH=user:password before exposing Flower")
-    os.execvp(argv[0], argv)
+    os.execv(sys.executable, argv)  # this interpreter's celery, whatever PATH says
 
 
 COMMANDS = [flower]

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 import click
 import redis
+import requests
 
 from config import Settings, load_settings
 from config.settings import child_environ
@@ -84,6 +85,21 @@ def ensure_redis(settings: Settings, sup: Supervisor) -> None:
     raise click.ClickException("redis-server did not come up; see its log")
 
 
+def wait_for_api(base_url: str, sup: Supervisor, timeout: float = 60.0) -> None:
+    """Return once the API answers (gunicorn takes seconds to boot); fail if a child exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (exited := sup.first_exited()) is not None:
+            raise click.ClickException(f"{exited[0]} exited with status {exited[1]}; see its log")
+        try:
+            if requests.get(base_url + "/openapi.json", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.25)
+    raise click.ClickException(f"the API did not answer at {base_url} within {timeout:.0f} s; see api.log")
+
+
 @click.command()
 @click.option("--flower/--no-flower", default=False, help="Also run the Flower UI.")
 @click.option("--demo", is_flag=True, help="Start the tiny local engine and follow a sample batch to completion.")
@@ -99,10 +115,10 @@ def up(flower: bool, demo: bool) -> None:
         overrides["TIDAL_ENV"] = "dev"
     engine = None
     if demo:
-        from tidal_engine.serve import serve_tiny
+        from tidal_engine.serve import start_tiny
 
         click.echo("starting the tiny local vLLM engine (about 30 s) ...")
-        engine = serve_tiny(settings, log_dir=log_dir)
+        engine = start_tiny(settings, log_path=log_dir / "vllm.log")
         overrides["TIDAL_VLLM_URL"] = engine.url
     sup = Supervisor(child_environ(**overrides), log_dir)
     click.echo(f"tidal up: home {settings.home}")
@@ -114,15 +130,18 @@ def up(flower: bool, demo: bool) -> None:
         sup.start("beat", tidal + ["beat"])
         if flower:
             sup.start("flower", tidal + ["flower", "--address", "127.0.0.1"])
-        click.echo(f"API on http://{settings.bind}/v1  (Ctrl-C stops everything)")
+        base_url = f"http://{settings.bind}"
+        wait_for_api(base_url, sup)
+        click.echo(f"API on {base_url}/v1  (Ctrl-C stops everything)")
         if demo:
             from tidal_api.cli.demo import run_demo
 
             dev = sup.env.get("TIDAL_ENV", settings.env) == "dev"
-            run_demo(f"http://{settings.bind}", "tidal-dev-key" if dev else settings.configured_keys[0][1])
+            run_demo(base_url, "tidal-dev-key" if dev else settings.configured_keys[0][1])
         while (exited := sup.first_exited()) is None:
             time.sleep(0.5)
         click.echo(f"{exited[0]} exited with status {exited[1]}: stopping the rest")
+        raise SystemExit(1)
     except KeyboardInterrupt:
         click.echo("\nstopping ...")
     finally:

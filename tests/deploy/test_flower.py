@@ -1,0 +1,71 @@
+"""`tidal flower` behind basic auth shows each item's `tidal.run_item` task, read back through Flower's REST API."""
+from __future__ import annotations
+
+import io
+import json
+import urllib.parse
+
+import pytest
+import requests
+from deploy_helpers import free_port
+from sqlalchemy import select
+from worker_helpers import spawn, wait_for
+
+from tidal_workers.store.models import Item
+
+AUTH = ("admin", "s3cret")
+
+
+@pytest.fixture
+def settings(settings, stub):
+    return settings.replace(vllm_url=stub.url, gate_mode="fixed", claim_idle_seconds=0.05, worker_threads=4,
+                            worker_metrics_port=0, flower_port=free_port(), flower_basic_auth=":".join(AUTH))
+
+
+def _get(url: str, **kw):
+    try:
+        return requests.get(url, timeout=5, **kw)
+    except requests.ConnectionError:
+        return None
+
+
+@pytest.mark.timeout(60)
+def test_flower_shows_a_finished_item_task(rt, settings, live_api, children, tmp_path):
+    flower = f"http://127.0.0.1:{settings.flower_port}"
+    children.append(spawn(settings, "flower", "--address", "127.0.0.1", log=tmp_path / "flower.log"))
+    wait_for(lambda: (r := _get(flower + "/api/workers", auth=AUTH)) is not None and r.status_code == 200,
+             timeout=30, what="Flower to answer")
+    children.append(spawn(settings, "worker", "--loglevel=warning", log=tmp_path / "worker.log"))
+
+    http = requests.Session()
+    http.headers["Authorization"] = "Bearer acme-key"
+    lines = [{"custom_id": f"f{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "tiny", "messages": [{"role": "user", "content": f"f{i}"}]}} for i in range(3)]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    file_id = http.post(live_api.url + "/v1/files", data={"purpose": "batch"},
+                        files={"file": ("in.jsonl", io.BytesIO(data))}, timeout=10).json()["id"]
+    batch = http.post(live_api.url + "/v1/batches", timeout=10, json={
+        "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+    wait_for(lambda: http.get(f"{live_api.url}/v1/batches/{batch['id']}", timeout=5).json()["status"] == "completed",
+             timeout=30, what="the batch to complete")
+
+    def finished_item_tasks() -> dict:
+        tasks = _get(flower + "/api/tasks", auth=AUTH, params={"taskname": "tidal.run_item"}).json()
+        return {tid: t for tid, t in tasks.items() if t["state"] == "SUCCESS"}
+    tasks = wait_for(lambda: len(finished_item_tasks()) == 3 and finished_item_tasks(), timeout=15,
+                     what="Flower to record the three item tasks")
+
+    with rt.store.sessions() as s:
+        item_ids = sorted(s.scalars(select(Item.id).where(Item.batch_id == batch["id"])))
+    assert sorted(tasks) == [f"item-{i}#1" for i in item_ids]  # task id: the item id and its attempt
+    task_id = f"item-{item_ids[0]}#1"
+    info = _get(f"{flower}/api/task/info/{urllib.parse.quote(task_id, safe='')}", auth=AUTH)
+    assert info.status_code == 200, info.text
+    info = info.json()
+    assert (info["uuid"], info["name"], info["state"]) == (task_id, "tidal.run_item", "SUCCESS")
+    assert info["worker"] == f"tidal@{settings.node}"
+    workers = _get(flower + "/api/workers", auth=AUTH, params={"refresh": "1"}).json()
+    assert f"tidal@{settings.node}" in workers
+
+    assert _get(flower + "/api/tasks").status_code == 401
+    assert _get(flower + "/api/tasks", auth=("admin", "wrong")).status_code == 401

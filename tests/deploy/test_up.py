@@ -1,0 +1,132 @@
+"""`tidal up` end to end: its own Redis, `db upgrade`, gunicorn, a worker, beat; a batch completes; Ctrl-C stops all.
+
+This is also the no-Docker run of docker-compose's `tidal db upgrade && tidal serve`
+and `tidal worker` (tests/deploy/test_compose.py, TESTED_COMMANDS).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from deploy_helpers import ROOT, free_port, tidal_env
+
+GRACE_S = 20.0  # Supervisor.stop's 15 s, plus the time to exit
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children in their own sessions included), from /proc."""
+    parent_of = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent_of[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parent_of.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def up(tmp_path, stub):
+    """`tidal up` with its own Redis on a free port, SQLite under a temp home, the stub as its engine."""
+    bind = f"127.0.0.1:{free_port()}"
+    env = tidal_env(home=tmp_path / "home", database_url="", redis_url=f"redis://127.0.0.1:{free_port()}/0",
+                    vllm_url=stub.url, bind=bind, api_keys="acme:acme-key", env="prod", api_workers=2,
+                    api_threads=2, node="up-test", gate_mode="fixed", claim_idle_seconds=0.05,
+                    worker_threads=4, worker_metrics_port=0)
+    out = open(tmp_path / "up.out", "w+b")
+    proc = subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, stdout=out,
+                            stderr=subprocess.STDOUT)
+    proc.base_url, proc.out_path = f"http://{bind}", tmp_path / "up.out"
+    yield proc
+    if proc.poll() is None:  # the test failed before its Ctrl-C: clean up everything it started
+        family = descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for pid in family:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    out.close()
+
+
+def _api_ready(base_url: str) -> bool:
+    try:
+        return requests.get(base_url + "/openapi.json", timeout=2).status_code == 200
+    except requests.ConnectionError:
+        return False
+
+
+def test_up_runs_a_batch_and_ctrl_c_stops_every_process(up):
+    wait_until(lambda: _api_ready(up.base_url) or up.poll() is not None, 60, "the API")
+    assert up.poll() is None, up.out_path.read_text()
+    log = up.out_path.read_text()
+    started = {name: int(pid) for name, pid in re.findall(r"^\s+(\w+)\s+pid (\d+)", log, re.M)}
+    assert set(started) == {"redis", "api", "worker", "beat"}, log
+
+    http = requests.Session()
+    http.headers["Authorization"] = "Bearer acme-key"
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "tiny", "messages": [{"role": "user", "content": f"c{i}"}]}} for i in range(5)]
+    upload = http.post(up.base_url + "/v1/files", data={"purpose": "batch"},
+                       files={"file": ("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines))}, timeout=30)
+    assert upload.status_code == 200, upload.text
+    batch = http.post(up.base_url + "/v1/batches", timeout=30, json={
+        "input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+
+    done = wait_until(lambda: (b := http.get(f"{up.base_url}/v1/batches/{batch['id']}", timeout=10).json())
+                      ["status"] in ("completed", "failed") and b, 60, "the batch to finish")
+    assert done["status"] == "completed" and done["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
+    out = http.get(f"{up.base_url}/v1/files/{done['output_file_id']}/content", timeout=10).text.splitlines()
+    assert sorted(json.loads(x)["custom_id"] for x in out) == [f"c{i}" for i in range(5)]
+    assert json.loads(out[0])["response"]["status_code"] == 200
+
+    family = descendants(up.pid)  # the children plus gunicorn's workers
+    assert set(started.values()) <= family
+    up.send_signal(signal.SIGINT)
+    assert up.wait(GRACE_S) == 0
+    still = [pid for pid in family if alive(pid)]
+    assert still == [], f"left running: {still}\n{up.out_path.read_text()}"
+    log = up.out_path.read_text()
+    assert "stopping" in log and "did not stop" not in log and "Traceback" not in log, log
+
+
+def test_up_without_redis_or_redis_server_says_how_to_fix_it(tmp_path):
+    env = tidal_env(home=tmp_path / "home", redis_url=f"redis://127.0.0.1:{free_port()}/0", api_keys="a:k")
+    env["PATH"] = str(tmp_path)  # no redis-server to start
+    done = subprocess.run([sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1
+    assert "no Redis answers" in done.stderr and "install redis-server" in done.stderr, done.stderr
