@@ -19,7 +19,8 @@ from sqlalchemy import select
 
 from tidal_workers.context import worker_context
 from tidal_workers.finalize import maybe_finalize
-from tidal_workers.result import Outcome, Usage, record
+from tidal_workers.policy.pricing import Usage
+from tidal_workers.result import Outcome, record
 from tidal_workers.store.models import Batch, BatchStatus, Item, ItemStatus
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def submit(rt, url: str, body: dict, priority: int) -> Outcome:
     return Outcome(
         status=ItemStatus.completed if ok else ItemStatus.failed,
         response_status=resp.status_code, request_id=request_id, body=resp.text,
-        usage=Usage.from_body(payload) if ok and isinstance(payload, dict) else Usage(),
+        usage=Usage.from_response(payload.get("usage")) if ok and isinstance(payload, dict) else Usage(),
     )
 
 

@@ -13,27 +13,9 @@ import time
 from sqlalchemy import select, update
 
 from tidal_workers.finalize import maybe_finalize
+from tidal_workers.policy.pricing import Usage
 from tidal_workers.queue import parse_lease
 from tidal_workers.store.models import Batch, Item, ItemStatus
-
-
-@dataclasses.dataclass(frozen=True)
-class Usage:
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    @classmethod
-    def from_body(cls, body: dict) -> "Usage":
-        """Read OpenAI's usage block (chat, completions, embeddings); missing parts count 0."""
-        usage = body.get("usage") or {}
-        return cls(
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
-            reasoning_tokens=int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0),
-        )
 
 
 @dataclasses.dataclass(frozen=True)

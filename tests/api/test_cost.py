@@ -6,7 +6,8 @@ import json
 import pytest
 from api_helpers import request_line
 
-from tidal_workers.result import Outcome, Usage, record
+from tidal_workers.policy.pricing import Usage
+from tidal_workers.result import Outcome, record
 from tidal_workers.store.models import ItemStatus
 
 PRICES = {"tiny": [2.0, 8.0], "*": [1.0, 1.0]}  # online USD per 1M input, output tokens
