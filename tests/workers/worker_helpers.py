@@ -49,9 +49,9 @@ def file_lines(rt, file_id: str | None) -> list[dict]:
     return lines
 
 
-def settled(rt, batch_id: str, statuses=("completed",)):
+def settled(rt, batch_id: str, statuses=("completed",), timeout: float = 30.0):
     """Wait until the batch reaches one of ``statuses``; return (batch, output lines, error lines)."""
-    wait_for(lambda: batch_row(rt, batch_id).status in statuses, what=f"{batch_id} to reach {statuses}")
+    wait_for(lambda: batch_row(rt, batch_id).status in statuses, timeout, what=f"{batch_id} to reach {statuses}")
     b = batch_row(rt, batch_id)
     return b, file_lines(rt, b.output_file_id), file_lines(rt, b.error_file_id)
 

@@ -25,19 +25,15 @@ def machine() -> str:
 
 
 @contextlib.contextmanager
-def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int):
+def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, settings=None):
     """The engine to measure: a URL as given, or the tiny local one started (and stopped) here."""
     if url:
         yield url
         return
-    from tidal_engine.serve import EngineOptions, scheduler_env, start_engine
-    from tidal_engine.tiny import build_tiny
+    from tidal_engine.serve import start_tiny
 
-    settings = load_settings()
-    opts = EngineOptions(model=str(build_tiny(settings.home)), served_model_name="tiny", tidal_scheduler=plugin,
-                         max_num_seqs=max_num_seqs)
-    engine = start_engine(opts, log_path=log_dir / f"engine-{'B' if plugin else 'A'}.log",
-                          env=scheduler_env(settings))
+    engine = start_tiny(settings or load_settings(), log_path=log_dir / f"engine-{'B' if plugin else 'A'}.log",
+                        tidal_scheduler=plugin, max_num_seqs=max_num_seqs)
     try:
         yield engine.url
     finally:
@@ -47,18 +43,30 @@ def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int):
 @bench.command()
 @click.option("--engine-url", help="Engine for technique A (stock scheduler). Default: start the tiny local engine.")
 @click.option("--engine-b-url", help="Engine running TidalScheduler, for technique B. Default: start the tiny one.")
+@click.option("--plugin-metrics-url", help="TidalScheduler's /metrics, with --engine-b-url (read for R², cap, fill).")
 @click.option("--techniques", default="A,B", show_default=True, help="Which co-served runs to make.")
 @click.option("--model", default="tiny", show_default=True)
-@click.option("--duration", default=40.0, show_default=True, help="Seconds per phase.")
+@click.option("--duration", default=30.0, show_default=True, help="Seconds per phase.")
 @click.option("--rate", default=4.0, show_default=True, help="Online requests/s (the mean, for diurnal).")
-@click.option("--trace", type=click.Choice(["flat", "diurnal", "both"]), default="flat", show_default=True)
-@click.option("--max-inflight", default=16, show_default=True, help="Gate ceiling of the harvesting worker.")
-@click.option("--max-num-seqs", default=32, show_default=True, help="Slots of a locally started engine.")
+@click.option("--trace", type=click.Choice(["flat", "diurnal", "both"]), default="both", show_default=True)
+@click.option("--online-max-tokens", default=48, show_default=True)
+@click.option("--batch-max-tokens", default=128, show_default=True)
+@click.option("--max-inflight", default=12, show_default=True,
+              help="Gate ceiling of the harvesting worker, and the ceiling run's concurrency.")
+@click.option("--max-num-seqs", default=16, show_default=True, help="Slots of a locally started engine.")
 @click.option("--budget-tokens", default=2048, show_default=True, help="The engine's max_num_batched_tokens.")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-out/harvest", show_default=True)
-def harvest(engine_url, engine_b_url, techniques, model, duration, rate, trace, max_inflight, max_num_seqs,
-            budget_tokens, out) -> None:
-    """Offline ceiling, online baseline and co-served harvest, technique A against B."""
+def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, duration, rate, trace,
+            online_max_tokens, batch_max_tokens, max_inflight, max_num_seqs, budget_tokens, out) -> None:
+    """Offline ceiling, online baseline and co-served harvest, technique A against B.
+
+    A: the worker's AIMD gate + the stock scheduler. B: the same worker and gate + TidalScheduler in the
+    engine: the gate still keeps batch below the engine's slots (the plugin cannot free a slot for a
+    waiting online request), the plugin decides the tokens of each step. Each technique gets its own
+    engine and its own online baseline on it; the ceiling is measured once, on the first engine.
+    """
+    from tidal_engine.serve import free_port
+    from tidal_workers.bench import engine_stats
     from tidal_workers.bench import harvest as hv
     from tidal_workers.bench.stack import TidalStack
 
@@ -68,14 +76,25 @@ def harvest(engine_url, engine_b_url, techniques, model, duration, rate, trace, 
     traces = ["flat", "diurnal"] if trace == "both" else [trace]
     results: dict = {"command": "tidal bench harvest", "machine": machine(), "date": dt.date.today().isoformat(),
                      "params": {"duration": duration, "rate": rate, "traces": traces, "max_inflight": max_inflight,
-                                "max_num_seqs": max_num_seqs}, "runs": {}, "summary": {}}
+                                "max_num_seqs": max_num_seqs, "online_max_tokens": online_max_tokens,
+                                "batch_max_tokens": batch_max_tokens}, "runs": {}, "summary": {}}
     ceiling = None
-    for technique in [t.strip() for t in techniques.split(",") if t.strip()]:
+    for technique in [x.strip() for x in techniques.split(",") if x.strip()]:
         plugin = technique == "B"
         url = engine_b_url if plugin else engine_url
-        with _engine(url, plugin, out_dir, max_num_seqs) as live_url:
+        metrics_url = plugin_metrics_url if plugin and url else None
+        engine_settings = settings
+        if plugin and not url:
+            port = free_port()
+            engine_settings = settings.replace(sched_metrics_port=port)
+            metrics_url = f"http://127.0.0.1:{port}/metrics"
+        started = dt.datetime.now()
+        with _engine(url, plugin, out_dir, max_num_seqs, engine_settings) as live_url:
+            results.setdefault("engine_start_s", {})[technique] = (dt.datetime.now() - started).total_seconds()
             base_cfg = hv.HarvestConfig(engine_url=live_url, model=model, duration=duration, online_rate=rate,
-                                        budget_tokens=budget_tokens, max_inflight=max_inflight, technique=technique)
+                                        online_max_tokens=online_max_tokens, batch_max_tokens=batch_max_tokens,
+                                        ceiling_concurrency=max_inflight, budget_tokens=budget_tokens,
+                                        plugin_metrics_url=metrics_url)
             if ceiling is None:
                 click.echo(f"[{technique}] offline ceiling ...", err=True)
                 results["runs"]["ceiling"] = hv.measure_ceiling(base_cfg)
@@ -85,19 +104,158 @@ def harvest(engine_url, engine_b_url, techniques, model, duration, rate, trace, 
                 click.echo(f"[{technique}] online-only baseline, {tr} ...", err=True)
                 base = results["runs"][f"baseline-{tr}-{technique}"] = hv.measure_online(cfg)
                 click.echo(f"[{technique}] co-served, {tr} ...", err=True)
-                # A: the AIMD gate decides how much batch work is in flight. B: the plugin packs
-                # each step, so the worker keeps it supplied (fixed gate at the ceiling).
-                with TidalStack(settings, live_url, out_dir / f"stack-{technique}-{tr}",
-                                gate_mode="fixed" if plugin else "aimd", max_inflight=max_inflight) as stack:
+                with TidalStack(settings, live_url, out_dir / f"stack-{technique}-{tr}", gate_mode="aimd",
+                                max_inflight=max_inflight) as stack:
                     co = results["runs"][f"coserved-{tr}-{technique}"] = hv.run_coserved(cfg, stack)
-                results["summary"][f"{tr}-{technique}"] = {
-                    "harvest_pct": 100 * co["batch_tokens_per_s"] / ceiling if ceiling else None,
-                    "batch_tokens_per_s": co["batch_tokens_per_s"], "online_tokens_per_s": co["tokens_per_s"],
-                    "online_errors": co["errors"], "inflation": hv.inflation(co, base),
-                }
+                engine_stats.wait_idle(live_url)
+                results["summary"][f"{tr}-{technique}"] = hv.summary(co, base, ceiling)
     path = hv.write_results(results, out_dir)
     click.echo(json.dumps({"ceiling_tokens_per_s": ceiling, "summary": results["summary"]}, indent=2))
     click.echo(f"results: {path}; plots: {out_dir}/harvest_fill.png, {out_dir}/harvest_latency_cdf.png", err=True)
+
+
+@bench.command()
+@click.option("--engine-url", help="Engine to measure. Default: start the tiny local engine (stock scheduler).")
+@click.option("--model", default="tiny", show_default=True)
+@click.option("--duration", default=40.0, show_default=True, help="Seconds of batch trickle, burst included.")
+@click.option("--burst-at", default=12.0, show_default=True, help="Seconds into the run when the online burst fires.")
+@click.option("--burst-requests", default=32, show_default=True, help="Online requests in the burst (priority 0).")
+@click.option("--max-num-seqs", default=8, show_default=True, help="Slots of a locally started engine.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/gate", show_default=True)
+def gate(engine_url, model, duration, burst_at, burst_requests, max_num_seqs, out) -> None:
+    """The AIMD gate on a real engine's /metrics while an online burst comes and goes."""
+    from tidal_workers.bench import gate_trace
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = load_settings()
+    with _engine(engine_url, False, out_dir, max_num_seqs) as live_url:
+        cfg = gate_trace.GateTraceConfig(engine_url=live_url, model=model, duration=duration, burst_at=burst_at,
+                                         burst_requests=burst_requests)
+        trace = gate_trace.run(cfg, settings)
+    path = gate_trace.write(trace, out_dir, {"command": "tidal bench gate", "machine": machine(),
+                                             "date": dt.date.today().isoformat()})
+    click.echo(json.dumps(trace.summary(), indent=2))
+    click.echo(f"results: {path}; plot: {out_dir}/gate_burst.png", err=True)
+
+
+@bench.command()
+@click.option("--url", help="API to load. Default: start a private `tidal serve` (gunicorn, temp TIDAL_HOME).")
+@click.option("--key", default="tidal-dev-key", show_default=True, help="API key, with --url.")
+@click.option("--duration", default=60.0, show_default=True, help="Seconds of load.")
+@click.option("--rate", default=200.0, show_default=True, help="GET /v1/batches/{id} per second.")
+@click.option("--uploads", default=2, show_default=True,
+              help="Concurrent uploaders; each uploads a file and creates a batch from it once a second.")
+@click.option("--upload-lines", default=200, show_default=True, help="Requests per uploaded file.")
+@click.option("--workers", default=2, show_default=True, help="gunicorn workers of the started server.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/load", show_default=True)
+def load(url, key, duration, rate, uploads, upload_lines, workers, out) -> None:
+    """Batch-status polling at a fixed rate plus concurrent uploads: errors, p50/p99 per request kind."""
+    from tidal_workers.bench.load import LoadConfig, run_load, served_api
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    server = contextlib.nullcontext((url, key)) if url else served_api(load_settings().redis_url, workers,
+                                                                       log_dir=out_dir)
+    with server as (live_url, live_key):
+        results = run_load(LoadConfig(url=live_url, key=live_key, duration=duration, rate=rate, uploads=uploads,
+                                      upload_lines=upload_lines))
+    results = {"command": "tidal bench load", "machine": machine(), "date": dt.date.today().isoformat(),
+               "server": url or f"tidal serve, {workers} gunicorn workers, SQLite", **results}
+    path = out_dir / "load.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps(results, indent=2))
+    click.echo(f"results: {path}", err=True)
+
+
+@bench.command()
+@click.option("--engine-urls", help="Comma-separated replicas to use. Default: start two tiny engines, one per core.")
+@click.option("--model", default="tiny", show_default=True)
+@click.option("--period", default=120.0, show_default=True, help="Seconds of one online day (the seed used 600).")
+@click.option("--periods", default=2.0, show_default=True, help="Days per run; each mode runs this long.")
+@click.option("--rate", default=4.0, show_default=True, help="Mean online requests/s per replica.")
+@click.option("--amplitude", default=0.8, show_default=True, help="Diurnal swing as a fraction of the mean.")
+@click.option("--max-inflight", default=12, show_default=True, help="Gate ceiling of each worker.")
+@click.option("--max-num-seqs", default=16, show_default=True, help="Slots of each locally started engine.")
+@click.option("--interval", default=5.0, show_default=True, help="Seconds per bin of the fill series.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/fleet", show_default=True)
+def fleet(engine_urls, model, period, periods, rate, amplitude, max_inflight, max_num_seqs, interval, out) -> None:
+    """Batch work placed by per-replica gates against pinned to replica 0, under anti-phase online load."""
+    import os
+
+    from tidal_engine.tiny import build_tiny
+    from tidal_workers.bench import fleet as fl
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = load_settings()
+    engines = [] if engine_urls else fl.start_replicas(build_tiny(settings.home), 2, out_dir, max_num_seqs)
+    urls = engine_urls.split(",") if engine_urls else [e.url for e in engines]
+    cfg = fl.FleetConfig(engine_urls=urls, model=model, period=period, periods=periods, online_rate=rate,
+                         amplitude=amplitude, max_inflight=max_inflight, interval=interval)
+    results: dict = {"command": "tidal bench fleet", "machine": machine(),
+                     "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                     "load_average": {"start": os.getloadavg()},
+                     "params": {k: v for k, v in dataclasses.asdict(cfg).items() if not k.endswith("prompt")},
+                     "runs": {}}
+    try:
+        for mode in ("placement", "pinning"):
+            click.echo(f"{mode}: {cfg.duration:.0f} s ...", err=True)
+            results["runs"][mode] = fl.run_mode(cfg, settings, mode, out_dir / f"stack-{mode}")
+            results["load_average"][f"after_{mode}"] = os.getloadavg()
+    finally:
+        for engine in engines:
+            engine.stop()
+    results["summary"] = fl.summary(results["runs"]["placement"], results["runs"]["pinning"])
+    path = fl.write(results, out_dir)
+    click.echo(json.dumps({"load_average": results["load_average"], "summary": results["summary"]}, indent=2))
+    click.echo(f"results: {path}; plot: {out_dir}/fleet.png", err=True)
+
+
+@bench.command()
+@click.option("--engine-url", help="Engine to measure. Default: start the tiny local engine with --kv-cache-bytes.")
+@click.option("--model", default="tiny", show_default=True)
+@click.option("--items", default=96, show_default=True, help="Requests in the batch.")
+@click.option("--groups", default=12, show_default=True, help="Distinct shared prompt prefixes.")
+@click.option("--prefix-chars", default=400, show_default=True, help="Shared prefix length (tokens on the tiny model).")
+@click.option("--inflight", default=4, show_default=True, help="Requests outstanding at once, in either order.")
+@click.option("--kv-cache-bytes", default="3M", show_default=True,
+              help="KV pool of a locally started engine (3M: about 3,000 tokens, fewer than all the prefixes).")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/prefix", show_default=True)
+def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_bytes, out) -> None:
+    """vLLM prefix-cache hit rate of Tidal's claim order (prefix-sorted ordinals) against shuffled order."""
+    from tidal_engine.serve import EngineOptions, start_engine
+    from tidal_engine.tiny import build_tiny
+    from tidal_workers.bench import prefix as px
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    engine = None
+    if not engine_url:
+        options = EngineOptions(model=str(build_tiny(load_settings().home)), served_model_name=model,
+                                kv_cache_bytes=kv_cache_bytes, max_model_len=2048)
+        engine = start_engine(options, log_path=out_dir / "engine.log")
+    try:
+        results = px.run(px.PrefixConfig(engine_url=engine_url or engine.url, model=model, items=items,
+                                         groups=groups, prefix_chars=prefix_chars, inflight=inflight))
+    finally:
+        if engine is not None:
+            engine.stop()
+    results = {"command": "tidal bench prefix", "machine": machine(), "date": dt.date.today().isoformat(),
+               "engine": engine_url or f"tiny vLLM-CPU, KV pool {kv_cache_bytes}", **results}
+    path = out_dir / "prefix.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps(results, indent=2))
+    click.echo(f"results: {path}", err=True)
+
+
+@bench.command()
+@click.option("--items", default=200_000, show_default=True, help="Items queued for the claim-throughput runs.")
+def queue(items) -> None:
+    """Claim throughput from the Redis sorted sets and re-score cost against batch size (scratch Redis DB)."""
+    from tidal_workers.bench_queue import main
+
+    main(items)
 
 
 COMMANDS = [bench]

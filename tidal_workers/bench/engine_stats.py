@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import typing as t
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,10 +47,13 @@ def read(engine_url: str, timeout: float = 2.0) -> Reading:
 class Sampler:
     """Reads /metrics every ``period`` seconds in a thread until stopped."""
 
-    def __init__(self, engine_url: str, period: float = 1.0):
+    def __init__(self, engine_url: str, period: float = 1.0,
+                 also: t.Callable[[], dict[str, float]] | None = None):
         self.engine_url = engine_url
         self.period = period
         self.readings: list[Reading] = []
+        self.also = also  # a second source read on the same clock (the worker's gate)
+        self.also_readings: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -57,6 +61,8 @@ class Sampler:
         while not self._stop.is_set():
             try:
                 self.readings.append(read(self.engine_url))
+                if self.also is not None:
+                    self.also_readings.append((self.readings[-1].at - self.readings[0].at, self.also()))
             except requests.RequestException:
                 pass
             self._stop.wait(self.period)
@@ -84,5 +90,50 @@ def budget_fill(readings: list[Reading], budget_tokens: int) -> list[tuple[float
     return out
 
 
+def generation_rate(readings: list[Reading]) -> list[tuple[float, float]]:
+    """(seconds since start, generated tokens/s) per sampling interval."""
+    return [(b.at - readings[0].at, (b.generation_tokens - a.generation_tokens) / (b.at - a.at))
+            for a, b in zip(readings, readings[1:]) if b.at > a.at]
+
+
 def delta(readings: list[Reading], field: str) -> float:
     return getattr(readings[-1], field) - getattr(readings[0], field) if len(readings) >= 2 else 0.0
+
+
+def step_rate(readings: list[Reading]) -> dict:
+    """Engine steps per second and mean tokens per step over the run: on a CPU the step time grows with the
+    tokens in it, which is what bounds both the ceiling and online TBT."""
+    if len(readings) < 2:
+        return {}
+    a, b = readings[0], readings[-1]
+    steps = b.iteration_count - a.iteration_count
+    elapsed = b.at - a.at
+    return {"steps_per_s": steps / elapsed if elapsed else 0.0,
+            "mean_step_ms": 1000 * elapsed / steps if steps else None,
+            "tokens_per_step": (b.iteration_tokens_sum - a.iteration_tokens_sum) / steps if steps else None}
+
+
+def wait_idle(engine_url: str, timeout: float = 120.0) -> float:
+    """Block until the engine has nothing running or waiting (leftovers of a phase would pollute the next).
+    Returns the seconds waited."""
+    started = time.monotonic()
+    while True:
+        r = read(engine_url)
+        if r.running == 0 and r.waiting == 0:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"engine at {engine_url} still busy after {timeout:.0f} s ({r.running} running)")
+        time.sleep(0.5)
+
+
+def read_plugin(metrics_url: str) -> dict[str, float]:
+    """TidalScheduler's own series (``tidal_sched_*``), summed over labels except the mode, kept per mode."""
+    text = requests.get(metrics_url, timeout=2.0).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.startswith("tidal_sched_") or s.name.endswith("_created"):
+                continue
+            name = f"{s.name}:{s.labels['mode']}" if "mode" in s.labels else s.name
+            out[name] = out.get(name, 0.0) + s.value
+    return out

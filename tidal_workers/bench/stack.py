@@ -6,31 +6,46 @@ itself rather than a shortcut around it.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from config import Settings
 from config.settings import child_environ
+from tidal_engine.serve import free_port
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import Item, ItemStatus
 
 BENCH_REDIS_DB = 14
 
 
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    items: int
+    output_tokens: int
+
+
 class TidalStack:
     def __init__(self, base: Settings, engine_url: str, home: Path, *, gate_mode: str = "aimd",
                  max_inflight: int = 16, extra_env: dict[str, str] | None = None):
         redis_url = base.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+        self.metrics_port = free_port()
         env = {"TIDAL_HOME": str(home), "TIDAL_DATABASE_URL": "", "TIDAL_BLOB_DIR": "", "TIDAL_REDIS_URL": redis_url,
                "TIDAL_BROKER_URL": "", "TIDAL_VLLM_URL": engine_url, "TIDAL_ENV": "dev",
                "TIDAL_GATE_MODE": gate_mode, "TIDAL_MAX_INFLIGHT": str(max_inflight),
-               "TIDAL_NODE": "bench-node", **(extra_env or {})}
+               "TIDAL_NODE": "bench-node", "TIDAL_INITIAL_INFLIGHT": str(max_inflight),
+               "TIDAL_WORKER_THREADS": str(max(16, max_inflight + 4)),
+               "TIDAL_WORKER_METRICS_PORT": str(self.metrics_port),  # a free port: several stacks share the host
+               **(extra_env or {})}
         self.settings = base.replace(home=str(home), database_url="", blob_dir="", redis_url=redis_url,
                                      broker_url="", vllm_url=engine_url, env="dev", node="bench-node",
                                      max_inflight=max_inflight)
@@ -48,8 +63,10 @@ class TidalStack:
                                        stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.batch_ids: list[str] = []
 
-    def submit(self, n: int, body: dict, endpoint: str = "/v1/chat/completions") -> str:
-        lines = (json.dumps({"custom_id": f"r{i}", "method": "POST", "url": endpoint, "body": body}) for i in range(n))
+    def submit(self, bodies: list[dict], endpoint: str = "/v1/chat/completions") -> str:
+        """Upload one request line per body and create a batch of them through the API; returns its id."""
+        lines = (json.dumps({"custom_id": f"r{i}", "method": "POST", "url": endpoint, "body": body})
+                 for i, body in enumerate(bodies))
         data = ("\n".join(lines) + "\n").encode()
         up = self.client.post("/v1/files", headers=self.headers,
                               data={"purpose": "batch", "file": (io.BytesIO(data), "bench.jsonl")})
@@ -63,9 +80,26 @@ class TidalStack:
     def batch(self, batch_id: str) -> dict:
         return self.client.get(f"/v1/batches/{batch_id}", headers=self.headers).get_json()
 
-    def completed_items(self) -> int:
+    def progress(self) -> Progress:
+        """Items completed so far and the output tokens the engine reported for them (from SQL)."""
         with self.rt.store.sessions() as s:
-            return s.scalar(select(func.count()).select_from(Item).where(Item.status == ItemStatus.completed.value))
+            count, tokens = s.execute(select(func.count(), func.coalesce(func.sum(Item.output_tokens), 0))
+                                      .where(Item.status == ItemStatus.completed.value)).one()
+        return Progress(int(count), int(tokens))
+
+    def gate(self) -> dict[str, float]:
+        """The worker's gate as it exports it: ``tidal_gate_target`` and ``tidal_gate_inflight``."""
+        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2.0).text
+        return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+                if s.name in ("tidal_gate_target", "tidal_gate_inflight")}
+
+    def worker_cpu_seconds(self) -> float:
+        """CPU time the worker process has used (user + system): its share of the machine's cores."""
+        fields = Path(f"/proc/{self.worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def completed_items(self) -> int:
+        return self.progress().items
 
     def wait_until_flowing(self, timeout: float = 120.0) -> None:
         """Block until the worker has finished at least one item (engine warm, gate open)."""
