@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 import typing as t
 from pathlib import Path
 
 CHUNK = 1 << 20
+PART_MAX_AGE_SECONDS = 3600.0  # a live write touches its .part every chunk; one idle this long was abandoned
 
 
 class TooLarge(Exception):
@@ -17,6 +19,23 @@ class BlobStore:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.sweep_parts()
+
+    def sweep_parts(self, max_age: float = PART_MAX_AGE_SECONDS) -> int:
+        """Delete ``.part`` files untouched for ``max_age`` seconds: what a writer killed mid-copy left behind.
+
+        Runs whenever a process opens the store; younger parts may be another process's write in progress.
+        """
+        cutoff = time.time() - max_age
+        swept = 0
+        for part in self.root.glob(".*.part"):
+            try:
+                if part.stat().st_mtime < cutoff:
+                    part.unlink()
+                    swept += 1
+            except FileNotFoundError:  # another process swept it first
+                pass
+        return swept
 
     def path(self, name: str) -> Path:
         return self.root / name

