@@ -20,7 +20,6 @@ import dataclasses
 import json
 import math
 import subprocess
-import sys
 import threading
 import time
 import typing as t
@@ -31,7 +30,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from config import Settings
-from config.settings import child_environ, env_name
 from tidal_engine.serve import Engine, EngineOptions, start_engine
 from tidal_workers.bench import engine_stats, online
 from tidal_workers.bench.harvest import batch_body
@@ -90,18 +88,6 @@ def node_name(replica: int) -> str:
     return f"replica-{replica}"
 
 
-def _spawn_worker(stack: TidalStack, engine_url: str, node: str, max_inflight: int, log: t.IO) -> subprocess.Popen:
-    """Another `tidal worker` on the stack's store and Redis DB, next to another engine."""
-    s = stack.settings
-    env = {env_name("home"): s.home, env_name("database_url"): "", env_name("blob_dir"): "",
-           env_name("redis_url"): s.redis_url, env_name("broker_url"): "", env_name("vllm_url"): engine_url,
-           env_name("env"): "dev", env_name("gate_mode"): "aimd", env_name("max_inflight"): str(max_inflight),
-           env_name("initial_inflight"): str(max_inflight), env_name("node"): node,
-           env_name("worker_threads"): str(max(16, max_inflight + 4)), env_name("worker_metrics_port"): "0"}
-    return subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "worker"], env=child_environ(**env),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def _stop(process: subprocess.Popen) -> None:
     process.terminate()
     try:
@@ -143,7 +129,7 @@ def run_mode(cfg: FleetConfig, settings: Settings, mode: str, home: Path) -> dic
     stop = threading.Event()
     topper = threading.Thread(target=_top_up, args=(stack, cfg, stop), daemon=True)
     try:
-        extra = [_spawn_worker(stack, urls[i], node_name(i), cfg.max_inflight, stack.log) for i in range(1, workers)]
+        extra = [stack.spawn_worker(urls[i], node_name(i), max_inflight=cfg.max_inflight) for i in range(1, workers)]
         topper.start()
         stack.wait_until_flowing(timeout=180)
         time.sleep(3.0)  # let the gates reach their steady state before the window opens

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from config import Settings
-from config.settings import child_environ
+from config.settings import child_environ, env_name
 from tidal_engine.serve import free_port
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import Item, ItemStatus
@@ -38,14 +38,6 @@ class TidalStack:
     def __init__(self, base: Settings, engine_url: str, home: Path, *, gate_mode: str = "aimd",
                  max_inflight: int = 16, extra_env: dict[str, str] | None = None):
         redis_url = base.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
-        self.metrics_port = free_port()
-        env = {"TIDAL_HOME": str(home), "TIDAL_DATABASE_URL": "", "TIDAL_BLOB_DIR": "", "TIDAL_REDIS_URL": redis_url,
-               "TIDAL_BROKER_URL": "", "TIDAL_VLLM_URL": engine_url, "TIDAL_ENV": "dev",
-               "TIDAL_GATE_MODE": gate_mode, "TIDAL_MAX_INFLIGHT": str(max_inflight),
-               "TIDAL_NODE": "bench-node", "TIDAL_INITIAL_INFLIGHT": str(max_inflight),
-               "TIDAL_WORKER_THREADS": str(max(16, max_inflight + 4)),
-               "TIDAL_WORKER_METRICS_PORT": str(self.metrics_port),  # a free port: several stacks share the host
-               **(extra_env or {})}
         self.settings = base.replace(home=str(home), database_url="", blob_dir="", redis_url=redis_url,
                                      broker_url="", vllm_url=engine_url, env="dev", node="bench-node",
                                      max_inflight=max_inflight)
@@ -59,9 +51,23 @@ class TidalStack:
         self.headers = {"Authorization": "Bearer tidal-dev-key"}
         home.mkdir(parents=True, exist_ok=True)
         self.log = open(home / "worker.log", "ab")
-        self.worker = subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "worker"], env=child_environ(**env),
-                                       stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.metrics_port = free_port()  # several stacks may share the host
+        self.worker = self.spawn_worker(engine_url, "bench-node", gate_mode=gate_mode, max_inflight=max_inflight,
+                                        metrics_port=self.metrics_port, extra_env=extra_env)
         self.batch_ids: list[str] = []
+
+    def spawn_worker(self, engine_url: str, node: str, *, gate_mode: str = "aimd", max_inflight: int = 16,
+                     metrics_port: int = 0, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        """A `tidal worker` process on this stack's store and Redis DB, feeding ``engine_url`` as ``node``."""
+        s = self.settings
+        env = {env_name("home"): s.home, env_name("database_url"): "", env_name("blob_dir"): "",
+               env_name("redis_url"): s.redis_url, env_name("broker_url"): "", env_name("vllm_url"): engine_url,
+               env_name("env"): "dev", env_name("gate_mode"): gate_mode, env_name("max_inflight"): str(max_inflight),
+               env_name("initial_inflight"): str(max_inflight), env_name("node"): node,
+               env_name("worker_threads"): str(max(16, max_inflight + 4)),
+               env_name("worker_metrics_port"): str(metrics_port), **(extra_env or {})}
+        return subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "worker"], env=child_environ(**env),
+                                stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def submit(self, bodies: list[dict], endpoint: str = "/v1/chat/completions") -> str:
         """Upload one request line per body and create a batch of them through the API; returns its id."""
