@@ -6,6 +6,7 @@ at start-up with the command that starts it; it never skips.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -126,6 +127,32 @@ class LiveServer:
     def stop(self):
         self.server.shutdown()
         self.thread.join(5)
+
+
+@pytest.fixture
+def stub():
+    """The small OpenAI-protocol stub engine (tests/workers/stub_engine.py), only for faults a real vLLM
+    cannot produce on demand: 5xx, 429, hangs, aborts, scripted /metrics."""
+    from workers.stub_engine import StubEngine
+
+    engine = StubEngine()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def children():
+    """Child processes a test starts; any still running at the end get SIGTERM, then SIGKILL."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
 
 
 @pytest.fixture

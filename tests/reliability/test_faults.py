@@ -22,7 +22,6 @@ from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import LeaseBook, WorkerContext
 from tidal_workers.gate import FixedGate
 from tidal_workers.store.models import Item
-from workers.stub_engine import StubEngine
 from workers.worker_helpers import assert_exactly_once, batch_row, settled, wait_for
 
 # Short leases and fast retries, so recovery shows in seconds; bounds generous enough for a loaded 2-core machine.
@@ -45,13 +44,6 @@ def private_pg():
     cluster = PrivatePostgres()
     yield cluster
     cluster.stop()
-
-
-@pytest.fixture
-def stub():
-    engine = StubEngine()
-    yield engine
-    engine.close()
 
 
 @pytest.fixture

@@ -8,24 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import threading
 import time
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from stub_engine import StubEngine
 
 from tidal_workers.celery_app import make_celery
 from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.store.models import Batch, BatchStatus, File, Item
-
-@pytest.fixture
-def stub():
-    engine = StubEngine()
-    yield engine
-    engine.close()
-
 
 @pytest.fixture
 def settings(settings, stub):
@@ -99,13 +90,3 @@ def worker(celery_app, rt):
 
     return run
 
-
-@pytest.fixture
-def children():
-    """Child processes a test starts; any still running at the end are killed."""
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait(10)
