@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from config import load_settings
+from config.settings import child_environ
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
@@ -20,10 +21,10 @@ def serve(gunicorn_args: tuple[str, ...]) -> None:
     prom_dir = Path(load_settings().home) / "prometheus"
     shutil.rmtree(prom_dir, ignore_errors=True)
     prom_dir.mkdir(parents=True)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(prom_dir)
     argv = [sys.executable, "-m", "gunicorn", "--config", "python:config.gunicorn", *gunicorn_args,
             "tidal_api.wsgi:app"]
-    os.execv(sys.executable, argv)  # gunicorn becomes this process: signals reach its master directly
+    # gunicorn becomes this process: signals reach its master directly.
+    os.execve(sys.executable, argv, child_environ(PROMETHEUS_MULTIPROC_DIR=str(prom_dir)))
 
 
 COMMANDS = [serve]
