@@ -1,15 +1,14 @@
 """Ingest on a real store: items in prefix order, failures recorded, idempotent under redelivery."""
 from __future__ import annotations
 
-import io
 import json
-import time
 
 import pytest
 from sqlalchemy import func, select
 
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.store.models import Batch, File, Item
+from workers.worker_helpers import validating_batch
 
 CHAT = "/v1/chat/completions"
 
@@ -24,19 +23,6 @@ def _line(custom_id: str, model: str = "tiny", content: str = "hi") -> bytes:
                        "body": {"model": model, "messages": [{"role": "user", "content": content}]}}).encode() + b"\n"
 
 
-def _batch(rt, data: bytes) -> str:
-    """A validating batch over a stored input file, as POST /v1/batches leaves it."""
-    blob, size, _ = rt.blobs.write_stream(io.BytesIO(data))
-    now = int(time.time())
-    with rt.store.session() as s:
-        f = File(tenant_id="acme", filename="in.jsonl", purpose="batch", bytes=size, created_at=now, blob=blob)
-        s.add(f)
-        s.flush()
-        b = Batch(tenant_id="acme", endpoint=CHAT, input_file_id=f.id, created_at=now, expires_at=now + 86400)
-        s.add(b)
-    return b.id
-
-
 def _state(rt, batch_id):
     with rt.store.sessions() as s:
         b = s.get(Batch, batch_id)
@@ -45,7 +31,7 @@ def _state(rt, batch_id):
 
 
 def test_redelivery_inserts_nothing_twice(rt):
-    batch_id = _batch(rt, b"".join(_line(str(i)) for i in range(10)))
+    batch_id = validating_batch(rt, b"".join(_line(str(i)) for i in range(10)))
     ingest_batch(rt, batch_id)
     ingest_batch(rt, batch_id)  # a redelivered Celery message
     b, n = _state(rt, batch_id)
@@ -54,7 +40,7 @@ def test_redelivery_inserts_nothing_twice(rt):
 
 
 def test_model_not_in_the_configured_list_fails_the_batch(rt):
-    batch_id = _batch(rt, _line("1") + _line("2", model="gpt-9"))
+    batch_id = validating_batch(rt, _line("1") + _line("2", model="gpt-9"))
     ingest_batch(rt, batch_id)
     b, n = _state(rt, batch_id)
     assert (b.status, n) == ("failed", 0) and b.failed_at is not None
@@ -63,7 +49,7 @@ def test_model_not_in_the_configured_list_fails_the_batch(rt):
 
 
 def test_input_deleted_before_ingest(rt):
-    batch_id = _batch(rt, _line("1"))
+    batch_id = validating_batch(rt, _line("1"))
     with rt.store.session() as s:
         f = s.get(File, s.get(Batch, batch_id).input_file_id)
         rt.blobs.delete(f.blob)
@@ -73,7 +59,7 @@ def test_input_deleted_before_ingest(rt):
 
 
 def test_a_batch_no_longer_validating_is_left_alone(rt):
-    batch_id = _batch(rt, _line("1"))
+    batch_id = validating_batch(rt, _line("1"))
     with rt.store.session() as s:
         s.get(Batch, batch_id).status = "cancelled"
     ingest_batch(rt, batch_id)
@@ -83,7 +69,7 @@ def test_a_batch_no_longer_validating_is_left_alone(rt):
 
 def test_fifty_thousand_lines(rt):
     """The largest allowed file goes in as bulk inserts (about 2 s on SQLite or PostgreSQL here)."""
-    batch_id = _batch(rt, b"".join(_line(f"r{i}", content=f"prompt {i % 7}") for i in range(50_000)))
+    batch_id = validating_batch(rt, b"".join(_line(f"r{i}", content=f"prompt {i % 7}") for i in range(50_000)))
     ingest_batch(rt, batch_id)
     b, n = _state(rt, batch_id)
     assert (b.status, b.total, n) == ("in_progress", 50_000, 50_000) and rt.queue.queued(batch_id) == 50_000

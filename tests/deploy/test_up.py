@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 from deploy_helpers import ROOT, free_port, tidal_env
+from worker_helpers import wait_for
 
 GRACE_S = 20.0  # Supervisor.stop's 15 s, plus the time to exit
 
@@ -44,16 +45,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -90,7 +81,7 @@ def _api_ready(base_url: str) -> bool:
 
 
 def test_up_runs_a_batch_and_ctrl_c_stops_every_process(up):
-    wait_until(lambda: _api_ready(up.base_url) or up.poll() is not None, 60, "the API")
+    wait_for(lambda: _api_ready(up.base_url) or up.poll() is not None, 60, "the API")
     assert up.poll() is None, up.out_path.read_text()
     log = up.out_path.read_text()
     started = {name: int(pid) for name, pid in re.findall(r"^\s+(\w+)\s+pid (\d+)", log, re.M)}
@@ -106,7 +97,7 @@ def test_up_runs_a_batch_and_ctrl_c_stops_every_process(up):
     batch = http.post(up.base_url + "/v1/batches", timeout=30, json={
         "input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
 
-    done = wait_until(lambda: (b := http.get(f"{up.base_url}/v1/batches/{batch['id']}", timeout=10).json())
+    done = wait_for(lambda: (b := http.get(f"{up.base_url}/v1/batches/{batch['id']}", timeout=10).json())
                       ["status"] in ("completed", "failed") and b, 60, "the batch to finish")
     assert done["status"] == "completed" and done["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
     out = http.get(f"{up.base_url}/v1/files/{done['output_file_id']}/content", timeout=10).text.splitlines()

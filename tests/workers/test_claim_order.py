@@ -1,14 +1,13 @@
 """Claim order end to end: an ingested file's requests come out of the queue grouped by prompt prefix."""
 from __future__ import annotations
 
-import io
 import json
-import time
 
 from sqlalchemy import select
 
 from tidal_workers.ingest import ingest_batch
-from tidal_workers.store.models import Batch, File, Item
+from tidal_workers.store.models import Batch, Item
+from worker_helpers import validating_batch
 
 CHAT = "/v1/chat/completions"
 
@@ -17,16 +16,9 @@ def ingested(rt, prompts: list[str]) -> str:
     data = b"".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT,
                                 "body": {"model": "m", "messages": [{"role": "user", "content": p}]}}).encode() + b"\n"
                     for i, p in enumerate(prompts))
-    blob, size, _ = rt.blobs.write_stream(io.BytesIO(data))
-    now = int(time.time())
-    with rt.store.session() as s:
-        f = File(tenant_id="acme", filename="in.jsonl", purpose="batch", bytes=size, created_at=now, blob=blob)
-        s.add(f)
-        s.flush()
-        b = Batch(tenant_id="acme", endpoint=CHAT, input_file_id=f.id, created_at=now, expires_at=now + 86400)
-        s.add(b)
-    ingest_batch(rt, b.id)
-    return b.id
+    batch_id = validating_batch(rt, data)
+    ingest_batch(rt, batch_id)
+    return batch_id
 
 
 def test_claims_come_out_grouped_by_prompt_prefix_then_file_order(rt):

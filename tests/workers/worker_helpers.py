@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -79,3 +80,16 @@ def spawn(settings, *args: str, log: Path) -> subprocess.Popen:
     out = open(log, "ab")
     return subprocess.Popen([sys.executable, "-m", "tidal_api.cli", *args], cwd=ROOT, env=settings_env(settings),
                             stdout=out, stderr=subprocess.STDOUT)
+
+
+def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions") -> str:
+    """acme's batch over a stored input file, still `validating`, as POST /v1/batches leaves it before ingest."""
+    blob, size, _ = rt.blobs.write_stream(io.BytesIO(data))
+    now = int(time.time())
+    with rt.store.session() as s:
+        f = File(tenant_id="acme", filename="in.jsonl", purpose="batch", bytes=size, created_at=now, blob=blob)
+        s.add(f)
+        s.flush()
+        b = Batch(tenant_id="acme", endpoint=endpoint, input_file_id=f.id, created_at=now, expires_at=now + 86400)
+        s.add(b)
+    return b.id
