@@ -178,13 +178,18 @@ class TinyVllm:
 
 
 def upload_batch(api: str, n: int, model: str = "m", key: str = "acme-key", max_tokens: int | None = None,
-                 tag: str = "r") -> str:
-    """Create a batch of ``n`` chat requests through the API (content = custom_id); returns its id."""
+                 tag: str = "r", ignore_eos: bool = False) -> str:
+    """Create a batch of ``n`` chat requests through the API (content = custom_id); returns its id.
+
+    ``ignore_eos`` makes a real engine generate exactly ``max_tokens``, so a request's length is known.
+    """
     lines = []
     for i in range(n):
         body = {"model": model, "messages": [{"role": "user", "content": f"{tag}-{i}"}]}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
+        if ignore_eos:
+            body["ignore_eos"] = True
         lines.append(_json_line({"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": body}))
     auth = {"Authorization": f"Bearer {key}"}
     r = requests.post(api + "/v1/files", headers=auth, files={"file": ("in.jsonl", b"".join(lines))},

@@ -30,6 +30,7 @@ FAST = dict(gate_mode="fixed", lease_seconds=2.0, claim_idle_seconds=0.02, retry
             worker_metrics_port=0)
 SETTLE_S = 180
 NODE = "fault-node"
+N_RESTART = 40
 
 
 @pytest.fixture(scope="module")
@@ -135,16 +136,19 @@ def test_vllm_killed_and_restarted_mid_batch(rt, live_api, settings, procs, tmp_
         worker_settings = settings.replace(vllm_url=engine.url, retry_budget=20, retry_backoff_seconds=0.5,
                                            request_timeout_seconds=120.0)
         procs.append(start_worker(worker_settings, NODE, tmp_path))
-        batch = upload_batch(live_api.url, 12, model="tiny", max_tokens=8)
+        # 40 items of exactly 128 tokens, 4 at a time: tens of seconds of work even on an idle machine, so the
+        # kill lands mid-batch however fast the engine runs (12 items of 8 tokens once finished before the kill).
+        batch = upload_batch(live_api.url, N_RESTART, model="tiny", max_tokens=128, ignore_eos=True)
         wait_for(lambda: batch_row(rt, batch).completed >= 2 and rt.queue.inflight(NODE) > 0, 240, what="progress")
         engine.kill9()
-        left = 12 - batch_row(rt, batch).completed
+        left = N_RESTART - batch_row(rt, batch).completed
         killed = time.monotonic()
         engine.restart()
-        out = assert_complete(rt, batch, 12, timeout=300)
+        out = assert_complete(rt, batch, N_RESTART, timeout=400)
     finally:
         engine.stop()
-    assert all(line["response"]["body"]["choices"] and line["response"]["body"]["model"] == "tiny" for line in out)
+    assert all(line["response"]["body"]["model"] == "tiny" and line["response"]["body"]["usage"]["completion_tokens"]
+               == 128 for line in out)  # whole answers from the engine, not ones cut short by the kill
     retries = (tmp_path / f"worker-{NODE}.log").read_text().count("; retry ")
     assert left > 0 and retries > 0  # items really were in flight when it died, and were retried, not failed
     print(f"\nvllm restart: start {engine.starts[0]:.0f} s, restart {engine.starts[1]:.0f} s, {left} items left, "
