@@ -18,8 +18,9 @@ itself (budgets, chunked prefill, KV allocation, preemption) stays vLLM's:
 How the cap is enforced without forking ``schedule()``: for the duration of
 the call, the token budget (``max_num_scheduled_tokens``) is set to online
 demand + X, running requests are ordered online first, running batch requests
-beyond X are parked out of ``self.running``, and batch requests that may not be
-admitted are hidden from ``self.waiting``. All are put back afterwards.
+beyond X are parked out of ``self.running`` (the slot limit shrinks by as many,
+so they keep their slots), and batch requests that may not be admitted are
+hidden from ``self.waiting``. All are put back afterwards.
 
 Base class. Pinned to vLLM 0.32.x, whose scheduler interface is not public. The
 CPU platform forces ``async_scheduling=False`` (``platforms/cpu.py:331``), so
@@ -123,10 +124,17 @@ class TidalScheduler(Scheduler):
         plan.hidden = [r.request_id for r in hidden]
         plan.parked = [r.request_id for r in parked]
         self.max_num_scheduled_tokens = plan.token_budget
+        # Parked requests keep their slots: without this the stock loop would admit waiting requests into
+        # them (up to max_num_active_reqs), and putting the parked ones back would overfill ``running``
+        # (the stock scheduler asserts len(running) <= max_num_running_reqs at the end of the next step).
+        self.max_num_active_reqs -= len(parked)
+        self.max_num_running_reqs -= len(parked)
         try:
             output = super().schedule(throttle_prefills)
         finally:
             self.max_num_scheduled_tokens = self.tau
+            self.max_num_active_reqs += len(parked)
+            self.max_num_running_reqs += len(parked)
             self.running.extend(parked)
             for request in hidden:
                 self.waiting.add_request(request)

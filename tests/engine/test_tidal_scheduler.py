@@ -96,6 +96,31 @@ def test_low_r2_falls_back_to_the_static_cap(make_scheduler):
     assert s.last_plan.mode is Mode.MODEL
 
 
+def test_parked_batch_requests_keep_their_slots(make_scheduler):
+    """Online requests waiting for slots while batch is parked: the slot limit still holds every step.
+
+    The stock schedule() would fill the parked requests' slots from the waiting queue, and the step
+    after, its own assertion (len(running) <= max_num_seqs) killed the engine core; found on a real
+    server with the dense model, where parking happens on most steps.
+    """
+    s = make_scheduler(TidalScheduler, settings=settings(), max_num_seqs=4)
+    for i in range(2):
+        s.add_request(make_request(f"batch-{i}", 1500, priority=1, max_tokens=8))
+    run_step(s)  # no online traffic: batch-0 prefills whole, batch-1 takes the rest of τ
+    for i in range(4):
+        s.add_request(make_request(f"online-{i}", 16, priority=0, max_tokens=8))
+    run_step(s)
+    assert s.last_plan.parked == ["batch-1"]  # its 952 remaining prompt tokens exceed the static cap
+    assert len(s.running) == 4 and {"batch-0", "batch-1"} <= {r.request_id for r in s.running}
+    seen_online = set()
+    for _ in range(30):
+        out = run_step(s)
+        assert len(s.running) <= 4
+        seen_online |= {i for i in out.num_scheduled_tokens if i.startswith("online")}
+    assert seen_online == {f"online-{i}" for i in range(4)}  # the two that waited got the freed slots
+    assert not s.requests  # everything finished
+
+
 def fixed_h(h: float):
     return settings(sched_h_min=h, sched_h_max=h)
 
