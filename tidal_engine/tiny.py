@@ -1,13 +1,22 @@
-"""A tiny random-weight Qwen2-style model that vLLM serves on a CPU in seconds.
+"""Tiny random-weight Qwen2-style models that vLLM serves on a CPU in seconds.
 
-No model hub is reachable from CI, so tests and the local benchmark use a model
-built here: 2 layers, hidden size 128, head size 32 (a size vLLM's CPU attention
-supports), random seeded weights, a byte-level tokenizer that never needs
-training and a ChatML chat template. Its text is noise; its timing, KV use and
-scheduling are those of a real transformer served by the real engine.
+No model hub is reachable from CI, so tests and the local benchmark use models
+built here: random seeded weights, head size 32 (a size vLLM's CPU attention
+supports), a byte-level tokenizer that never needs training and a ChatML chat
+template. Their text is noise; their timing, KV use and scheduling are those of
+a real transformer served by the real engine. Two shapes (``SHAPES``):
+
+- ``tiny`` (2 layers, hidden 128): the fastest engine to start and run. Its
+  step costs the same few milliseconds whatever it carries, so the engine is
+  bound by its step count, as a GPU never is.
+- ``dense`` (2 layers, hidden 384): a step's time grows with its tokens
+  (a 1,024-token prefill takes about 30× a 16-token decode step on one core),
+  as on a GPU, so a batch prefill really does delay the online tokens that
+  share its step. TidalScheduler's latency model and batch cap act on that.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -24,8 +33,26 @@ CHAT_TEMPLATE = (
 RECIPE_VERSION = "1"
 
 
-def model_dir(home: str | Path) -> Path:
-    return Path(home) / "models" / "tiny"
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+
+
+SHAPES = {
+    "tiny": Shape(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2),
+    # The same KV bytes per token as tiny (2 layers x 2 KV heads x 32), so every KV size carries over.
+    "dense": Shape(hidden_size=384, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=12,
+                   num_key_value_heads=2),
+}
+
+
+def model_dir(home: str | Path, shape: str = "tiny") -> Path:
+    return Path(home) / "models" / shape
 
 
 def _tokenizer():
@@ -50,18 +77,14 @@ def _tokenizer():
     )
 
 
-def _model(vocab_size: int, special_ids: list[int]):
+def _model(shape: Shape, vocab_size: int, special_ids: list[int]):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
     config = Qwen2Config(
         vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **dataclasses.asdict(shape),
         head_dim=32,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
@@ -78,24 +101,26 @@ def _model(vocab_size: int, special_ids: list[int]):
     return model
 
 
-def build_tiny(home: str | Path) -> Path:
-    """Build the model under ``<home>/models/tiny`` unless a complete copy exists; return its path."""
-    target = model_dir(home)
+def build_tiny(home: str | Path, shape: str = "tiny") -> Path:
+    """Build the model under ``<home>/models/<shape>`` unless a complete copy exists; return its path."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}; one of {', '.join(SHAPES)}")
+    target = model_dir(home, shape)
     stamp = target / "tidal-tiny.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == RECIPE_VERSION:
         return target
-    work = target.with_name("tiny.partial")
+    work = target.with_name(f"{shape}.partial")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     tokenizer = _tokenizer()
     special_ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
-    _model(len(tokenizer), special_ids).save_pretrained(work, safe_serialization=True)
+    _model(SHAPES[shape], len(tokenizer), special_ids).save_pretrained(work, safe_serialization=True)
     tokenizer.save_pretrained(work)
     # vLLM takes default sampling parameters from this file: keep them neutral.
     (work / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": special_ids[0], "eos_token_id": special_ids[2], "do_sample": True}
     ))
-    (work / "tidal-tiny.json").write_text(json.dumps({"recipe": RECIPE_VERSION, "seed": SEED}))
+    (work / "tidal-tiny.json").write_text(json.dumps({"recipe": RECIPE_VERSION, "seed": SEED, "shape": shape}))
     shutil.rmtree(target, ignore_errors=True)
     work.rename(target)  # atomic: a crashed build never looks complete
     return target

