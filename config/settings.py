@@ -54,7 +54,7 @@ class Settings:
     min_inflight: int = _setting(0, "Lower bound of the gate; the fail-safe closes it to this.")
     initial_inflight: int = _setting(1, "Gate target when a worker starts.")
     lease_seconds: float = _setting(30.0, "Lease on a claimed item; renewed every third of it while the request runs.")
-    claim_idle_seconds: float = _setting(0.1, "How long the claim loop sleeps when it claims nothing.")
+    claim_idle_seconds: float = _setting(0.1, "How long the claim loop sleeps when it claims nothing (a settled item on the node wakes it early).")
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.")
     retry_budget: int = _setting(8, "Transient failures (connection, 5xx, 429) an item may suffer before it is written as failed.")
     retry_backoff_seconds: float = _setting(0.5, "First retry delay; doubles each time, capped at 30 s.")

@@ -84,14 +84,22 @@ class ClaimLoop:
         return len(claims)
 
     def run(self) -> None:
+        released = self.leases.released
         while not self.stopping.is_set():
+            released.clear()  # before the pass: a task that settles during it wakes the next wait at once
             try:
                 claimed = self.tick(time.time())
             except Exception:  # Redis or the broker blinked: keep the thread, try again shortly
                 log.exception("claim pass failed")
                 claimed = 0
             if not claimed:
-                self.stopping.wait(self.settings.claim_idle_seconds)
+                # Until a task settles (room under the target) or the idle period passes (another node
+                # enqueued, the gate opened, an urgent batch appeared).
+                released.wait(self.settings.claim_idle_seconds)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.leases.released.set()
 
 
 class ClaimStep(bootsteps.StartStopStep):
@@ -128,7 +136,7 @@ class ClaimStep(bootsteps.StartStopStep):
 
     def stop(self, c):
         if self.loop is not None:
-            self.loop.stopping.set()
+            self.loop.stop()
             self.thread.join(10)
             self.loop = self.thread = None
 

@@ -20,6 +20,9 @@ class LeaseBook:
     def __init__(self):
         self._leases: dict[int, str] = {}
         self._lock = threading.Lock()
+        # Set when a task gives its lease up: there may be room under the gate's target again, and the
+        # claim loop waits on this rather than sleeping out its idle period while the engine runs short.
+        self.released = threading.Event()
 
     def add(self, item_id: int, lease: str) -> None:
         with self._lock:
@@ -29,6 +32,7 @@ class LeaseBook:
         with self._lock:
             if self._leases.get(item_id) == lease:
                 del self._leases[item_id]
+                self.released.set()
 
     def forget(self, item_ids: list[int]) -> None:
         with self._lock:

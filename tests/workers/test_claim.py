@@ -1,11 +1,13 @@
 """The claim loop against real Redis and SQL: the gate bounds in-flight items, leases are renewed, data loss rebuilds."""
 from __future__ import annotations
 
+import threading
 import time
 
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import LeaseBook, WorkerContext
 from tidal_workers.gate import FixedGate
+from workers.worker_helpers import wait_for
 
 
 def loop_for(rt, target: int, sent: list):
@@ -52,3 +54,26 @@ def test_a_pass_after_data_loss_rebuilds_the_queue(rt, make_batch):
     rt.redis.flushdb()
     assert loop.tick(time.time() + 60) == 1  # upkeep is due: it sees tidal:built gone and rebuilds
     assert rt.queue.queued(batch) == 2 and {c.item_id for c in sent} == {sent[0].item_id}
+
+
+def test_a_settled_item_wakes_the_idle_loop_at_once(rt, make_batch, settings):
+    """Room freed on the node is filled without sleeping out the idle period (the engine would run short)."""
+    rt.settings = settings.replace(claim_idle_seconds=30.0)
+    make_batch(3)
+    sent: list = []
+    loop = loop_for(rt, 1, sent)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(sent) == 1, 10, what="the first claim")
+        time.sleep(0.3)  # the loop is now idle, waiting out its 30 s: the gate is full
+        first = sent[0]
+        settled = time.monotonic()
+        rt.queue.complete(first.item_id, first.lease)  # as record() does, then the task gives the lease up
+        loop.leases.discard(first.item_id, first.lease)
+        wait_for(lambda: len(sent) == 2, 10, what="the second claim")
+        assert time.monotonic() - settled < 2.0
+    finally:
+        loop.stop()
+        thread.join(10)
+    assert not thread.is_alive()  # stop() wakes the waiting loop too
