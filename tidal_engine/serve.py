@@ -148,7 +148,7 @@ def _tail(path: Path, num_bytes: int = 4000) -> str:
 
 
 def start_tiny(settings: Settings, *, log_path: Path, tidal_scheduler: bool = False,
-               max_num_seqs: int | None = None, shape: str = "tiny") -> Engine:
+               max_num_seqs: int | None = None, shape: str = "tiny", kv_cache_bytes: str = "64M") -> Engine:
     """A local model of ``shape`` (built under TIDAL_HOME on first use) served under that name on a free port.
 
     TidalScheduler's ``TIDAL_SCHED_*`` settings travel with it, so ``tidal up --demo``
@@ -157,5 +157,5 @@ def start_tiny(settings: Settings, *, log_path: Path, tidal_scheduler: bool = Fa
     from tidal_engine.tiny import build_tiny
 
     options = EngineOptions(model=str(build_tiny(settings.home, shape)), served_model_name=shape,
-                            tidal_scheduler=tidal_scheduler, max_num_seqs=max_num_seqs)
+                            tidal_scheduler=tidal_scheduler, max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes)
     return start_engine(options, log_path=log_path, env=scheduler_env(settings))

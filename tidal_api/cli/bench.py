@@ -36,7 +36,8 @@ def output_dir(out: str) -> Path:
 
 
 @contextlib.contextmanager
-def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, settings=None, shape: str = "tiny"):
+def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, settings=None, shape: str = "tiny",
+            kv_bytes: str = "64M"):
     """The engine to measure: a URL as given, or a local one of ``shape`` started (and stopped) here."""
     if url:
         yield url
@@ -44,7 +45,7 @@ def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, set
     from tidal_engine.serve import start_tiny
 
     engine = start_tiny(settings or load_settings(), log_path=log_dir / f"engine-{'B' if plugin else 'A'}.log",
-                        tidal_scheduler=plugin, max_num_seqs=max_num_seqs, shape=shape)
+                        tidal_scheduler=plugin, max_num_seqs=max_num_seqs, shape=shape, kv_cache_bytes=kv_bytes)
     try:
         yield engine.url
     finally:
@@ -68,15 +69,21 @@ def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, set
               help="Gate ceiling of the harvesting worker, and the ceiling run's concurrency.")
 @click.option("--max-num-seqs", default=16, show_default=True, help="Slots of a locally started engine.")
 @click.option("--budget-tokens", default=2048, show_default=True, help="The engine's max_num_batched_tokens.")
+@click.option("--kv-bytes", default="64M", show_default=True, help="KV pool of a locally started engine.")
+@click.option("--b-gate", type=click.Choice(["aimd", "fixed"]), default="aimd", show_default=True,
+              help="B's worker gate: A's AIMD gate, or fixed at --max-inflight (KV left to the plugin's guardband; "
+                   "give the engine slots to spare with --max-num-seqs).")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-out/harvest", show_default=True)
 def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, shape, duration, rate, trace,
-            online_max_tokens, batch_max_tokens, max_inflight, max_num_seqs, budget_tokens, out) -> None:
+            online_max_tokens, batch_max_tokens, max_inflight, max_num_seqs, budget_tokens, kv_bytes, b_gate,
+            out) -> None:
     """Offline ceiling, online baseline and co-served harvest, technique A against B.
 
-    A: the worker's AIMD gate + the stock scheduler. B: the same worker and gate + TidalScheduler in the
-    engine: the gate still keeps batch below the engine's slots (the plugin cannot free a slot for a
-    waiting online request), the plugin decides the tokens of each step. Each technique gets its own
-    engine and its own online baseline on it; the ceiling is measured once, on the first engine.
+    A: the worker's AIMD gate + the stock scheduler. B: TidalScheduler in the engine deciding the tokens of
+    each step and guarding KV, behind either the same AIMD gate (--b-gate aimd: it still keeps batch below
+    the engine's slots, which the plugin cannot free for a waiting online request) or a fixed in-flight
+    limit (--b-gate fixed). Each technique gets its own engine and its own online baseline on it; the
+    ceiling is measured once, on the first engine.
     """
     from tidal_engine.serve import free_port
     from tidal_workers.bench import engine_stats
@@ -90,6 +97,7 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
     results: dict = {**provenance("harvest"),
                      "params": {"duration": duration, "rate": rate, "traces": traces, "max_inflight": max_inflight,
                                 "shape": shape, "model": model, "sched_tbt_slo_ms": settings.sched_tbt_slo_ms,
+                                "kv_bytes": kv_bytes, "b_gate": b_gate,
                                 "max_num_seqs": max_num_seqs, "online_max_tokens": online_max_tokens,
                                 "batch_max_tokens": batch_max_tokens}, "runs": {}, "summary": {}}
     ceiling = None
@@ -103,7 +111,7 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
             engine_settings = settings.replace(sched_metrics_port=port)
             metrics_url = f"http://127.0.0.1:{port}/metrics"
         started = dt.datetime.now()
-        with _engine(url, plugin, out_dir, max_num_seqs, engine_settings, shape) as live_url:
+        with _engine(url, plugin, out_dir, max_num_seqs, engine_settings, shape, kv_bytes) as live_url:
             results.setdefault("engine_start_s", {})[technique] = (dt.datetime.now() - started).total_seconds()
             base_cfg = hv.HarvestConfig(engine_url=live_url, model=model, duration=duration, online_rate=rate,
                                         online_max_tokens=online_max_tokens, batch_max_tokens=batch_max_tokens,
@@ -118,7 +126,8 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
                 click.echo(f"[{technique}] online-only baseline, {tr} ...", err=True)
                 base = results["runs"][f"baseline-{tr}-{technique}"] = hv.measure_online(cfg)
                 click.echo(f"[{technique}] co-served, {tr} ...", err=True)
-                with TidalStack(settings, live_url, out_dir / f"stack-{technique}-{tr}", gate_mode="aimd",
+                gate_mode = b_gate if plugin else "aimd"
+                with TidalStack(settings, live_url, out_dir / f"stack-{technique}-{tr}", gate_mode=gate_mode,
                                 max_inflight=max_inflight) as stack:
                     co = results["runs"][f"coserved-{tr}-{technique}"] = hv.run_coserved(cfg, stack)
                 engine_stats.wait_idle(live_url)
