@@ -65,6 +65,8 @@ def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, set
 @click.option("--trace", type=click.Choice(["flat", "diurnal", "both"]), default="both", show_default=True)
 @click.option("--online-max-tokens", default=48, show_default=True)
 @click.option("--batch-max-tokens", default=128, show_default=True)
+@click.option("--batch-prompt-bytes", default=0, type=int,
+              help="Length of each batch prompt in bytes (= tokens on the local models); default about 420.")
 @click.option("--max-inflight", default=12, show_default=True,
               help="Gate ceiling of the harvesting worker, and the ceiling run's concurrency.")
 @click.option("--max-num-seqs", default=16, show_default=True, help="Slots of a locally started engine.")
@@ -73,10 +75,14 @@ def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, set
 @click.option("--b-gate", type=click.Choice(["aimd", "fixed"]), default="aimd", show_default=True,
               help="B's worker gate: A's AIMD gate, or fixed at --max-inflight (KV left to the plugin's guardband; "
                    "give the engine slots to spare with --max-num-seqs).")
+@click.option("--a-inflight", default="",
+              help="Comma-separated gate ceilings for A's co-served runs (default: --max-inflight only). A can "
+                   "protect online latency only by holding fewer items in flight: a sweep finds the A that matches "
+                   "B's online latency, for a harvest comparison at equal latency.")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-out/harvest", show_default=True)
 def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, shape, duration, rate, trace,
-            online_max_tokens, batch_max_tokens, max_inflight, max_num_seqs, budget_tokens, kv_bytes, b_gate,
-            out) -> None:
+            online_max_tokens, batch_max_tokens, batch_prompt_bytes, max_inflight, max_num_seqs, budget_tokens,
+            kv_bytes, b_gate, a_inflight, out) -> None:
     """Offline ceiling, online baseline and co-served harvest, technique A against B.
 
     A: the worker's AIMD gate + the stock scheduler. B: TidalScheduler in the engine deciding the tokens of
@@ -97,9 +103,11 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
     results: dict = {**provenance("harvest"),
                      "params": {"duration": duration, "rate": rate, "traces": traces, "max_inflight": max_inflight,
                                 "shape": shape, "model": model, "sched_tbt_slo_ms": settings.sched_tbt_slo_ms,
-                                "kv_bytes": kv_bytes, "b_gate": b_gate,
+                                "kv_bytes": kv_bytes, "b_gate": b_gate, "a_inflight": a_inflight,
                                 "max_num_seqs": max_num_seqs, "online_max_tokens": online_max_tokens,
-                                "batch_max_tokens": batch_max_tokens}, "runs": {}, "summary": {}}
+                                "batch_max_tokens": batch_max_tokens, "batch_prompt_bytes": batch_prompt_bytes},
+                     "runs": {}, "summary": {}}
+    a_ceilings = [int(x) for x in a_inflight.split(",") if x.strip()] or [max_inflight]
     ceiling = None
     for technique in [x.strip() for x in techniques.split(",") if x.strip()]:
         plugin = technique == "B"
@@ -117,6 +125,10 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
                                         online_max_tokens=online_max_tokens, batch_max_tokens=batch_max_tokens,
                                         ceiling_concurrency=max_inflight, budget_tokens=budget_tokens,
                                         plugin_metrics_url=metrics_url)
+            if batch_prompt_bytes:
+                base_cfg = dataclasses.replace(base_cfg, batch_prompt=hv.report_prompt(batch_prompt_bytes))
+            click.echo(f"[{technique}] warm-up (unmeasured) ...", err=True)
+            hv.warm_up(base_cfg)
             if ceiling is None:
                 click.echo(f"[{technique}] offline ceiling ...", err=True)
                 results["runs"]["ceiling"] = hv.measure_ceiling(base_cfg)
@@ -125,13 +137,15 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
                 cfg = dataclasses.replace(base_cfg, trace=tr, diurnal_period=duration)
                 click.echo(f"[{technique}] online-only baseline, {tr} ...", err=True)
                 base = results["runs"][f"baseline-{tr}-{technique}"] = hv.measure_online(cfg)
-                click.echo(f"[{technique}] co-served, {tr} ...", err=True)
                 gate_mode = b_gate if plugin else "aimd"
-                with TidalStack(settings, live_url, out_dir / f"stack-{technique}-{tr}", gate_mode=gate_mode,
-                                max_inflight=max_inflight) as stack:
-                    co = results["runs"][f"coserved-{tr}-{technique}"] = hv.run_coserved(cfg, stack)
-                engine_stats.wait_idle(live_url)
-                results["summary"][f"{tr}-{technique}"] = hv.summary(co, base, ceiling)
+                for gate_ceiling in [max_inflight] if plugin or a_ceilings == [max_inflight] else a_ceilings:
+                    label = technique if gate_ceiling == max_inflight else f"{technique}@{gate_ceiling}"
+                    click.echo(f"[{label}] co-served, {tr} ...", err=True)
+                    with TidalStack(settings, live_url, out_dir / f"stack-{label}-{tr}", gate_mode=gate_mode,
+                                    max_inflight=gate_ceiling) as stack:
+                        co = results["runs"][f"coserved-{tr}-{label}"] = hv.run_coserved(cfg, stack)
+                    engine_stats.wait_idle(live_url)
+                    results["summary"][f"{tr}-{label}"] = hv.summary(co, base, ceiling)
     path = hv.write_results(results, out_dir)
     click.echo(json.dumps({"ceiling_tokens_per_s": ceiling, "summary": results["summary"]}, indent=2))
     click.echo(f"results: {path}; plots: {out_dir}/harvest_fill.png, {out_dir}/harvest_latency_cdf.png", err=True)

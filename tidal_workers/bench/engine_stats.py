@@ -90,10 +90,12 @@ def budget_fill(readings: list[Reading], budget_tokens: int) -> list[tuple[float
     return out
 
 
-def generation_rate(readings: list[Reading]) -> list[tuple[float, float]]:
-    """(seconds since start, generated tokens/s) per sampling interval."""
+def generation_rate(readings: list[Reading], min_interval: float = 0.25) -> list[tuple[float, float]]:
+    """(seconds since start, generated tokens/s) per sampling interval. Intervals under ``min_interval`` are
+    left out: the closing read can come milliseconds after the last periodic one, and a rate over that is noise
+    (a 3,700 % spike in one plot)."""
     return [(b.at - readings[0].at, (b.generation_tokens - a.generation_tokens) / (b.at - a.at))
-            for a, b in zip(readings, readings[1:]) if b.at > a.at]
+            for a, b in zip(readings, readings[1:]) if b.at - a.at >= min_interval]
 
 
 def delta(readings: list[Reading], field: str) -> float:

@@ -39,7 +39,7 @@ class HarvestConfig:
     diurnal_period: float = 30.0
     online_prompt: str = "Tell me about the sea and the tides. " * 3
     online_max_tokens: int = 48
-    batch_prompt: str = "Summarise this report: " + "tide data " * 40
+    batch_prompt: str = "Summarise this report: " + "tide data " * 40  # about 420 tokens on the local models
     batch_max_tokens: int = 128
     ceiling_concurrency: int = 12     # = the worker's gate ceiling: the most batch work Tidal may have in flight
     budget_tokens: int = 2048         # the engine's max_num_batched_tokens
@@ -49,6 +49,12 @@ class HarvestConfig:
         if self.trace == "diurnal":
             return online.diurnal(self.online_rate, 0.8, self.diurnal_period)
         return online.flat(self.online_rate)
+
+
+def report_prompt(num_bytes: int) -> str:
+    """A batch prompt of ``num_bytes`` bytes, the default's text repeated (one token per byte on the local models)."""
+    head = "Summarise this report: "
+    return head + ("tide data " * (num_bytes // 10 + 1))[:max(num_bytes - len(head), 0)]
 
 
 def batch_body(cfg: HarvestConfig, n: int, priority: int | None = None) -> dict:
@@ -84,6 +90,18 @@ def _engine_side(readings: list[engine_stats.Reading], cfg: HarvestConfig) -> di
     return {"load_average_1m": os.getloadavg()[0],  # the machine is shared: how busy it was
             "fill": engine_stats.budget_fill(readings, cfg.budget_tokens),
             "generation_rate": engine_stats.generation_rate(readings), **engine_stats.step_rate(readings)}
+
+
+def warm_up(cfg: HarvestConfig, seconds: float = 10.0) -> None:
+    """Unmeasured load on a fresh engine: online at the diurnal peak beside a full backlog.
+
+    A fresh CPU engine is slow for its first seconds of load: measured on the dense model, the same
+    online-only diurnal phase had a TTFT p50 of 281 ms on a fresh engine and 18–47 ms after this warm-up,
+    and the first phase on each engine is a baseline, the denominator of every inflation ratio.
+    """
+    peak = dataclasses.replace(cfg, duration=seconds, online_rate=cfg.online_rate * 1.8, trace="flat")
+    online_beside_backlog(peak, cfg.ceiling_concurrency)
+    engine_stats.wait_idle(cfg.engine_url)
 
 
 def measure_ceiling(cfg: HarvestConfig) -> dict:
