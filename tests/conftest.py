@@ -172,6 +172,7 @@ class TinyEngine:
     max_num_seqs: int
     log_path: Path
     plugin_metrics_url: str | None = None  # TidalScheduler's /metrics, where the test turned it on
+    tbt_budget_s: float | None = None  # TidalScheduler's step budget, tbt_slo × (1 − guard), where it runs
 
 
 # The end-to-end engine's shape. 8 slots: a burst of a dozen online requests overflows them
@@ -201,8 +202,9 @@ def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny",
     engine = start_engine(options, log_path=tmp_path_factory.mktemp(f"{shape}-engine") / "vllm.log", env=env)
     port = settings.sched_metrics_port if settings else 0
     metrics = f"http://127.0.0.1:{port}/metrics" if port else None
+    budget = settings.sched_tbt_slo_ms / 1000 * (1 - settings.sched_guard) if tidal_scheduler and settings else None
     try:
-        yield TinyEngine(engine.url, shape, TINY_MAX_NUM_SEQS, engine.log_path, metrics)
+        yield TinyEngine(engine.url, shape, TINY_MAX_NUM_SEQS, engine.log_path, metrics, budget)
     finally:
         engine.stop()
 
