@@ -91,6 +91,7 @@ class Settings:
     reclaim_seconds: float = _setting(5.0, "Period of beat's expired-lease sweep.")
     expiry_seconds: float = _setting(30.0, "Period of beat's expiry sweep.")
     reconcile_seconds: float = _setting(60.0, "Period of beat's Redis-from-SQL reconcile.")
+    ingest_resend_seconds: float = _setting(300.0, "Reconcile sends `tidal.ingest` again for a batch still `validating` this long after creation (the broker may have been down).")
     beat_lock_seconds: int = _setting(20, "RedBeat lock timeout: how long a standby beat waits before taking over.")
 
     # --- pricing -----------------------------------------------------------

@@ -12,7 +12,7 @@ from tidal_api.errors import APIError, batch_not_found, invalid_type, invalid_va
 from tidal_api.files import owned_file
 from tidal_api.pagination import can_name_a_row, int_arg, keyset_page, list_body
 from tidal_workers.cancel import cancel_batch
-from tidal_workers.ingest import ingest_batch
+from tidal_workers.ingest import ingest_batch, request_ingest
 from tidal_workers.store.models import Batch, BatchStatus
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -103,7 +103,7 @@ def create():
     if inline:
         ingest_batch(rt, batch.id)
     else:
-        rt.celery.send_task("tidal.ingest", args=[batch.id], queue="tidal.ops")
+        request_ingest(rt, batch.id)  # a broker that is down leaves the batch `validating`, and reconcile resends
     with rt.store.sessions() as s:
         return jsonify(serialize.batch_object(s.get(Batch, batch.id), rt.settings))
 

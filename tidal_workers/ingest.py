@@ -4,11 +4,16 @@ Runs inline in ``POST /v1/batches`` for small files and as the Celery task
 ``tidal.ingest`` for large ones. Either way it is idempotent: only a batch still
 ``validating`` is touched, and the status change and the item rows commit in
 one transaction, so a redelivered task finds the batch moved on and does nothing.
+That is also why a task the broker never took is simply sent again: the batch
+row in SQL is the record that ingest is owed (``request_ingest``, and beat's
+reconcile for batches left ``validating``).
 """
 from __future__ import annotations
 
+import logging
 import time
 
+from kombu.exceptions import OperationalError
 from sqlalchemy import insert, update
 
 from tidal_workers.enqueue import enqueue_batch
@@ -16,6 +21,23 @@ from tidal_workers.store.models import Batch, BatchStatus, File, Item
 from tidal_workers.validate import LineError, ParsedLine, validate_file
 
 CHUNK_ROWS = 5000
+
+log = logging.getLogger(__name__)
+
+
+def request_ingest(rt, batch_id: str) -> bool:
+    """Send ``tidal.ingest`` for a `validating` batch; False (logged) if the broker did not take it.
+
+    Nothing is lost then: the batch stays `validating` in SQL, and beat's reconcile sends the task again once the
+    batch has waited ``ingest_resend_seconds``.
+    """
+    try:
+        rt.celery.send_task("tidal.ingest", args=[batch_id], queue="tidal.ops")
+        return True
+    except OperationalError as exc:
+        log.warning("batch %s: the broker did not take its ingest task (%s); reconcile will send it again",
+                    batch_id, exc)
+        return False
 
 
 def ordered(items: list[ParsedLine]) -> list[ParsedLine]:

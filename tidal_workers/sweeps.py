@@ -14,7 +14,7 @@ from sqlalchemy import select
 from tidal_workers import finalize
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
-from tidal_workers.ingest import ingest_batch
+from tidal_workers.ingest import ingest_batch, request_ingest
 from tidal_workers.rescore import rescore
 from tidal_workers.store.models import Batch, BatchStatus
 
@@ -37,10 +37,16 @@ def reclaim(rt) -> int:
 
 
 def reconcile(rt, now: float | None = None) -> int:
-    """Rebuild the queue from SQL and finalize batches whose finalizer never ran or died; returns items queued."""
+    """Rebuild the queue from SQL, send ingest again for batches left `validating`, and finalize batches whose
+    finalizer never ran or died; returns items queued."""
     now = time.time() if now is None else now
     queued = rebuild(rt)
     stuck_since = now - rt.settings.reconcile_seconds
+    with rt.store.sessions() as s:
+        unvalidated = list(s.scalars(select(Batch.id).where(
+            Batch.status == BatchStatus.validating.value, Batch.created_at <= now - rt.settings.ingest_resend_seconds)))
+    for batch_id in unvalidated:
+        request_ingest(rt, batch_id)
     with rt.store.sessions() as s:
         done = list(s.scalars(select(Batch.id).where(
             Batch.status == BatchStatus.in_progress.value, Batch.completed + Batch.failed >= Batch.total)))

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import pytest
 
 from api_helpers import CHAT, request_line
 from tidal_workers.ingest import ingest_batch
+from tidal_workers.sweeps import reconcile
 
 
 @pytest.fixture
@@ -29,3 +31,23 @@ def test_create_answers_validating_and_sends_the_ingest_task(acme, batch_file, r
     ingest_batch(rt, *args)  # what the task does
     after = acme.batches.retrieve(b.id)
     assert (after.status, after.request_counts.total, after.model) == ("in_progress", 2, "tiny")
+
+
+def test_a_broker_that_is_down_loses_nothing_and_reconcile_resends_the_ingest(acme, batch_file, rt, settings):
+    """The batch row is the record that ingest is owed: the create answers, and a later reconcile sends the task."""
+    up = rt.settings
+    rt.settings = settings.replace(broker_url="redis://127.0.0.1:1/0")  # nothing listens on port 1
+    rt.__dict__.pop("celery", None)  # the Celery app is built lazily from the settings
+    b = acme.batches.create(input_file_id=batch_file([request_line("1")]), endpoint=CHAT, completion_window="24h")
+    assert b.status == "validating" and rt.redis.llen("tidal.ops") == 0
+
+    rt.settings = up
+    rt.__dict__.pop("celery", None)
+    reconcile(rt, now=time.time() + 60)  # too soon: the batch may still be on its way through a slow broker
+    assert rt.redis.llen("tidal.ops") == 0
+    reconcile(rt, now=time.time() + settings.ingest_resend_seconds)
+    message = json.loads(rt.redis.rpop("tidal.ops"))
+    assert message["headers"]["task"] == "tidal.ingest"
+    args, _, _ = json.loads(base64.b64decode(message["body"]))
+    ingest_batch(rt, *args)
+    assert acme.batches.retrieve(b.id).status == "in_progress"
