@@ -1,14 +1,11 @@
 """`tidal batches watch ID`: progress lines while a real worker runs the batch, then the final status and cost."""
 from __future__ import annotations
 
-import io
-import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
-import requests
 from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner
 
@@ -16,8 +13,9 @@ from tidal_api.cli import main
 from tidal_api.cli.watch import final_summary, progress_line
 from tidal_workers.celery_app import make_celery
 
-sys.path.insert(0, str(Path(__file__).parent / "workers"))  # the worker tests' stub engine
+sys.path.insert(0, str(Path(__file__).parent / "workers"))  # the worker tests' stub engine and helpers
 from stub_engine import StubEngine  # noqa: E402
+from worker_helpers import upload_batch  # noqa: E402
 
 
 def test_progress_line_counts_failed_items_as_done():
@@ -59,15 +57,7 @@ def settings(settings, stub):
 
 @pytest.mark.timeout(60)
 def test_watch_follows_a_batch_to_completion(rt, settings, live_api):
-    http = requests.Session()
-    http.headers["Authorization"] = "Bearer acme-key"
-    lines = [{"custom_id": f"w{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "tiny", "messages": [{"role": "user", "content": f"w{i}"}]}} for i in range(8)]
-    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    file_id = http.post(live_api.url + "/v1/files", data={"purpose": "batch"},
-                        files={"file": ("in.jsonl", io.BytesIO(data))}, timeout=10).json()["id"]
-    batch_id = http.post(live_api.url + "/v1/batches", timeout=10, json={
-        "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()["id"]
+    batch_id = upload_batch(live_api.url, 8, model="tiny", tag="w")
 
     with start_worker(make_celery(settings), pool="threads", concurrency=2, perform_ping_check=False,
                       loglevel="WARNING", shutdown_timeout=20, hostname="tidal@test-node"):

@@ -1,15 +1,13 @@
 """`tidal flower` behind basic auth shows each item's `tidal.run_item` task, read back through Flower's REST API."""
 from __future__ import annotations
 
-import io
-import json
 import urllib.parse
 
 import pytest
 import requests
 from deploy_helpers import free_port
 from sqlalchemy import select
-from worker_helpers import spawn, wait_for
+from worker_helpers import batch_row, spawn, upload_batch, wait_for
 
 from tidal_workers.store.models import Item
 
@@ -37,17 +35,8 @@ def test_flower_shows_a_finished_item_task(rt, settings, live_api, children, tmp
              timeout=30, what="Flower to answer")
     children.append(spawn(settings, "worker", "--loglevel=warning", log=tmp_path / "worker.log"))
 
-    http = requests.Session()
-    http.headers["Authorization"] = "Bearer acme-key"
-    lines = [{"custom_id": f"f{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "tiny", "messages": [{"role": "user", "content": f"f{i}"}]}} for i in range(3)]
-    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    file_id = http.post(live_api.url + "/v1/files", data={"purpose": "batch"},
-                        files={"file": ("in.jsonl", io.BytesIO(data))}, timeout=10).json()["id"]
-    batch = http.post(live_api.url + "/v1/batches", timeout=10, json={
-        "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
-    wait_for(lambda: http.get(f"{live_api.url}/v1/batches/{batch['id']}", timeout=5).json()["status"] == "completed",
-             timeout=30, what="the batch to complete")
+    batch_id = upload_batch(live_api.url, 3, model="tiny", tag="f")
+    wait_for(lambda: batch_row(rt, batch_id).status == "completed", timeout=30, what="the batch to complete")
 
     def finished_item_tasks() -> dict:
         tasks = _get(flower + "/api/tasks", auth=AUTH, params={"taskname": "tidal.run_item"}).json()
@@ -56,7 +45,7 @@ def test_flower_shows_a_finished_item_task(rt, settings, live_api, children, tmp
                      what="Flower to record the three item tasks")
 
     with rt.store.sessions() as s:
-        item_ids = sorted(s.scalars(select(Item.id).where(Item.batch_id == batch["id"])))
+        item_ids = sorted(s.scalars(select(Item.id).where(Item.batch_id == batch_id)))
     assert sorted(tasks) == [f"item-{i}#1" for i in item_ids]  # task id: the item id and its attempt
     task_id = f"item-{item_ids[0]}#1"
     info = _get(f"{flower}/api/task/info/{urllib.parse.quote(task_id, safe='')}", auth=AUTH)

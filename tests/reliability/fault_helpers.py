@@ -24,9 +24,8 @@ import redis
 import requests
 
 from tidal_engine.serve import EngineOptions, free_port, start_engine
-from workers.worker_helpers import ROOT, settings_env, wait_for
+from workers.worker_helpers import CHAT, ROOT, settings_env, wait_for
 
-CHAT = "/v1/chat/completions"
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -175,30 +174,6 @@ class TinyVllm:
 
     def stop(self) -> None:
         self.engine.stop()
-
-
-def upload_batch(api: str, n: int, model: str = "m", key: str = "acme-key", max_tokens: int | None = None,
-                 tag: str = "r", ignore_eos: bool = False) -> str:
-    """Create a batch of ``n`` chat requests through the API (content = custom_id); returns its id.
-
-    ``ignore_eos`` makes a real engine generate exactly ``max_tokens``, so a request's length is known.
-    """
-    lines = []
-    for i in range(n):
-        body = {"model": model, "messages": [{"role": "user", "content": f"{tag}-{i}"}]}
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        if ignore_eos:
-            body["ignore_eos"] = True
-        lines.append(_json_line({"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": body}))
-    auth = {"Authorization": f"Bearer {key}"}
-    r = requests.post(api + "/v1/files", headers=auth, files={"file": ("in.jsonl", b"".join(lines))},
-                      data={"purpose": "batch"}, timeout=60)
-    assert r.status_code == 200, r.text
-    r = requests.post(api + "/v1/batches", headers=auth, timeout=60,
-                      json={"input_file_id": r.json()["id"], "endpoint": CHAT, "completion_window": "24h"})
-    assert r.status_code == 200, r.text
-    return r.json()["id"]
 
 
 def _json_line(obj) -> bytes:

@@ -16,13 +16,13 @@ from sqlalchemy import func, select
 
 from config import load_settings
 from reliability.fault_helpers import (PrivatePostgres, PrivateRedis, SlowUpload, TinyVllm, kill_group, start_api,
-                                       start_worker, upload_batch)
+                                       start_worker)
 from tidal_engine.serve import free_port
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import LeaseBook, WorkerContext
 from tidal_workers.gate import FixedGate
 from tidal_workers.store.models import Item
-from workers.worker_helpers import assert_exactly_once, batch_row, settled, wait_for
+from workers.worker_helpers import assert_exactly_once, batch_row, settled, upload_batch, wait_for
 
 # Short leases and fast retries, so recovery shows in seconds; bounds generous enough for a loaded 2-core machine.
 FAST = dict(gate_mode="fixed", lease_seconds=2.0, claim_idle_seconds=0.02, retry_backoff_seconds=0.05,

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import requests
 from sqlalchemy import select
 
 from config.settings import env_name
@@ -93,3 +94,30 @@ def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions") ->
         b = Batch(tenant_id="acme", endpoint=endpoint, input_file_id=f.id, created_at=now, expires_at=now + 86400)
         s.add(b)
     return b.id
+
+
+CHAT = "/v1/chat/completions"
+
+
+def upload_batch(api: str, n: int, model: str = "m", key: str = "acme-key", max_tokens: int | None = None,
+                 tag: str = "r", ignore_eos: bool = False) -> str:
+    """Create a batch of ``n`` chat requests through the API (content = custom_id); returns its id.
+
+    ``ignore_eos`` makes a real engine generate exactly ``max_tokens``, so a request's length is known.
+    """
+    lines = []
+    for i in range(n):
+        body = {"model": model, "messages": [{"role": "user", "content": f"{tag}-{i}"}]}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if ignore_eos:
+            body["ignore_eos"] = True
+        lines.append(json.dumps({"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": body}).encode() + b"\n")
+    auth = {"Authorization": f"Bearer {key}"}
+    r = requests.post(api + "/v1/files", headers=auth, files={"file": ("in.jsonl", b"".join(lines))},
+                      data={"purpose": "batch"}, timeout=60)
+    assert r.status_code == 200, r.text
+    r = requests.post(api + "/v1/batches", headers=auth, timeout=60,
+                      json={"input_file_id": r.json()["id"], "endpoint": CHAT, "completion_window": "24h"})
+    assert r.status_code == 200, r.text
+    return r.json()["id"]
