@@ -116,6 +116,11 @@ class Settings:
         return self.broker_url or self.redis_url
 
     @property
+    def sched_budget_seconds(self) -> float:
+        """TidalScheduler's step budget: the TBT SLO less its guard."""
+        return self.sched_tbt_slo_ms / 1000.0 * (1.0 - self.sched_guard)
+
+    @property
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]
 

@@ -202,7 +202,7 @@ def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny",
     engine = start_engine(options, log_path=tmp_path_factory.mktemp(f"{shape}-engine") / "vllm.log", env=env)
     port = settings.sched_metrics_port if settings else 0
     metrics = f"http://127.0.0.1:{port}/metrics" if port else None
-    budget = settings.sched_tbt_slo_ms / 1000 * (1 - settings.sched_guard) if tidal_scheduler and settings else None
+    budget = settings.sched_budget_seconds if tidal_scheduler and settings else None
     try:
         yield TinyEngine(engine.url, shape, TINY_MAX_NUM_SEQS, engine.log_path, metrics, budget)
     finally:

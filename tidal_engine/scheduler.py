@@ -100,7 +100,7 @@ class TidalScheduler(Scheduler):
             raise ValueError("TidalScheduler needs --scheduling-policy priority: it tells online from batch by priority")
         s = settings or load_settings()
         self.tau = self.max_num_scheduled_tokens
-        self.budget_s = s.sched_tbt_slo_ms / 1000.0 * (1.0 - s.sched_guard)
+        self.budget_s = s.sched_budget_seconds
         self.r2_min = s.sched_r2_min
         self.static_cap = int(s.sched_static_cap_frac * self.tau)
         self.latency = LatencyModel(window=s.sched_window)

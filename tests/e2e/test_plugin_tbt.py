@@ -20,9 +20,8 @@ from __future__ import annotations
 import os
 
 import pytest
-import requests
-from prometheus_client.parser import text_string_to_metric_families
 
+from tidal_workers.bench import engine_stats
 from tidal_workers.bench import harvest as hv
 from tidal_workers.bench import online
 
@@ -42,12 +41,6 @@ def _window(engine) -> list[online.OnlineSample]:
     return hv.online_beside_backlog(cfg, LANES)
 
 
-def _plugin_state(url: str) -> dict[str, float]:
-    text = requests.get(url, timeout=5).text
-    return {s.name + "".join(f"{{{v}}}" for v in s.labels.values()): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples if s.name.startswith("tidal_sched")}
-
-
 # Two engine starts (about 25 s each on an idle machine, minutes at load averages of 20+) and about 45 s of
 # measurement.
 @pytest.mark.timeout(600)
@@ -64,7 +57,7 @@ def test_plugin_keeps_online_tbt_inside_the_budget_more_tightly(dense_engine, de
         gaps = [g for s in got for g in s.tbts]
         q[name] = {p: online.percentile(gaps, p) for p in (0.5, 0.9, 0.99)}
         over[name] = sum(g > budget for g in gaps) / len(gaps)
-    plugin = _plugin_state(dense_plugin_engine.plugin_metrics_url)
+    plugin = engine_stats.read_plugin(dense_plugin_engine.plugin_metrics_url)
     print("online TBT ms beside the backlog: " + "; ".join(
         f"{name} " + " ".join(f"p{int(p * 100)} {v * 1000:.1f}" for p, v in qs.items())
         + f", {over[name]:.1%} of gaps over the {budget * 1000:.0f} ms budget" for name, qs in q.items())
