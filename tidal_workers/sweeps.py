@@ -45,14 +45,13 @@ def reconcile(rt, now: float | None = None) -> int:
     with rt.store.sessions() as s:
         unvalidated = list(s.scalars(select(Batch.id).where(
             Batch.status == BatchStatus.validating.value, Batch.created_at <= now - rt.settings.ingest_resend_seconds)))
-    for batch_id in unvalidated:
-        request_ingest(rt, batch_id)
-    with rt.store.sessions() as s:
         done = list(s.scalars(select(Batch.id).where(
             Batch.status == BatchStatus.in_progress.value, Batch.completed + Batch.failed >= Batch.total)))
         cancelling = list(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.cancelling.value)))
         finalizing = list(s.scalars(select(Batch.id).where(
             Batch.status == BatchStatus.finalizing.value, Batch.finalizing_at <= stuck_since)))
+    for batch_id in unvalidated:
+        request_ingest(rt, batch_id)
     for batch_id in done + cancelling:
         finalize.maybe_finalize(rt, batch_id)
     for batch_id in finalizing:

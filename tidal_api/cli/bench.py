@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from config import load_settings
+from tidal_api.cli.engine import SHAPE
 
 
 @click.group()
@@ -58,8 +59,7 @@ def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, set
 @click.option("--plugin-metrics-url", help="TidalScheduler's /metrics, with --engine-b-url (read for R², cap, fill).")
 @click.option("--techniques", default="A,B", show_default=True, help="Which co-served runs to make.")
 @click.option("--model", default="", help="Model name in the requests; default: the local engine's shape.")
-@click.option("--shape", type=click.Choice(["tiny", "dense"]), default="tiny", show_default=True,
-              help="Locally started engines' model: tiny (step-bound) or dense (a step's time grows with its tokens).")
+@SHAPE
 @click.option("--duration", default=30.0, show_default=True, help="Seconds per phase.")
 @click.option("--rate", default=4.0, show_default=True, help="Online requests/s (the mean, for diurnal).")
 @click.option("--trace", type=click.Choice(["flat", "diurnal", "both"]), default="both", show_default=True)
@@ -138,7 +138,7 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
                 click.echo(f"[{technique}] online-only baseline, {tr} ...", err=True)
                 base = results["runs"][f"baseline-{tr}-{technique}"] = hv.measure_online(cfg)
                 gate_mode = b_gate if plugin else "aimd"
-                for gate_ceiling in [max_inflight] if plugin or a_ceilings == [max_inflight] else a_ceilings:
+                for gate_ceiling in [max_inflight] if plugin else a_ceilings:
                     label = technique if gate_ceiling == max_inflight else f"{technique}@{gate_ceiling}"
                     click.echo(f"[{label}] co-served, {tr} ...", err=True)
                     with TidalStack(settings, live_url, out_dir / f"stack-{label}-{tr}", gate_mode=gate_mode,

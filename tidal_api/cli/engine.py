@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from config import load_settings
+from tidal_engine.tiny import SHAPES
 
 
 @click.group()
@@ -24,7 +25,7 @@ def install_cpu() -> None:
     click.echo("CPU engine ready" if changes else "CPU engine already fixed")
 
 
-SHAPE = click.option("--shape", type=click.Choice(["tiny", "dense"]), default="tiny", show_default=True,
+SHAPE = click.option("--shape", type=click.Choice(list(SHAPES)), default="tiny", show_default=True,
                      help="The local model: tiny (fastest) or dense (a step's time grows with its tokens).")
 
 
