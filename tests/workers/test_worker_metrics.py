@@ -40,9 +40,10 @@ def test_worker_exports_gate_and_queue_metrics(rt, make_batch, stub, settings, c
         except requests.ConnectionError:
             return None
 
-    # Mid-batch: one item leased by this node, the rest queued in the least urgent band.
+    # Mid-batch: one item leased by this node, the rest queued in the least urgent band, and the gate has
+    # scraped the stub (its KV gauge reads 0 until then; one PostgreSQL CI run read the page in between).
     text = wait_for(lambda: (t := scrape()) and (_sample(t, 'tidal_inflight_items{node="test-node"}') or 0) >= 1
-                    and t, timeout=30, what="the worker's /metrics mid-batch")
+                    and _sample(t, "tidal_gate_kv_ewma") and t, timeout=30, what="the worker's /metrics mid-batch")
     assert _sample(text, "tidal_gate_target") == 1.0
     assert _sample(text, 'tidal_queue_depth{band="100"}') >= 1
     assert _sample(text, "tidal_gate_kv_ewma") == pytest.approx(0.1)  # the stub's KV usage
