@@ -1,4 +1,5 @@
 """Celery's configuration, as a function of Settings (so tests and each process build their own)."""
+
 from __future__ import annotations
 
 from config.settings import Settings

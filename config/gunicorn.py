@@ -1,4 +1,5 @@
 """gunicorn's configuration for `tidal serve`, taken from Settings (TIDAL_BIND, TIDAL_API_WORKERS, ...)."""
+
 from config import load_settings
 
 _settings = load_settings()
@@ -7,8 +8,8 @@ bind = _settings.bind
 workers = _settings.api_workers
 threads = _settings.api_threads
 worker_class = "gthread"
-preload_app = True   # migrate and sync keys once, in the master, before forking
-timeout = 120        # a large upload is still one request
+preload_app = True  # migrate and sync keys once, in the master, before forking
+timeout = 120  # a large upload is still one request
 accesslog = "-"
 
 

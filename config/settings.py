@@ -5,6 +5,7 @@ Nothing else in Tidal reads ``os.environ``: code receives a :class:`Settings`
 Each field's ``doc`` metadata is the single description of that setting;
 ``docs/configuration.md`` is checked against it by a test.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,76 +27,143 @@ def _setting(default: t.Any, doc: str, **kw: t.Any) -> t.Any:
 @dataclasses.dataclass(frozen=True)
 class Settings:
     # --- where things live -------------------------------------------------
-    env: str = _setting("prod", "`dev` enables the built-in key `tidal-dev-key` (tenant `dev`); anything else is production.")
-    home: str = _setting(lambda: str(Path.home() / ".tidal"), "Directory for the SQLite database, file blobs, the tiny model and local processes.")
-    database_url: str = _setting("", "SQLAlchemy URL of the store. Empty: SQLite (WAL mode) at `$TIDAL_HOME/tidal.db`. Example: `postgresql+psycopg2://user@host/db`.")
+    env: str = _setting(
+        "prod", "`dev` enables the built-in key `tidal-dev-key` (tenant `dev`); anything else is production."
+    )
+    home: str = _setting(
+        lambda: str(Path.home() / ".tidal"),
+        "Directory for the SQLite database, file blobs, the tiny model and local processes.",
+    )
+    database_url: str = _setting(
+        "",
+        "SQLAlchemy URL of the store. Empty: SQLite (WAL mode) at `$TIDAL_HOME/tidal.db`. Example: `postgresql+psycopg2://user@host/db`.",
+    )
     blob_dir: str = _setting("", "Directory holding file bytes. Empty: `$TIDAL_HOME/blobs`.")
-    redis_url: str = _setting("redis://127.0.0.1:6379/0", "Redis for the item queue, leases and beat's lock. Holds only what SQL can rebuild.")
+    redis_url: str = _setting(
+        "redis://127.0.0.1:6379/0", "Redis for the item queue, leases and beat's lock. Holds only what SQL can rebuild."
+    )
     broker_url: str = _setting("", "Celery broker URL. Empty: the same as `TIDAL_REDIS_URL`.")
-    vllm_url: str = _setting("http://127.0.0.1:8000", "The co-located vLLM server this worker feeds (OpenAI API and /metrics).")
+    vllm_url: str = _setting(
+        "http://127.0.0.1:8000", "The co-located vLLM server this worker feeds (OpenAI API and /metrics)."
+    )
 
     # --- the API -----------------------------------------------------------
-    api_keys: str = _setting("", "Configured API keys as `tenant:key` pairs separated by commas. Stored hashed (SHA-256) at start-up.")
+    api_keys: str = _setting(
+        "", "Configured API keys as `tenant:key` pairs separated by commas. Stored hashed (SHA-256) at start-up."
+    )
     bind: str = _setting("127.0.0.1:8080", "Address gunicorn binds for `tidal serve`.")
     api_workers: int = _setting(2, "gunicorn worker processes for the API.")
     api_threads: int = _setting(4, "Threads per gunicorn worker (gthread).")
-    max_file_bytes: int = _setting(200 * 1024 * 1024, "Largest accepted upload for purpose `batch`, in bytes (OpenAI: 200 MB).")
+    max_file_bytes: int = _setting(
+        200 * 1024 * 1024, "Largest accepted upload for purpose `batch`, in bytes (OpenAI: 200 MB)."
+    )
     max_upload_bytes: int = _setting(512 * 1024 * 1024, "Largest accepted upload of any purpose, in bytes.")
     max_file_lines: int = _setting(50_000, "Most request lines in a batch input file (OpenAI: 50,000).")
-    models: str = _setting("", "Comma-separated model names a batch may name; empty accepts any (then `model_not_found` never fires).")
-    sync_validate_bytes: int = _setting(1024 * 1024, "Input files up to this size are validated inside `POST /v1/batches`; larger ones by a Celery task.")
-    completion_window_seconds: int = _setting(86_400, "Real length of the completion window. The wire value stays `24h`; tests shorten this.")
+    models: str = _setting(
+        "", "Comma-separated model names a batch may name; empty accepts any (then `model_not_found` never fires)."
+    )
+    sync_validate_bytes: int = _setting(
+        1024 * 1024,
+        "Input files up to this size are validated inside `POST /v1/batches`; larger ones by a Celery task.",
+    )
+    completion_window_seconds: int = _setting(
+        86_400, "Real length of the completion window. The wire value stays `24h`; tests shorten this."
+    )
     file_expiry_seconds: int = _setting(30 * 86_400, "Lifetime of uploaded and output files (`expires_at`).")
 
     # --- workers -----------------------------------------------------------
-    node: str = _setting(lambda: socket.gethostname(), "Name of this GPU node; leases and in-flight counts are kept per node.")
-    worker_threads: int = _setting(16, "Threads in the worker's pool (HTTP calls to vLLM); an upper bound on in-flight items.")
-    max_inflight: int = _setting(4, "Upper bound of the AIMD gate's in-flight target (4 for the CPU engine, 64 on a GPU).")
+    node: str = _setting(
+        lambda: socket.gethostname(), "Name of this GPU node; leases and in-flight counts are kept per node."
+    )
+    worker_threads: int = _setting(
+        16, "Threads in the worker's pool (HTTP calls to vLLM); an upper bound on in-flight items."
+    )
+    max_inflight: int = _setting(
+        4, "Upper bound of the AIMD gate's in-flight target (4 for the CPU engine, 64 on a GPU)."
+    )
     min_inflight: int = _setting(0, "Lower bound of the gate; the fail-safe closes it to this.")
     initial_inflight: int = _setting(1, "Gate target when a worker starts.")
     lease_seconds: float = _setting(30.0, "Lease on a claimed item; renewed every third of it while the request runs.")
-    claim_idle_seconds: float = _setting(0.1, "How long the claim loop sleeps when it claims nothing (a settled item on the node wakes it early).")
+    claim_idle_seconds: float = _setting(
+        0.1, "How long the claim loop sleeps when it claims nothing (a settled item on the node wakes it early)."
+    )
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.")
-    retry_budget: int = _setting(8, "Transient failures (connection, 5xx, 429) an item may suffer before it is written as failed.")
+    retry_budget: int = _setting(
+        8, "Transient failures (connection, 5xx, 429) an item may suffer before it is written as failed."
+    )
     retry_backoff_seconds: float = _setting(0.5, "First retry delay; doubles each time, capped at 30 s.")
-    worker_metrics_port: int = _setting(9187, "Port of the worker's Prometheus endpoint (gate target, queue depth by band, in-flight by node); 0 turns it off.")
+    worker_metrics_port: int = _setting(
+        9187,
+        "Port of the worker's Prometheus endpoint (gate target, queue depth by band, in-flight by node); 0 turns it off.",
+    )
 
     # --- the AIMD gate ------------------------------------------------------
-    gate_mode: str = _setting("aimd", "`aimd`: the in-flight target follows the co-located vLLM's /metrics; `fixed`: it stays at `TIDAL_MAX_INFLIGHT`.")
+    gate_mode: str = _setting(
+        "aimd",
+        "`aimd`: the in-flight target follows the co-located vLLM's /metrics; `fixed`: it stays at `TIDAL_MAX_INFLIGHT`.",
+    )
     scrape_seconds: float = _setting(1.0, "Period of the /metrics scrape and of the AIMD controller.")
     ewma_alpha: float = _setting(0.5, "Smoothing of KV usage and waiting counts (1 = no smoothing).")
     kv_high: float = _setting(0.85, "KV cache usage (EWMA) above which the target is halved.")
     kv_low: float = _setting(0.70, "KV cache usage (EWMA) below which the target grows by one per period.")
-    online_waiting_tolerance: float = _setting(0.0, "Online requests waiting (EWMA) tolerated before the target is halved.")
+    online_waiting_tolerance: float = _setting(
+        0.0, "Online requests waiting (EWMA) tolerated before the target is halved."
+    )
     metrics_stale_seconds: float = _setting(5.0, "A reading older than this closes the gate (fail-safe).")
 
     # --- TidalScheduler (read inside vLLM's engine-core process) ----------
-    sched_tbt_slo_ms: float = _setting(200.0, "TidalScheduler: online time-between-tokens SLO in ms; the step budget is this times (1 - guard).")
+    sched_tbt_slo_ms: float = _setting(
+        200.0, "TidalScheduler: online time-between-tokens SLO in ms; the step budget is this times (1 - guard)."
+    )
     sched_guard: float = _setting(0.2, "TidalScheduler: fraction of the TBT SLO kept free as a safety margin.")
-    sched_r2_min: float = _setting(0.85, "TidalScheduler: R² below which the latency model is not trusted and the static cap applies.")
-    sched_static_cap_frac: float = _setting(0.25, "TidalScheduler: static batch cap as a fraction of max_num_batched_tokens, used while online traffic is present and the model is untrusted.")
+    sched_r2_min: float = _setting(
+        0.85, "TidalScheduler: R² below which the latency model is not trusted and the static cap applies."
+    )
+    sched_static_cap_frac: float = _setting(
+        0.25,
+        "TidalScheduler: static batch cap as a fraction of max_num_batched_tokens, used while online traffic is present and the model is untrusted.",
+    )
     sched_window: int = _setting(4000, "TidalScheduler: steps in the latency model's rolling least-squares window.")
     sched_h_min: float = _setting(0.05, "TidalScheduler: lower clamp of the KV guardband H.")
     sched_h_max: float = _setting(0.30, "TidalScheduler: upper clamp of the KV guardband H.")
-    sched_h_alpha: float = _setting(0.05, "TidalScheduler: EWMA weight of each step's online KV demand in the guardband H.")
-    sched_metrics_port: int = _setting(0, "TidalScheduler: port of its Prometheus endpoint in the engine-core process; 0 turns it off.")
+    sched_h_alpha: float = _setting(
+        0.05, "TidalScheduler: EWMA weight of each step's online KV demand in the guardband H."
+    )
+    sched_metrics_port: int = _setting(
+        0, "TidalScheduler: port of its Prometheus endpoint in the engine-core process; 0 turns it off."
+    )
 
     # --- SLA: laxity, escalation, floor ------------------------------------
     escalation_horizon_seconds: float = _setting(6 * 3600.0, "H: laxity below this starts raising a batch's priority.")
     batch_priority_min: int = _setting(1, "Most urgent priority a batch may reach (vLLM priority; lower is sooner).")
-    sla_strict: bool = _setting(False, "Allow priority 0 (parity with online traffic) for a batch about to miss its window.")
-    floor_urgency: float = _setting(0.9, "Urgency past which the token-bucket floor admits a batch even when the gate is closed.")
-    rate_tau_seconds: float = _setting(900.0, "Time constant of a batch's observed-rate estimate: how fast its laxity (and ETA) follows a burst or a stall.")
-    floor_rate: float = _setting(0.5, "Guaranteed items per second per urgent batch per node, past the gate; 0 turns the floor off.")
+    sla_strict: bool = _setting(
+        False, "Allow priority 0 (parity with online traffic) for a batch about to miss its window."
+    )
+    floor_urgency: float = _setting(
+        0.9, "Urgency past which the token-bucket floor admits a batch even when the gate is closed."
+    )
+    rate_tau_seconds: float = _setting(
+        900.0,
+        "Time constant of a batch's observed-rate estimate: how fast its laxity (and ETA) follows a burst or a stall.",
+    )
+    floor_rate: float = _setting(
+        0.5, "Guaranteed items per second per urgent batch per node, past the gate; 0 turns the floor off."
+    )
     rescore_seconds: float = _setting(5.0, "Period of beat's laxity re-score.")
     reclaim_seconds: float = _setting(5.0, "Period of beat's expired-lease sweep.")
     expiry_seconds: float = _setting(30.0, "Period of beat's expiry sweep.")
     reconcile_seconds: float = _setting(60.0, "Period of beat's Redis-from-SQL reconcile.")
-    ingest_resend_seconds: float = _setting(300.0, "Reconcile sends `tidal.ingest` again for a batch still `validating` this long after creation (the broker may have been down).")
+    ingest_resend_seconds: float = _setting(
+        300.0,
+        "Reconcile sends `tidal.ingest` again for a batch still `validating` this long after creation (the broker may have been down).",
+    )
     beat_lock_seconds: int = _setting(20, "RedBeat lock timeout: how long a standby beat waits before taking over.")
 
     # --- pricing -----------------------------------------------------------
-    prices: str = _setting('{"*": [0.15, 0.60]}', "JSON: model -> [online USD per 1M input tokens, per 1M output tokens]; `*` is the default.")
+    prices: str = _setting(
+        '{"*": [0.15, 0.60]}',
+        "JSON: model -> [online USD per 1M input tokens, per 1M output tokens]; `*` is the default.",
+    )
     batch_discount: float = _setting(0.5, "Batch price as a fraction of the online price.")
 
     # --- Flower ------------------------------------------------------------
@@ -142,7 +210,7 @@ class Settings:
             pairs.append(("dev", "tidal-dev-key"))
         return pairs
 
-    def replace(self, **changes: t.Any) -> "Settings":
+    def replace(self, **changes: t.Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
 

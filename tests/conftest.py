@@ -3,6 +3,7 @@
 The services are never mocked. If Redis or PostgreSQL is down the suite fails
 at start-up with the command that starts it; it never skips.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -191,12 +192,18 @@ def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny",
 
     ``settings`` are TidalScheduler's (its ``TIDAL_SCHED_*`` variables travel to the engine-core process).
     """
-    from tidal_engine.serve import EngineOptions, scheduler_env, start_engine
+    from tidal_engine.serve import EngineOptions
+    from tidal_engine.serve import scheduler_env
+    from tidal_engine.serve import start_engine
     from tidal_engine.tiny import build_tiny
 
     options = EngineOptions(
-        model=str(build_tiny(load_settings().home, shape)), served_model_name=shape, kv_cache_bytes=TINY_KV_BYTES,
-        max_model_len=TINY_MAX_MODEL_LEN, max_num_seqs=TINY_MAX_NUM_SEQS, tidal_scheduler=tidal_scheduler,
+        model=str(build_tiny(load_settings().home, shape)),
+        served_model_name=shape,
+        kv_cache_bytes=TINY_KV_BYTES,
+        max_model_len=TINY_MAX_MODEL_LEN,
+        max_num_seqs=TINY_MAX_NUM_SEQS,
+        tidal_scheduler=tidal_scheduler,
     )
     env = scheduler_env(settings) if settings else None
     engine = start_engine(options, log_path=tmp_path_factory.mktemp(f"{shape}-engine") / "vllm.log", env=env)

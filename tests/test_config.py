@@ -1,4 +1,5 @@
 """Settings: read from TIDAL_* variables with type coercion, overridable, documented in docs/configuration.md."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from config import load_settings
-from config.settings import Settings, documented_fields
+from config.settings import Settings
+from config.settings import documented_fields
 from tidal_api.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +29,9 @@ def test_table_write_replaces_only_the_marked_block(tmp_path):
     doc.write_text("intro\n<!-- tidal config table: begin -->\n| old |\n<!-- tidal config table: end -->\nafter\n")
     assert CliRunner().invoke(main, ["config", "table", "--write", str(doc)]).exit_code == 0
     table = CliRunner().invoke(main, ["config", "table"]).output
-    assert doc.read_text() == ("intro\n<!-- tidal config table: begin -->\n" + table
-                               + "<!-- tidal config table: end -->\nafter\n")
+    assert doc.read_text() == (
+        "intro\n<!-- tidal config table: begin -->\n" + table + "<!-- tidal config table: end -->\nafter\n"
+    )
     doc.write_text("no markers\n")
     result = CliRunner().invoke(main, ["config", "table", "--write", str(doc)])
     assert result.exit_code != 0 and "markers" in result.output
@@ -42,8 +45,15 @@ def test_every_setting_has_a_doc_and_a_unique_variable():
 
 
 def test_values_are_coerced_to_each_fields_type():
-    s = load_settings({"TIDAL_API_WORKERS": "7", "TIDAL_KV_HIGH": "0.9", "TIDAL_SLA_STRICT": "Yes",
-                       "TIDAL_BIND": "0.0.0.0:1", "TIDAL_HOME": "/srv/t"})
+    s = load_settings(
+        {
+            "TIDAL_API_WORKERS": "7",
+            "TIDAL_KV_HIGH": "0.9",
+            "TIDAL_SLA_STRICT": "Yes",
+            "TIDAL_BIND": "0.0.0.0:1",
+            "TIDAL_HOME": "/srv/t",
+        }
+    )
     assert (s.api_workers, s.kv_high, s.sla_strict, s.bind) == (7, 0.9, True, "0.0.0.0:1")
     assert isinstance(s.api_workers, int) and isinstance(s.kv_high, float)
     assert s.sqlalchemy_url == "sqlite:////srv/t/tidal.db" and s.blob_path == Path("/srv/t/blobs")
@@ -65,8 +75,13 @@ def test_overrides_win_over_the_environment_and_only_tidal_variables_count():
 
 
 def test_derived_urls_and_lists():
-    s = load_settings({"TIDAL_REDIS_URL": "redis://r:1/2", "TIDAL_MODELS": " a, b,,c ",
-                       "TIDAL_PRICES": '{"a": [1, 2], "*": [0.5, 1.5]}'})
+    s = load_settings(
+        {
+            "TIDAL_REDIS_URL": "redis://r:1/2",
+            "TIDAL_MODELS": " a, b,,c ",
+            "TIDAL_PRICES": '{"a": [1, 2], "*": [0.5, 1.5]}',
+        }
+    )
     assert s.celery_broker_url == "redis://r:1/2"
     assert load_settings({"TIDAL_BROKER_URL": "redis://b/0"}).celery_broker_url == "redis://b/0"
     assert s.model_list == ["a", "b", "c"]
@@ -81,11 +96,13 @@ def test_configured_keys_parse_tenant_key_pairs():
 def test_a_malformed_api_key_entry_is_refused():
     s = load_settings({"TIDAL_API_KEYS": "acme:k1,justakey"})
     with pytest.raises(ValueError, match="tenant:key"):
-        s.configured_keys
+        _ = s.configured_keys
 
 
 def test_the_dev_key_exists_only_in_dev():
     assert load_settings({"TIDAL_ENV": "prod"}).configured_keys == []
     assert load_settings({}).configured_keys == []  # production is the default
     assert load_settings({"TIDAL_ENV": "dev", "TIDAL_API_KEYS": "acme:k1"}).configured_keys == [
-        ("acme", "k1"), ("dev", "tidal-dev-key")]
+        ("acme", "k1"),
+        ("dev", "tidal-dev-key"),
+    ]

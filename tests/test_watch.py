@@ -1,4 +1,5 @@
 """`tidal batches watch ID`: progress lines while a real worker runs the batch, then the final status and cost."""
+
 from __future__ import annotations
 
 import re
@@ -10,12 +11,13 @@ from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner
 
 from tidal_api.cli import main
-from tidal_api.cli.watch import final_summary, progress_line
+from tidal_api.cli.watch import final_summary
+from tidal_api.cli.watch import progress_line
 from tidal_workers.celery_app import make_celery
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))  # the worker tests' stub engine and helpers
-from stub_engine import StubEngine  # noqa: E402
-from worker_helpers import upload_batch  # noqa: E402
+from stub_engine import StubEngine
+from worker_helpers import upload_batch
 
 
 def test_progress_line_counts_failed_items_as_done():
@@ -33,12 +35,17 @@ def test_progress_line_before_a_rate_and_when_stalled():
 
 
 def test_final_summary_with_and_without_cost():
-    batch = {"id": "batch_1", "status": "completed", "request_counts": {"total": 3, "completed": 2, "failed": 1},
-             "usage": {"total_tokens": 30}}
+    batch = {
+        "id": "batch_1",
+        "status": "completed",
+        "request_counts": {"total": 3, "completed": 2, "failed": 1},
+        "usage": {"total_tokens": 30},
+    }
     assert final_summary(batch) == "batch_1 completed: 2 completed, 1 failed; 30 tokens"
     batch["tidal"] = {"cost": {"batch_usd": 0.0000045, "online_usd": 0.000009, "saved_usd": 0.0000045}}
-    assert final_summary(batch) == ("batch_1 completed: 2 completed, 1 failed; 30 tokens; "
-                                    "billed $0.000005 (online $0.000009, saved $0.000005)")
+    assert final_summary(batch) == (
+        "batch_1 completed: 2 completed, 1 failed; 30 tokens; billed $0.000005 (online $0.000009, saved $0.000005)"
+    )
 
 
 @pytest.fixture
@@ -50,19 +57,34 @@ def stub():
 
 @pytest.fixture
 def settings(settings, stub):
-    return settings.replace(vllm_url=stub.url, gate_mode="fixed", max_inflight=2, worker_threads=2,
-                            claim_idle_seconds=0.02, worker_metrics_port=0, prices='{"*": [0.15, 0.60]}',
-                            batch_discount=0.5)
+    return settings.replace(
+        vllm_url=stub.url,
+        gate_mode="fixed",
+        max_inflight=2,
+        worker_threads=2,
+        claim_idle_seconds=0.02,
+        worker_metrics_port=0,
+        prices='{"*": [0.15, 0.60]}',
+        batch_discount=0.5,
+    )
 
 
 @pytest.mark.timeout(60)
 def test_watch_follows_a_batch_to_completion(rt, settings, live_api):
     batch_id = upload_batch(live_api.url, 8, model="tiny", tag="w")
 
-    with start_worker(make_celery(settings), pool="threads", concurrency=2, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=20, hostname="tidal@test-node"):
-        result = CliRunner().invoke(main, ["batches", "watch", batch_id, "--url", live_api.url,
-                                           "--key", "acme-key", "--interval", "0.1"])
+    with start_worker(
+        make_celery(settings),
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=20,
+        hostname="tidal@test-node",
+    ):
+        result = CliRunner().invoke(
+            main, ["batches", "watch", batch_id, "--url", live_api.url, "--key", "acme-key", "--interval", "0.1"]
+        )
     assert result.exit_code == 0, result.output
     *progress, summary = [x for x in re.split(r"[\r\n]", result.output) if x]
     done = [int(m.group(1)) for m in (re.search(r"\] (\d+)/8 ", p) for p in progress)]
@@ -70,5 +92,7 @@ def test_watch_follows_a_batch_to_completion(rt, settings, live_api):
     assert "completed" in progress[-1] and "/s eta" in progress[-1]
     # 8 items of the stub's usage (7 prompt + 3 completion tokens) at $0.15/$0.60 per 1M, half off
     online = 8 * (7 * 0.15 + 3 * 0.60) / 1e6
-    assert summary == (f"{batch_id} completed: 8 completed, 0 failed; 80 tokens; "
-                       f"billed ${online / 2:.6f} (online ${online:.6f}, saved ${online / 2:.6f})")
+    assert summary == (
+        f"{batch_id} completed: 8 completed, 0 failed; 80 tokens; "
+        f"billed ${online / 2:.6f} (online ${online:.6f}, saved ${online / 2:.6f})"
+    )

@@ -1,9 +1,11 @@
 """The Flask app factory: one Runtime per app, /v1/files and /v1/batches, OpenAI errors, /metrics."""
+
 from __future__ import annotations
 
 from flask import Flask
 
-from config import Settings, load_settings
+from config import Settings
+from config import load_settings
 from tidal_workers.runtime import Runtime
 
 #: Room for multipart boundaries and the `purpose` field above the largest upload.
@@ -19,7 +21,11 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         # gunicorn preloads the app and then forks: no worker may inherit the master's pooled connections.
         runtime.store.engine.dispose()
 
-    from tidal_api import batches, errors, files, metrics, openapi
+    from tidal_api import batches
+    from tidal_api import errors
+    from tidal_api import files
+    from tidal_api import metrics
+    from tidal_api import openapi
 
     app = Flask(__name__)
     # Past this werkzeug answers 413 before parsing; below it uploads spool to temporary files, never to memory.

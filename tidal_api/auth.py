@@ -4,15 +4,20 @@ Keys are stored as SHA-256 digests, so the lookup compares digests, never the
 secret itself: a timing difference can reveal at most a prefix of a digest,
 which says nothing about the key.
 """
+
 from __future__ import annotations
 
-from flask import current_app, g, request
+from flask import current_app
+from flask import g
+from flask import request
 
 from tidal_api.errors import APIError
 
 DEV_KEY = "tidal-dev-key"
-_MISSING = ("You didn't provide an API key. You need to provide your API key in an Authorization header "
-            "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+_MISSING = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header "
+    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
 
 
 def authenticate() -> None:

@@ -1,19 +1,33 @@
 """/v1/batches: create (validated inline or by a Celery task), retrieve, cancel, list."""
+
 from __future__ import annotations
 
 import time
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint
+from flask import current_app
+from flask import jsonify
+from flask import request
 from sqlalchemy import select
 
 from tidal_api import serialize
-from tidal_api.auth import authenticate, current_tenant
-from tidal_api.errors import APIError, batch_not_found, invalid_type, invalid_value, missing
+from tidal_api.auth import authenticate
+from tidal_api.auth import current_tenant
+from tidal_api.errors import APIError
+from tidal_api.errors import batch_not_found
+from tidal_api.errors import invalid_type
+from tidal_api.errors import invalid_value
+from tidal_api.errors import missing
 from tidal_api.files import owned_file
-from tidal_api.pagination import can_name_a_row, int_arg, keyset_page, list_body
+from tidal_api.pagination import can_name_a_row
+from tidal_api.pagination import int_arg
+from tidal_api.pagination import keyset_page
+from tidal_api.pagination import list_body
 from tidal_workers.cancel import cancel_batch
-from tidal_workers.ingest import ingest_batch, request_ingest
-from tidal_workers.store.models import Batch, BatchStatus
+from tidal_workers.ingest import ingest_batch
+from tidal_workers.ingest import request_ingest
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 COMPLETION_WINDOWS = ("24h",)
@@ -42,8 +56,11 @@ def _json_body() -> dict:
     except RecursionError:  # nesting deeper than the parser's stack; not caught by silent=True
         body = None
     if not isinstance(body, dict):
-        raise APIError(400, "We could not parse the JSON body of your request. The body must be a JSON object.",
-                       code="invalid_json")
+        raise APIError(
+            400,
+            "We could not parse the JSON body of your request. The body must be a JSON object.",
+            code="invalid_json",
+        )
     return body
 
 
@@ -69,8 +86,9 @@ def _metadata(value) -> dict | None:
         if not isinstance(item, str):
             raise invalid_type(f"metadata.{key}", "a string")
         if len(item) > MAX_METADATA_VALUE:
-            raise invalid_value(f"metadata.{key}",
-                                f"Invalid 'metadata': values are at most {MAX_METADATA_VALUE} characters.")
+            raise invalid_value(
+                f"metadata.{key}", f"Invalid 'metadata': values are at most {MAX_METADATA_VALUE} characters."
+            )
     return value
 
 
@@ -80,12 +98,15 @@ def create():
     input_file_id = _required_str(body, "input_file_id")
     endpoint = _required_str(body, "endpoint")
     if endpoint not in ENDPOINTS:
-        raise invalid_value("endpoint", f"Invalid value for 'endpoint': '{endpoint[:64]}'. "
-                                        f"Supported values are: {', '.join(ENDPOINTS)}.")
+        raise invalid_value(
+            "endpoint",
+            f"Invalid value for 'endpoint': '{endpoint[:64]}'. Supported values are: {', '.join(ENDPOINTS)}.",
+        )
     window = _required_str(body, "completion_window")
     if window not in COMPLETION_WINDOWS:
-        raise invalid_value("completion_window", f"Invalid value for 'completion_window': '{window[:64]}'. "
-                                                 "Supported values are: '24h'.")
+        raise invalid_value(
+            "completion_window", f"Invalid value for 'completion_window': '{window[:64]}'. Supported values are: '24h'."
+        )
     metadata = _metadata(body.get("metadata"))
 
     rt = _rt()
@@ -93,11 +114,19 @@ def create():
     with rt.store.session() as s:
         source = owned_file(s, input_file_id, param="input_file_id")
         if source.purpose != "batch":
-            raise invalid_value("input_file_id", f"File {input_file_id} has purpose '{source.purpose}'; "
-                                                 "a batch input file must have purpose 'batch'.")
-        batch = Batch(tenant_id=current_tenant(), endpoint=endpoint, input_file_id=input_file_id,
-                      completion_window=window, metadata_=metadata, created_at=now,
-                      expires_at=now + rt.settings.completion_window_seconds)
+            raise invalid_value(
+                "input_file_id",
+                f"File {input_file_id} has purpose '{source.purpose}'; a batch input file must have purpose 'batch'.",
+            )
+        batch = Batch(
+            tenant_id=current_tenant(),
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=window,
+            metadata_=metadata,
+            created_at=now,
+            expires_at=now + rt.settings.completion_window_seconds,
+        )
         s.add(batch)
         inline = source.bytes <= rt.settings.sync_validate_bytes
     if inline:
@@ -133,6 +162,14 @@ def list_batches():
     after = request.args.get("after")
     stmt = select(Batch).where(Batch.tenant_id == current_tenant())
     with _rt().store.sessions() as s:
-        rows, has_more = keyset_page(s, stmt, Batch, tenant=current_tenant(), after=after, limit=limit,
-                                     order="desc", not_found=batch_not_found(after or "", "after"))
+        rows, has_more = keyset_page(
+            s,
+            stmt,
+            Batch,
+            tenant=current_tenant(),
+            after=after,
+            limit=limit,
+            order="desc",
+            not_found=batch_not_found(after or "", "after"),
+        )
     return jsonify(list_body([serialize.batch_object(b, _rt().settings) for b in rows], has_more))

@@ -4,11 +4,14 @@ Views raise :class:`APIError`; werkzeug's HTTP errors (unknown URL, wrong
 method, body too large) and anything unexpected are mapped here too, so no
 response ever carries an HTML page or a bare 500 for something the client sent.
 """
+
 from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, request
+from flask import Flask
+from flask import jsonify
+from flask import request
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -26,8 +29,15 @@ _HTTP_CODES = {
 class APIError(Exception):
     """An error the client can act on; rendered with its HTTP status."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
 
@@ -71,8 +81,11 @@ def _http_error(exc: HTTPException):
 
 def _unexpected(exc: Exception):
     log.exception("unhandled error")
-    return _render(APIError(500, "The server had an error while processing your request.", code="server_error",
-                            type="server_error"))
+    return _render(
+        APIError(
+            500, "The server had an error while processing your request.", code="server_error", type="server_error"
+        )
+    )
 
 
 def init_app(app: Flask) -> None:

@@ -1,15 +1,28 @@
 """/v1/files: upload (streamed to the blob directory), list, retrieve, content, delete."""
+
 from __future__ import annotations
 
 import time
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint
+from flask import Response
+from flask import current_app
+from flask import jsonify
+from flask import request
 from sqlalchemy import select
 
 from tidal_api import serialize
-from tidal_api.auth import authenticate, current_tenant
-from tidal_api.errors import APIError, file_not_found, invalid_value, missing
-from tidal_api.pagination import can_name_a_row, int_arg, keyset_page, list_body, order_arg
+from tidal_api.auth import authenticate
+from tidal_api.auth import current_tenant
+from tidal_api.errors import APIError
+from tidal_api.errors import file_not_found
+from tidal_api.errors import invalid_value
+from tidal_api.errors import missing
+from tidal_api.pagination import can_name_a_row
+from tidal_api.pagination import int_arg
+from tidal_api.pagination import keyset_page
+from tidal_api.pagination import list_body
+from tidal_api.pagination import order_arg
 from tidal_workers.blobs import TooLarge
 from tidal_workers.store.models import File
 
@@ -57,8 +70,10 @@ def upload():
     if not purpose:
         raise missing("purpose")
     if purpose not in UPLOAD_PURPOSES:
-        raise invalid_value("purpose", f"Invalid value for 'purpose': '{purpose[:64]}'. "
-                                       f"Supported values are: {', '.join(UPLOAD_PURPOSES)}.")
+        raise invalid_value(
+            "purpose",
+            f"Invalid value for 'purpose': '{purpose[:64]}'. Supported values are: {', '.join(UPLOAD_PURPOSES)}.",
+        )
     upload_ = request.files.get("file")
     if upload_ is None:
         raise missing("file")
@@ -68,18 +83,34 @@ def upload():
     try:
         blob, size, newlines = rt.blobs.write_stream(upload_.stream, limit)
     except TooLarge:
-        raise APIError(413, f"File is too large: at most {limit} bytes for purpose '{purpose}'.", param="file",
-                       code="file_too_large") from None
+        raise APIError(
+            413,
+            f"File is too large: at most {limit} bytes for purpose '{purpose}'.",
+            param="file",
+            code="file_too_large",
+        ) from None
     lines = _line_count(rt.blobs.path(blob), size, newlines)
     if purpose == "batch" and lines > settings.max_file_lines:
         rt.blobs.delete(blob)
-        raise APIError(400, f"A batch input file may hold at most {settings.max_file_lines} lines; this one has "
-                            f"{lines}.", param="file", code="too_many_lines")
+        raise APIError(
+            400,
+            f"A batch input file may hold at most {settings.max_file_lines} lines; this one has {lines}.",
+            param="file",
+            code="too_many_lines",
+        )
     now = int(time.time())
     with rt.store.session() as s:
-        f = File(tenant_id=current_tenant(), filename=_clean_filename(upload_.filename),
-                 purpose=purpose, bytes=size, lines=lines, created_at=now,
-                 expires_at=now + settings.file_expiry_seconds, status="processed", blob=blob)
+        f = File(
+            tenant_id=current_tenant(),
+            filename=_clean_filename(upload_.filename),
+            purpose=purpose,
+            bytes=size,
+            lines=lines,
+            created_at=now,
+            expires_at=now + settings.file_expiry_seconds,
+            status="processed",
+            blob=blob,
+        )
         s.add(f)
     return jsonify(serialize.file_object(f))
 
@@ -95,8 +126,16 @@ def list_files():
         stmt = stmt.where(File.purpose == purpose)
     after = request.args.get("after")
     with _rt().store.sessions() as s:
-        rows, has_more = keyset_page(s, stmt, File, tenant=current_tenant(), after=after, limit=limit, order=order,
-                                     not_found=file_not_found(after or "", "after"))
+        rows, has_more = keyset_page(
+            s,
+            stmt,
+            File,
+            tenant=current_tenant(),
+            after=after,
+            limit=limit,
+            order=order,
+            not_found=file_not_found(after or "", "after"),
+        )
     return jsonify(list_body([serialize.file_object(f) for f in rows], has_more))
 
 
@@ -110,8 +149,9 @@ def retrieve(file_id: str):
 def content(file_id: str):
     with _rt().store.sessions() as s:
         f = owned_file(s, file_id)
-    return Response(_rt().blobs.iter_chunks(f.blob), mimetype="application/octet-stream",
-                    headers={"Content-Length": str(f.bytes)})
+    return Response(
+        _rt().blobs.iter_chunks(f.blob), mimetype="application/octet-stream", headers={"Content-Length": str(f.bytes)}
+    )
 
 
 @bp.delete("/<path:file_id>")

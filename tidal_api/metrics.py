@@ -6,21 +6,33 @@ worker merges all of them, so the numbers are right whichever process answers.
 Store and queue figures are read from SQL and Redis at scrape time, so they
 need no cross-process bookkeeping at all.
 """
+
 from __future__ import annotations
 
 import time
 
 import prometheus_client
-from flask import Blueprint, Flask, Response, current_app, g, request
+from flask import Blueprint
+from flask import Flask
+from flask import Response
+from flask import current_app
+from flask import g
+from flask import request
 from prometheus_client import multiprocess
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from sqlalchemy import func, select
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import func
+from sqlalchemy import select
 
-from tidal_workers.metrics import BatchCollector, QueueCollector
-from tidal_workers.store import Batch, BatchStatus
+from tidal_workers.metrics import BatchCollector
+from tidal_workers.metrics import QueueCollector
+from tidal_workers.store import Batch
+from tidal_workers.store import BatchStatus
 
 REQUEST_SECONDS = prometheus_client.Histogram(
-    "tidal_api_request_seconds", "API request latency by route template.", ["route", "method", "status"],
+    "tidal_api_request_seconds",
+    "API request latency by route template.",
+    ["route", "method", "status"],
     buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
 )
 
@@ -36,16 +48,22 @@ class StoreCollector:
     def collect(self):
         with self.store.sessions() as s:
             by_status = dict(s.execute(select(Batch.status, func.count()).group_by(Batch.status)).all())
-            done, tokens = s.execute(select(func.coalesce(func.sum(Batch.completed), 0),
-                                            func.coalesce(func.sum(Batch.input_tokens + Batch.output_tokens), 0))).one()
+            done, tokens = s.execute(
+                select(
+                    func.coalesce(func.sum(Batch.completed), 0),
+                    func.coalesce(func.sum(Batch.input_tokens + Batch.output_tokens), 0),
+                )
+            ).one()
         batches = GaugeMetricFamily("tidal_batches", "Batches by status.", labels=["status"])
         for status in BatchStatus:
             batches.add_metric([status.value], by_status.get(status.value, 0))
         yield batches
-        yield CounterMetricFamily("tidal_items_completed", "Batch items completed (billed); rate() gives items/s.",
-                                  value=int(done))
-        yield CounterMetricFamily("tidal_harvested_tokens", "Input plus output tokens of completed batch items.",
-                                  value=int(tokens))
+        yield CounterMetricFamily(
+            "tidal_items_completed", "Batch items completed (billed); rate() gives items/s.", value=int(done)
+        )
+        yield CounterMetricFamily(
+            "tidal_harvested_tokens", "Input plus output tokens of completed batch items.", value=int(tokens)
+        )
 
     def describe(self):
         return []
@@ -91,7 +109,8 @@ def init_app(app: Flask) -> None:
         if started is not None:
             route = request.url_rule.rule if request.url_rule else "unmatched"
             REQUEST_SECONDS.labels(route, request.method, str(response.status_code)).observe(
-                time.perf_counter() - started)
+                time.perf_counter() - started
+            )
         return response
 
     app.register_blueprint(bp)

@@ -4,22 +4,30 @@ Written by hand next to the views it describes; tests/api/test_openapi.py calls
 every documented operation on a live server, expects each documented status and
 validates each body against the schema here, so the two cannot drift apart.
 """
+
 from __future__ import annotations
 
 import typing as t
 
-from flask import Blueprint, jsonify
+from flask import Blueprint
+from flask import jsonify
 
 from tidal_api.batches import ENDPOINTS
-from tidal_api.files import PURPOSES, UPLOAD_PURPOSES
+from tidal_api.files import PURPOSES
+from tidal_api.files import UPLOAD_PURPOSES
 
 bp = Blueprint("openapi", __name__)
 
 
 def _obj(properties: dict[str, t.Any], **extra: t.Any) -> dict:
     """A closed object whose every property is required (the wire always sends each field, maybe null)."""
-    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False,
-            **extra}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+        **extra,
+    }
 
 
 def _ref(name: str) -> dict:
@@ -30,51 +38,103 @@ INT, STR, BOOL = {"type": "integer"}, {"type": "string"}, {"type": "boolean"}
 INT_OR_NULL, STR_OR_NULL = {"type": ["integer", "null"]}, {"type": ["string", "null"]}
 NUM, NUM_OR_NULL = {"type": "number"}, {"type": ["number", "null"]}
 
-BATCH_STATUSES = ["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
-                  "cancelled"]
+BATCH_STATUSES = [
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+]
 
 SCHEMAS: dict[str, t.Any] = {
     "Error": _obj({"error": _obj({"message": STR, "type": STR, "param": STR_OR_NULL, "code": STR_OR_NULL})}),
-    "File": _obj({
-        "id": STR, "object": {"const": "file"}, "bytes": INT, "created_at": INT, "expires_at": INT_OR_NULL,
-        "filename": STR, "purpose": STR, "status": {"enum": ["uploaded", "processed", "error"]},
-        "status_details": STR_OR_NULL,
-    }),
+    "File": _obj(
+        {
+            "id": STR,
+            "object": {"const": "file"},
+            "bytes": INT,
+            "created_at": INT,
+            "expires_at": INT_OR_NULL,
+            "filename": STR,
+            "purpose": STR,
+            "status": {"enum": ["uploaded", "processed", "error"]},
+            "status_details": STR_OR_NULL,
+        }
+    ),
     "FileDeleted": _obj({"id": STR, "object": {"const": "file"}, "deleted": {"const": True}}),
     "BatchError": _obj({"code": STR, "line": INT_OR_NULL, "message": STR, "param": STR_OR_NULL}),
-    "Batch": _obj({
-        "id": STR, "object": {"const": "batch"},
-        "endpoint": {"enum": list(ENDPOINTS)},
-        "model": STR_OR_NULL,
-        "errors": {"oneOf": [{"type": "null"}, _obj({"object": {"const": "list"},
-                                                     "data": {"type": "array", "items": _ref("BatchError")}})]},
-        "input_file_id": STR, "completion_window": {"const": "24h"}, "status": {"enum": BATCH_STATUSES},
-        "output_file_id": STR_OR_NULL, "error_file_id": STR_OR_NULL,
-        "created_at": INT, "in_progress_at": INT_OR_NULL, "expires_at": INT, "finalizing_at": INT_OR_NULL,
-        "completed_at": INT_OR_NULL, "failed_at": INT_OR_NULL, "expired_at": INT_OR_NULL,
-        "cancelling_at": INT_OR_NULL, "cancelled_at": INT_OR_NULL,
-        "request_counts": _obj({"total": INT, "completed": INT, "failed": INT}),
-        "metadata": {"type": ["object", "null"], "maxProperties": 16,
-                     "additionalProperties": {"type": "string", "maxLength": 512}},
-        "usage": _obj({
-            "input_tokens": INT, "input_tokens_details": _obj({"cached_tokens": INT}),
-            "output_tokens": INT, "output_tokens_details": _obj({"reasoning_tokens": INT}),
-            "total_tokens": INT,
-        }),
-        "tidal": _obj({"priority": INT, "laxity_seconds": NUM_OR_NULL, "observed_rate": NUM_OR_NULL,
-                       "cost": _obj({"batch_usd": NUM, "online_usd": NUM, "saved_usd": NUM})},
-                      description="Tidal's extension: the batch's vLLM priority (100 = least urgent), seconds of "
-                                  "slack left before it would miss its window at the observed rate, and that rate "
-                                  "in items per second (null until the first re-score); and the cost in USD of "
-                                  "its completed items at the batch price, at the online price, and the "
-                                  "difference saved."),
-    }),
+    "Batch": _obj(
+        {
+            "id": STR,
+            "object": {"const": "batch"},
+            "endpoint": {"enum": list(ENDPOINTS)},
+            "model": STR_OR_NULL,
+            "errors": {
+                "oneOf": [
+                    {"type": "null"},
+                    _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _ref("BatchError")}}),
+                ]
+            },
+            "input_file_id": STR,
+            "completion_window": {"const": "24h"},
+            "status": {"enum": BATCH_STATUSES},
+            "output_file_id": STR_OR_NULL,
+            "error_file_id": STR_OR_NULL,
+            "created_at": INT,
+            "in_progress_at": INT_OR_NULL,
+            "expires_at": INT,
+            "finalizing_at": INT_OR_NULL,
+            "completed_at": INT_OR_NULL,
+            "failed_at": INT_OR_NULL,
+            "expired_at": INT_OR_NULL,
+            "cancelling_at": INT_OR_NULL,
+            "cancelled_at": INT_OR_NULL,
+            "request_counts": _obj({"total": INT, "completed": INT, "failed": INT}),
+            "metadata": {
+                "type": ["object", "null"],
+                "maxProperties": 16,
+                "additionalProperties": {"type": "string", "maxLength": 512},
+            },
+            "usage": _obj(
+                {
+                    "input_tokens": INT,
+                    "input_tokens_details": _obj({"cached_tokens": INT}),
+                    "output_tokens": INT,
+                    "output_tokens_details": _obj({"reasoning_tokens": INT}),
+                    "total_tokens": INT,
+                }
+            ),
+            "tidal": _obj(
+                {
+                    "priority": INT,
+                    "laxity_seconds": NUM_OR_NULL,
+                    "observed_rate": NUM_OR_NULL,
+                    "cost": _obj({"batch_usd": NUM, "online_usd": NUM, "saved_usd": NUM}),
+                },
+                description="Tidal's extension: the batch's vLLM priority (100 = least urgent), seconds of "
+                "slack left before it would miss its window at the observed rate, and that rate "
+                "in items per second (null until the first re-score); and the cost in USD of "
+                "its completed items at the batch price, at the online price, and the "
+                "difference saved.",
+            ),
+        }
+    ),
 }
 
 
 def _list_schema(item: str) -> dict:
-    return _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _ref(item)},
-                 "first_id": STR_OR_NULL, "last_id": STR_OR_NULL, "has_more": BOOL})
+    return _obj(
+        {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": _ref(item)},
+            "first_id": STR_OR_NULL,
+            "last_id": STR_OR_NULL,
+            "has_more": BOOL,
+        }
+    )
 
 
 SCHEMAS["FileList"] = _list_schema("File")
@@ -82,7 +142,7 @@ SCHEMAS["BatchList"] = _list_schema("Batch")
 
 _ERROR_TEXT = {
     400: "Invalid parameter (code invalid_value, invalid_type, missing_required_parameter, invalid_json, "
-         "too_many_lines).",
+    "too_many_lines).",
     401: "Missing (missing_api_key) or unknown (invalid_api_key) API key.",
     404: "Unknown id. Another tenant's id, a deleted file and a malformed id answer exactly the same.",
     409: "The batch is completed, failed or expired (code batch_not_cancellable).",
@@ -108,38 +168,81 @@ def _path_param(name: str) -> dict:
     return {"name": name, "in": "path", "required": True, "schema": STR}
 
 
-_AFTER = ("Cursor: the id of the last object of the previous page. An id the caller cannot see (unknown, "
-          "another tenant's) answers 404 rather than an empty page; a file deleted since it was listed still works.")
+_AFTER = (
+    "Cursor: the id of the last object of the previous page. An id the caller cannot see (unknown, "
+    "another tenant's) answers 404 rather than an empty page; a file deleted since it was listed still works."
+)
 
 DOCUMENT: dict[str, t.Any] = {
     "openapi": "3.1.0",
-    "info": {"title": "Tidal Batch API", "version": "1.0.0",
-             "description": "OpenAI-compatible Files and Batches API. Errors use OpenAI's envelope."},
+    "info": {
+        "title": "Tidal Batch API",
+        "version": "1.0.0",
+        "description": "OpenAI-compatible Files and Batches API. Errors use OpenAI's envelope.",
+    },
     "components": {
         "schemas": SCHEMAS,
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
     },
     "paths": {
-        "/openapi.json": {"get": {"summary": "This document.", "security": [], "responses": {"200": {
-            "description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
-        "/metrics": {"get": {"summary": "Prometheus metrics: request latency, batches by status, queue depth.",
-                             "security": [], "responses": {"200": {
-                                 "description": "Prometheus text exposition format.",
-                                 "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/openapi.json": {
+            "get": {
+                "summary": "This document.",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "The OpenAPI document.",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics: request latency, batches by status, queue depth.",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text exposition format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
         "/v1/files": {
             "post": _op(
-                "Upload a file (streamed to disk).", _json("File", "The stored file."), (400, 413, 415),
-                requestBody={"required": True, "content": {"multipart/form-data": {"schema": {
-                    "type": "object", "required": ["file", "purpose"],
-                    "properties": {"file": {"type": "string", "format": "binary"},
-                                   "purpose": {"enum": list(UPLOAD_PURPOSES)}}}}}}),
+                "Upload a file (streamed to disk).",
+                _json("File", "The stored file."),
+                (400, 413, 415),
+                requestBody={
+                    "required": True,
+                    "content": {
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["file", "purpose"],
+                                "properties": {
+                                    "file": {"type": "string", "format": "binary"},
+                                    "purpose": {"enum": list(UPLOAD_PURPOSES)},
+                                },
+                            }
+                        }
+                    },
+                },
+            ),
             "get": _op(
-                "List the caller's files.", _json("FileList", "A page of files."), (400, 404),
-                parameters=[_query("after", STR, _AFTER),
-                            _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000, "default": 10000},
-                                   "Page size."),
-                            _query("order", {"enum": ["asc", "desc"], "default": "desc"}, "By created_at."),
-                            _query("purpose", {"enum": list(PURPOSES)}, "Only files of this purpose.")]),
+                "List the caller's files.",
+                _json("FileList", "A page of files."),
+                (400, 404),
+                parameters=[
+                    _query("after", STR, _AFTER),
+                    _query(
+                        "limit", {"type": "integer", "minimum": 1, "maximum": 10000, "default": 10000}, "Page size."
+                    ),
+                    _query("order", {"enum": ["asc", "desc"], "default": "desc"}, "By created_at."),
+                    _query("purpose", {"enum": list(PURPOSES)}, "Only files of this purpose."),
+                ],
+            ),
         },
         "/v1/files/{file_id}": {
             "parameters": [_path_param("file_id")],
@@ -148,28 +251,48 @@ DOCUMENT: dict[str, t.Any] = {
         },
         "/v1/files/{file_id}/content": {
             "parameters": [_path_param("file_id")],
-            "get": _op("The file's bytes, streamed.",
-                       {"description": "The bytes as uploaded (or as written, for output files).",
-                        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                       (404,)),
+            "get": _op(
+                "The file's bytes, streamed.",
+                {
+                    "description": "The bytes as uploaded (or as written, for output files).",
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                },
+                (404,),
+            ),
         },
         "/v1/batches": {
             "post": _op(
                 "Create a batch. Input files up to TIDAL_SYNC_VALIDATE_BYTES are validated before the answer "
                 "(status in_progress or failed); larger ones answer `validating`.",
-                _json("Batch", "The batch."), (400, 404),
-                requestBody={"required": True, "content": {"application/json": {"schema": {
-                    "type": "object", "required": ["input_file_id", "endpoint", "completion_window"],
-                    "properties": {
-                        "input_file_id": STR,
-                        "endpoint": {"enum": list(ENDPOINTS)},
-                        "completion_window": {"const": "24h"},
-                        "metadata": SCHEMAS["Batch"]["properties"]["metadata"]}}}}}),
+                _json("Batch", "The batch."),
+                (400, 404),
+                requestBody={
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["input_file_id", "endpoint", "completion_window"],
+                                "properties": {
+                                    "input_file_id": STR,
+                                    "endpoint": {"enum": list(ENDPOINTS)},
+                                    "completion_window": {"const": "24h"},
+                                    "metadata": SCHEMAS["Batch"]["properties"]["metadata"],
+                                },
+                            }
+                        }
+                    },
+                },
+            ),
             "get": _op(
-                "List the caller's batches, newest first.", _json("BatchList", "A page of batches."), (400, 404),
-                parameters=[_query("after", STR, _AFTER),
-                            _query("limit", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
-                                   "Page size.")]),
+                "List the caller's batches, newest first.",
+                _json("BatchList", "A page of batches."),
+                (400, 404),
+                parameters=[
+                    _query("after", STR, _AFTER),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}, "Page size."),
+                ],
+            ),
         },
         "/v1/batches/{batch_id}": {
             "parameters": [_path_param("batch_id")],
@@ -177,8 +300,11 @@ DOCUMENT: dict[str, t.Any] = {
         },
         "/v1/batches/{batch_id}/cancel": {
             "parameters": [_path_param("batch_id")],
-            "post": _op("Cancel a batch. A cancelling or cancelled batch is returned unchanged.",
-                        _json("Batch", "The batch, now cancelling (or already cancelled)."), (404, 409)),
+            "post": _op(
+                "Cancel a batch. A cancelling or cancelled batch is returned unchanged.",
+                _json("Batch", "The batch, now cancelling (or already cancelled)."),
+                (404, 409),
+            ),
         },
     },
 }

@@ -5,14 +5,20 @@ paging on (created_at, id) stays correct while rows are inserted, and needs
 no offsets. An ``after`` the caller does not own answers 404 like any unknown id
 rather than an empty page, which a client's loop would take for the end of the list.
 """
+
 from __future__ import annotations
 
 import typing as t
 
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import Select
+from sqlalchemy import and_
+from sqlalchemy import or_
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tidal_api.errors import APIError, invalid_type, invalid_value
+from tidal_api.errors import APIError
+from tidal_api.errors import invalid_type
+from tidal_api.errors import invalid_value
 
 
 def can_name_a_row(value: str) -> bool:
@@ -40,8 +46,17 @@ def order_arg(args: t.Mapping[str, str]) -> str:
     return order
 
 
-def keyset_page(session: Session, stmt: Select, model: t.Any, *, tenant: str, after: str | None, limit: int,
-                order: str, not_found: APIError) -> tuple[list, bool]:
+def keyset_page(
+    session: Session,
+    stmt: Select,
+    model: t.Any,
+    *,
+    tenant: str,
+    after: str | None,
+    limit: int,
+    order: str,
+    not_found: APIError,
+) -> tuple[list, bool]:
     """Rows of ``stmt`` (already filtered to the tenant) after the cursor; (rows, has_more).
 
     The cursor may name a row ``stmt`` filters out (a file deleted while the client

@@ -1,12 +1,24 @@
 """Store rows -> OpenAI wire objects. The only place that knows the wire field names."""
+
 from __future__ import annotations
 
 from config import Settings
-from tidal_workers.policy.pricing import Usage, cost
-from tidal_workers.store.models import Batch, File
+from tidal_workers.policy.pricing import Usage
+from tidal_workers.policy.pricing import cost
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import File
 
-_BATCH_TIMES = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
-                "expired_at", "cancelling_at", "cancelled_at")
+_BATCH_TIMES = (
+    "created_at",
+    "in_progress_at",
+    "expires_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+)
 
 
 def file_object(f: File) -> dict:
@@ -29,12 +41,19 @@ def file_deleted(file_id: str) -> dict:
 
 def batch_cost(b: Batch, settings: Settings) -> dict:
     """What the batch's billed usage (completed items only) costs at the batch price, and what it saved."""
-    usage = Usage(input_tokens=b.input_tokens, cached_tokens=b.cached_tokens,
-                  output_tokens=b.output_tokens, reasoning_tokens=b.reasoning_tokens)
+    usage = Usage(
+        input_tokens=b.input_tokens,
+        cached_tokens=b.cached_tokens,
+        output_tokens=b.output_tokens,
+        reasoning_tokens=b.reasoning_tokens,
+    )
     c = cost(usage, b.model or "*", settings.price_table, settings.batch_discount)
     # Nano-dollars: a few tokens still show, float noise does not.
-    return {"batch_usd": round(c.batch_usd, 9), "online_usd": round(c.online_usd, 9),
-            "saved_usd": round(c.saved_usd, 9)}
+    return {
+        "batch_usd": round(c.batch_usd, 9),
+        "online_usd": round(c.online_usd, 9),
+        "saved_usd": round(c.saved_usd, 9),
+    }
 
 
 def batch_object(b: Batch, settings: Settings) -> dict:
@@ -61,6 +80,10 @@ def batch_object(b: Batch, settings: Settings) -> dict:
         },
         # Tidal's extension: where the batch stands against its window (written by the re-score sweep)
         # and what it costs so far.
-        "tidal": {"priority": b.priority, "laxity_seconds": b.laxity_seconds, "observed_rate": b.observed_rate,
-                  "cost": batch_cost(b, settings)},
+        "tidal": {
+            "priority": b.priority,
+            "laxity_seconds": b.laxity_seconds,
+            "observed_rate": b.observed_rate,
+            "cost": batch_cost(b, settings),
+        },
     }

@@ -7,6 +7,7 @@ wastes least. Preemption in vLLM is recompute-only but the prefix cache
 survives it, so what an eviction loses is the computed work that did not come
 from the prefix cache. Pure: no clock, no I/O.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -14,6 +14,7 @@ CPU host (docs/engine.md, "Installing the CPU engine"):
 
 Every fix applies to the running interpreter's environment and is idempotent.
 """
+
 from __future__ import annotations
 
 import subprocess

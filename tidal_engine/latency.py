@@ -8,6 +8,7 @@ It is fitted by least squares over a rolling window of observed steps; the
 batch cap X is then the most batch tokens a step can carry while its predicted
 time stays inside the budget. Pure: numpy only, no clock, no I/O.
 """
+
 from __future__ import annotations
 
 import dataclasses

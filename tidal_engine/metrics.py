@@ -6,11 +6,15 @@ its own; prometheus_client's ``start_http_server`` adds one on
 plugin next to vLLM's own /metrics. Each scheduler has its own registry, so
 several in one process (tests) do not collide.
 """
+
 from __future__ import annotations
 
 import enum
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter
+from prometheus_client import Gauge
+from prometheus_client import start_http_server
 
 
 class Mode(str, enum.Enum):
@@ -25,13 +29,19 @@ class SchedulerMetrics:
         r = self.registry
         self.slack_fill_ratio = Gauge(
             "tidal_sched_slack_fill_ratio",
-            "Batch tokens scheduled / batch cap X, over steps with online traffic in which batch work waited.", registry=r)
+            "Batch tokens scheduled / batch cap X, over steps with online traffic in which batch work waited.",
+            registry=r,
+        )
         self.starved_slack_tokens = Counter(
             "tidal_sched_starved_slack_tokens",
-            "Batch-cap tokens left unused while online traffic was present and batch work waited.", registry=r)
+            "Batch-cap tokens left unused while online traffic was present and batch work waited.",
+            registry=r,
+        )
         self.starved_slack_seconds = Counter(
             "tidal_sched_starved_slack_seconds",
-            "Step-budget seconds left unused while online traffic was present and batch work waited.", registry=r)
+            "Step-budget seconds left unused while online traffic was present and batch work waited.",
+            registry=r,
+        )
         self.batch_cap = Gauge("tidal_sched_batch_cap_tokens", "Batch cap X of the last step.", registry=r)
         self.mode = Gauge("tidal_sched_mode", "1 for the mode of the last step.", ["mode"], registry=r)
         self.guardband = Gauge("tidal_sched_kv_guardband", "KV guardband H (fraction of the KV pool).", registry=r)

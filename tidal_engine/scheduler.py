@@ -33,6 +33,7 @@ from ``Scheduler`` loses the async overlap (about 78% latency in vLLM PR
 Settings come from ``config.load_settings()`` (the ``TIDAL_SCHED_*`` variables,
 inherited by the engine-core process), never from tidal_api or tidal_workers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,10 +46,15 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
-from config import Settings, load_settings
-from tidal_engine.guardband import Guardband, Resident, cheapest
-from tidal_engine.latency import LatencyModel, batch_cap
-from tidal_engine.metrics import Mode, SchedulerMetrics
+from config import Settings
+from config import load_settings
+from tidal_engine.guardband import Guardband
+from tidal_engine.guardband import Resident
+from tidal_engine.guardband import cheapest
+from tidal_engine.latency import LatencyModel
+from tidal_engine.latency import batch_cap
+from tidal_engine.metrics import Mode
+from tidal_engine.metrics import SchedulerMetrics
 
 ONLINE_PRIORITY = 0
 
@@ -97,7 +103,9 @@ class TidalScheduler(Scheduler):
     def __init__(self, *args, settings: Settings | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.policy != SchedulingPolicy.PRIORITY:
-            raise ValueError("TidalScheduler needs --scheduling-policy priority: it tells online from batch by priority")
+            raise ValueError(
+                "TidalScheduler needs --scheduling-policy priority: it tells online from batch by priority"
+            )
         s = settings or load_settings()
         self.tau = self.max_num_scheduled_tokens
         self.budget_s = s.sched_budget_seconds
@@ -161,11 +169,17 @@ class TidalScheduler(Scheduler):
             mode, cap = Mode.STATIC, self.static_cap
         self.tidal_metrics.online_waiting.set(len(online_waiting))
         return StepPlan(
-            mode=mode, batch_cap=cap, token_budget=max(min(self.tau, online_demand + cap), 1),
-            online_demand=online_demand, kv_usage=usage, guardband=h,
+            mode=mode,
+            batch_cap=cap,
+            token_budget=max(min(self.tau, online_demand + cap), 1),
+            online_demand=online_demand,
+            kv_usage=usage,
+            guardband=h,
             # Decided on the usage before any eviction, so an evicted request
             # is not re-admitted in the same step.
-            admit_batch=self.guard.admits(usage), context=context, evicted=evicted,
+            admit_batch=self.guard.admits(usage),
+            context=context,
+            evicted=evicted,
         )
 
     def _park_running(self, plan: StepPlan) -> list[Request]:
@@ -194,7 +208,8 @@ class TidalScheduler(Scheduler):
     def _evict_cheapest(self, now: float) -> str | None:
         residents = [
             Resident(r.request_id, r.num_computed_tokens, self._cached_tokens.get(r.request_id, 0))
-            for r in self.running if not is_online(r)
+            for r in self.running
+            if not is_online(r)
         ]
         victim = cheapest(residents)
         if victim is None:
@@ -210,7 +225,9 @@ class TidalScheduler(Scheduler):
         for new in output.scheduled_new_reqs:
             self._cached_tokens[new.req_id] = new.num_computed_tokens
         for req_id in output.scheduled_cached_reqs.resumed_req_ids:
-            self._cached_tokens[req_id] = self.requests[req_id].num_computed_tokens - output.num_scheduled_tokens[req_id]
+            self._cached_tokens[req_id] = (
+                self.requests[req_id].num_computed_tokens - output.num_scheduled_tokens[req_id]
+            )
         for req_id, num in output.num_scheduled_tokens.items():
             if is_online(self.requests[req_id]):
                 plan.online_scheduled += num

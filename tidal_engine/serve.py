@@ -5,6 +5,7 @@ flags (float32, eager, an explicit KV size; docs/engine.md explains each); on a
 GPU host the same call with ``cpu=False`` and a real model name runs the stock
 ``vllm`` with only the flags Tidal needs (priority scheduling, the plugin).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,8 @@ from pathlib import Path
 import requests
 
 from config import Settings
-from config.settings import child_environ, env_name
+from config.settings import child_environ
+from config.settings import env_name
 
 SCHEDULER_CLS = "tidal_engine.scheduler.TidalScheduler"
 # The hub is unreachable here, and usage reports would only hang.
@@ -42,10 +44,21 @@ class EngineOptions:
 
     def argv(self, port: int) -> list[str]:
         vllm = str(Path(sys.executable).with_name("vllm"))
-        args = [vllm, "serve", self.model, "--host", self.host, "--port", str(port),
-                "--scheduling-policy", "priority",
-                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-                "--max-model-len", str(self.max_model_len)]
+        args = [
+            vllm,
+            "serve",
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--scheduling-policy",
+            "priority",
+            "--max-num-batched-tokens",
+            str(self.max_num_batched_tokens),
+            "--max-model-len",
+            str(self.max_model_len),
+        ]
         if self.served_model_name:
             args += ["--served-model-name", self.served_model_name]
         if self.cpu:
@@ -89,8 +102,11 @@ class Engine:
 
 def scheduler_env(settings: Settings) -> dict[str, str]:
     """TidalScheduler's settings as the ``TIDAL_SCHED_*`` variables its process will read."""
-    return {env_name(f.name): str(getattr(settings, f.name))
-            for f in dataclasses.fields(settings) if f.name.startswith("sched_")}
+    return {
+        env_name(f.name): str(getattr(settings, f.name))
+        for f in dataclasses.fields(settings)
+        if f.name.startswith("sched_")
+    }
 
 
 class EngineStartError(RuntimeError):
@@ -103,8 +119,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def start_engine(options: EngineOptions, *, log_path: Path, env: dict[str, str] | None = None,
-                 timeout_s: float = 240.0) -> Engine:
+def start_engine(
+    options: EngineOptions, *, log_path: Path, env: dict[str, str] | None = None, timeout_s: float = 240.0
+) -> Engine:
     """Spawn ``vllm serve`` and return once ``/health`` answers 200.
 
     ``env`` adds variables to the inherited environment (TidalScheduler's
@@ -115,8 +132,12 @@ def start_engine(options: EngineOptions, *, log_path: Path, env: dict[str, str] 
     log = open(log_path, "ab")
     started = time.monotonic()
     process = subprocess.Popen(
-        options.argv(port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=child_environ(**OFFLINE_ENV, **(env or {})), start_new_session=True,
+        options.argv(port),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=child_environ(**OFFLINE_ENV, **(env or {})),
+        start_new_session=True,
     )
     log.close()
     engine = Engine(f"http://{options.host}:{port}", process, log_path, 0.0)
@@ -147,8 +168,15 @@ def _tail(path: Path, num_bytes: int = 4000) -> str:
     return data[-num_bytes:].decode(errors="replace")
 
 
-def start_tiny(settings: Settings, *, log_path: Path, tidal_scheduler: bool = False,
-               max_num_seqs: int | None = None, shape: str = "tiny", kv_cache_bytes: str = "64M") -> Engine:
+def start_tiny(
+    settings: Settings,
+    *,
+    log_path: Path,
+    tidal_scheduler: bool = False,
+    max_num_seqs: int | None = None,
+    shape: str = "tiny",
+    kv_cache_bytes: str = "64M",
+) -> Engine:
     """A local model of ``shape`` (built under TIDAL_HOME on first use) served under that name on a free port.
 
     TidalScheduler's ``TIDAL_SCHED_*`` settings travel with it, so ``tidal up --demo``
@@ -156,6 +184,11 @@ def start_tiny(settings: Settings, *, log_path: Path, tidal_scheduler: bool = Fa
     """
     from tidal_engine.tiny import build_tiny
 
-    options = EngineOptions(model=str(build_tiny(settings.home, shape)), served_model_name=shape,
-                            tidal_scheduler=tidal_scheduler, max_num_seqs=max_num_seqs, kv_cache_bytes=kv_cache_bytes)
+    options = EngineOptions(
+        model=str(build_tiny(settings.home, shape)),
+        served_model_name=shape,
+        tidal_scheduler=tidal_scheduler,
+        max_num_seqs=max_num_seqs,
+        kv_cache_bytes=kv_cache_bytes,
+    )
     return start_engine(options, log_path=log_path, env=scheduler_env(settings))

@@ -14,6 +14,7 @@ a real transformer served by the real engine. Two shapes (``SHAPES``):
   as on a GPU, so a batch prefill really does delay the online tokens that
   share its step. TidalScheduler's latency model and batch cap act on that.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,11 +44,13 @@ class Shape:
 
 
 SHAPES = {
-    "tiny": Shape(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2),
+    "tiny": Shape(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ),
     # The same KV bytes per token as tiny (2 layers x 2 KV heads x 32), so every KV size carries over.
-    "dense": Shape(hidden_size=384, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=12,
-                   num_key_value_heads=2),
+    "dense": Shape(
+        hidden_size=384, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=12, num_key_value_heads=2
+    ),
 }
 
 
@@ -56,7 +59,10 @@ def model_dir(home: str | Path, shape: str = "tiny") -> Path:
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     # Byte-level BPE over the 256 byte symbols with no merges: every text
@@ -79,7 +85,8 @@ def _tokenizer():
 
 def _model(shape: Shape, vocab_size: int, special_ids: list[int]):
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config
+    from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
     config = Qwen2Config(
@@ -117,9 +124,9 @@ def build_tiny(home: str | Path, shape: str = "tiny") -> Path:
     _model(SHAPES[shape], len(tokenizer), special_ids).save_pretrained(work, safe_serialization=True)
     tokenizer.save_pretrained(work)
     # vLLM takes default sampling parameters from this file: keep them neutral.
-    (work / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": special_ids[0], "eos_token_id": special_ids[2], "do_sample": True}
-    ))
+    (work / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": special_ids[0], "eos_token_id": special_ids[2], "do_sample": True})
+    )
     (work / "tidal-tiny.json").write_text(json.dumps({"recipe": RECIPE_VERSION, "seed": SEED, "shape": shape}))
     shutil.rmtree(target, ignore_errors=True)
     work.rename(target)  # atomic: a crashed build never looks complete

@@ -3,6 +3,7 @@
 Runs against a scratch Redis DB, which it flushes before and after:
 ``python -c "from tidal_workers.bench_queue import main; main()"``.
 """
+
 from __future__ import annotations
 
 import statistics

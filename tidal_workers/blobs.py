@@ -1,4 +1,5 @@
 """File bytes on disk, streamed in and out in chunks; never held whole in memory."""
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ requeued). The batch becomes cancelled right away if nothing is in flight,
 otherwise when its last in-flight item settles, or when the reconcile sweep
 notices nothing is left in flight.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,7 +14,8 @@ import time
 from sqlalchemy import update
 
 from tidal_workers.finalize import maybe_finalize
-from tidal_workers.store.models import Batch, BatchStatus
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
 
 CANCELLABLE = (BatchStatus.validating.value, BatchStatus.in_progress.value)
 
@@ -21,7 +23,10 @@ CANCELLABLE = (BatchStatus.validating.value, BatchStatus.in_progress.value)
 def cancel_batch(rt, batch_id: str) -> None:
     """Move ``batch_id`` to cancelling (if it is validating or in progress), drop its queue, maybe finalize."""
     with rt.store.session() as s:
-        s.execute(update(Batch).where(Batch.id == batch_id, Batch.status.in_(CANCELLABLE))
-                  .values(status=BatchStatus.cancelling.value, cancelling_at=int(time.time())))
+        s.execute(
+            update(Batch)
+            .where(Batch.id == batch_id, Batch.status.in_(CANCELLABLE))
+            .values(status=BatchStatus.cancelling.value, cancelling_at=int(time.time()))
+        )
     rt.queue.drop_batch(batch_id)
     maybe_finalize(rt, batch_id)

@@ -4,13 +4,16 @@ Only claimed items become Celery messages (``tidal.run_item`` on the claiming
 worker's own queue); items waiting their turn stay in Redis sorted sets that
 Tidal owns (see ``queue.py`` for why).
 """
+
 from __future__ import annotations
 
 from celery import Celery
 
-from config import Settings, load_settings
+from config import Settings
+from config import load_settings
 from config.celery import celery_config
-from tidal_workers import execute, sweeps  # noqa: F401  (registers the shared tasks on every app)
+from tidal_workers import execute  # noqa: F401  (registers the shared tasks on every app)
+from tidal_workers import sweeps  # noqa: F401  (registers the shared tasks on every app)
 from tidal_workers.claim import ClaimStep
 from tidal_workers.context import ContextStep
 from tidal_workers.metrics import MetricsStep

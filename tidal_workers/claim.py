@@ -11,6 +11,7 @@ when the gate is closed; those items count as in flight like any other, so an
 open gate simply claims that many fewer. Each claim becomes a ``tidal.run_item`` message on this worker's
 ``<hostname>.dq2`` queue with task id ``item-<id>#<attempt>``, which Flower shows.
 """
+
 from __future__ import annotations
 
 import logging
@@ -79,7 +80,7 @@ class ClaimLoop:
         for c in claims:
             self.leases.add(c.item_id, c.lease)
         sent = self.send(claims) if claims else []
-        for c in claims[len(sent):]:  # send() publishes in order and stops at the first failure
+        for c in claims[len(sent) :]:  # send() publishes in order and stops at the first failure
             self.leases.discard(c.item_id, c.lease)
         return len(claims)
 
@@ -121,12 +122,16 @@ class ClaimStep(bootsteps.StartStopStep):
             try:
                 with app.producer_or_acquire() as producer:
                     for claim in claims:
-                        app.send_task("tidal.run_item", (claim.item_id, claim.lease), task_id=claim.task_id,
-                                      queue=queue, producer=producer)
+                        app.send_task(
+                            "tidal.run_item",
+                            (claim.item_id, claim.lease),
+                            task_id=claim.task_id,
+                            queue=queue,
+                            producer=producer,
+                        )
                         sent.append(claim)
             except Exception:
-                log.exception("%d claimed items not published; their leases will expire",
-                              len(claims) - len(sent))
+                log.exception("%d claimed items not published; their leases will expire", len(claims) - len(sent))
             return sent
 
         ctx = worker_context(app)

@@ -4,12 +4,14 @@ Built by ``ContextStep`` when the worker starts (one per process, never a global
 shared with the API) and reached by tasks through ``worker_context(app)``.
 Workers run the threads pool, so the claim thread and the tasks share it.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import threading
 
-from celery import Celery, bootsteps
+from celery import Celery
+from celery import bootsteps
 
 from tidal_workers.runtime import Runtime
 

@@ -5,13 +5,17 @@ when a worker sees Redis lost its data, and in the reconcile sweep. Both are
 idempotent: pushing an item that is already queued changes nothing, and an item
 holding a lease is in flight and is left alone.
 """
+
 from __future__ import annotations
 
 import time
 
 from sqlalchemy import select
 
-from tidal_workers.store.models import Batch, BatchStatus, Item, ItemStatus
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
+from tidal_workers.store.models import Item
+from tidal_workers.store.models import ItemStatus
 
 ROWS = 5000
 

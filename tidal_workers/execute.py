@@ -7,6 +7,7 @@ renewing the lease; they become an error line only once ``retry_budget`` is
 spent. A 4xx is the request's own fault: an error line with the engine's
 status and body.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,12 @@ from sqlalchemy import select
 from tidal_workers.context import worker_context
 from tidal_workers.finalize import maybe_finalize
 from tidal_workers.policy.pricing import Usage
-from tidal_workers.result import Outcome, record
-from tidal_workers.store.models import Batch, BatchStatus, Item, ItemStatus
+from tidal_workers.result import Outcome
+from tidal_workers.result import record
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
+from tidal_workers.store.models import Item
+from tidal_workers.store.models import ItemStatus
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +53,11 @@ def _batch_now(rt, batch_id: str):
 def submit(rt, url: str, body: dict, priority: int) -> Outcome:
     """One POST to the engine; raises Transient for anything worth retrying."""
     try:
-        resp = requests.post(rt.settings.vllm_url.rstrip("/") + url, json={**body, "priority": priority},
-                             timeout=rt.settings.request_timeout_seconds)
+        resp = requests.post(
+            rt.settings.vllm_url.rstrip("/") + url,
+            json={**body, "priority": priority},
+            timeout=rt.settings.request_timeout_seconds,
+        )
     except requests.RequestException as exc:
         raise Transient(f"{type(exc).__name__}: {exc}") from exc
     if resp.status_code == 429 or resp.status_code >= 500:
@@ -62,7 +70,9 @@ def submit(rt, url: str, body: dict, priority: int) -> Outcome:
     ok = 200 <= resp.status_code < 300
     return Outcome(
         status=ItemStatus.completed if ok else ItemStatus.failed,
-        response_status=resp.status_code, request_id=request_id, body=resp.text,
+        response_status=resp.status_code,
+        request_id=request_id,
+        body=resp.text,
         usage=Usage.from_response(payload.get("usage")) if ok and isinstance(payload, dict) else Usage(),
     )
 
@@ -90,8 +100,11 @@ def execute_item(rt, item_id: int, lease: str) -> str:
         except Transient as exc:
             failures += 1
             if failures > s.retry_budget:
-                outcome = Outcome(status=ItemStatus.failed, error_code="retry_budget_exhausted",
-                                  error_message=f"The engine failed {failures} times; last: {exc}")
+                outcome = Outcome(
+                    status=ItemStatus.failed,
+                    error_code="retry_budget_exhausted",
+                    error_message=f"The engine failed {failures} times; last: {exc}",
+                )
                 break
             delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
             log.info("item %s: %s; retry %d in %.2fs", item_id, exc, failures, delay)

@@ -7,15 +7,21 @@ batch_expired error lines. Several workers and sweeps may race here, so each
 move starts with a conditional UPDATE of the batch's status: exactly one caller
 wins, and everything else it writes commits (or not) with that UPDATE.
 """
+
 from __future__ import annotations
 
 import json
 import time
 import typing as t
 
-from sqlalchemy import select, update
+from sqlalchemy import select
+from sqlalchemy import update
 
-from tidal_workers.store.models import Batch, BatchStatus, File, Item, ItemStatus
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
+from tidal_workers.store.models import File
+from tidal_workers.store.models import Item
+from tidal_workers.store.models import ItemStatus
 
 ROWS = 2000
 
@@ -29,21 +35,30 @@ def line(item: Item) -> bytes:
     """One line of an output or error file, in OpenAI's format."""
     response = None
     if item.response_status is not None:
-        response = {"status_code": item.response_status, "request_id": item.request_id or "",
-                    "body": json.loads(item.response_body) if item.response_body else None}
+        response = {
+            "status_code": item.response_status,
+            "request_id": item.request_id or "",
+            "body": json.loads(item.response_body) if item.response_body else None,
+        }
     error = None
     if item.error_code is not None:
         error = {"code": item.error_code, "message": item.error_message or ""}
-    return (json.dumps({"id": f"batch_req_{item.id}", "custom_id": item.custom_id,
-                        "response": response, "error": error}) + "\n").encode()
+    return (
+        json.dumps({"id": f"batch_req_{item.id}", "custom_id": item.custom_id, "response": response, "error": error})
+        + "\n"
+    ).encode()
 
 
 def _move(session, batch_id: str, frm: BatchStatus, to: BatchStatus, now: int) -> bool:
     """The election: True for the one caller whose conditional UPDATE moved the batch."""
-    return session.execute(
-        update(Batch).where(Batch.id == batch_id, Batch.status == frm.value)
-        .values(status=to.value, **{f"{to.value}_at": now})
-    ).rowcount == 1
+    return (
+        session.execute(
+            update(Batch)
+            .where(Batch.id == batch_id, Batch.status == frm.value)
+            .values(status=to.value, **{f"{to.value}_at": now})
+        ).rowcount
+        == 1
+    )
 
 
 def _write_file(rt, session, batch: Batch, kind: str, rows: t.Iterable[Item], now: int) -> File | None:
@@ -59,8 +74,16 @@ def _write_file(rt, session, batch: Batch, kind: str, rows: t.Iterable[Item], no
     if not count:  # OpenAI leaves output_file_id / error_file_id null when there is nothing to put in them
         rt.blobs.delete(name)
         return None
-    f = File(tenant_id=batch.tenant_id, filename=f"{batch.id}_{kind}.jsonl", purpose="batch_output",
-             bytes=size, lines=count, created_at=now, expires_at=now + rt.settings.file_expiry_seconds, blob=name)
+    f = File(
+        tenant_id=batch.tenant_id,
+        filename=f"{batch.id}_{kind}.jsonl",
+        purpose="batch_output",
+        bytes=size,
+        lines=count,
+        created_at=now,
+        expires_at=now + rt.settings.file_expiry_seconds,
+        blob=name,
+    )
     session.add(f)
     session.flush()
     return f
@@ -68,8 +91,9 @@ def _write_file(rt, session, batch: Batch, kind: str, rows: t.Iterable[Item], no
 
 def _items(session, batch_id: str, completed: bool):
     status = Item.status == ItemStatus.completed.value if completed else Item.status != ItemStatus.completed.value
-    return session.scalars(select(Item).where(Item.batch_id == batch_id, status).order_by(Item.line)
-                           .execution_options(yield_per=ROWS))
+    return session.scalars(
+        select(Item).where(Item.batch_id == batch_id, status).order_by(Item.line).execution_options(yield_per=ROWS)
+    )
 
 
 def _settle(rt, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: ItemStatus | None = None) -> bool:
@@ -82,8 +106,11 @@ def _settle(rt, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: It
                 return False
             if pending_as is not None:
                 code, message = PENDING_ERRORS[pending_as]
-                s.execute(update(Item).where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
-                          .values(status=pending_as.value, error_code=code, error_message=message, finished_at=now))
+                s.execute(
+                    update(Item)
+                    .where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
+                    .values(status=pending_as.value, error_code=code, error_message=message, finished_at=now)
+                )
             batch = s.get(Batch, batch_id)
             file_ids = {}
             for kind, completed in (("output", True), ("error", False)):
@@ -122,8 +149,9 @@ def expire(rt, batch_id: str) -> bool:
 def maybe_finalize(rt, batch_id: str) -> bool:
     """Finalize ``batch_id`` if its work is over: all items done, or cancelling with nothing in flight."""
     with rt.store.sessions() as s:
-        row = s.execute(select(Batch.status, Batch.total, Batch.completed, Batch.failed)
-                        .where(Batch.id == batch_id)).one_or_none()
+        row = s.execute(
+            select(Batch.status, Batch.total, Batch.completed, Batch.failed).where(Batch.id == batch_id)
+        ).one_or_none()
     if row is None:
         return False
     if row.status == BatchStatus.in_progress.value and row.completed + row.failed >= row.total:

@@ -8,6 +8,7 @@ controller. Anything it cannot trust (no answer within half a period, an HTTP
 error, text that does not parse, a missing series, samples stamped older than
 ``metrics_stale_seconds``) is a failed observation, which closes the gate.
 """
+
 from __future__ import annotations
 
 import logging
@@ -151,7 +152,12 @@ class AimdGate:
         elif st.target != before.target:
             log.info(
                 "gate target %d -> %d (%s: kv_ewma=%.3f online_waiting_ewma=%.2f preemptions=%g inflight=%d)",
-                before.target, st.target, st.decision, st.kv_ewma, st.waiting_ewma, obs.preemptions_total,
+                before.target,
+                st.target,
+                st.decision,
+                st.kv_ewma,
+                st.waiting_ewma,
+                obs.preemptions_total,
                 obs.batch_inflight,
             )
 

@@ -8,17 +8,24 @@ That is also why a task the broker never took is simply sent again: the batch
 row in SQL is the record that ingest is owed (``request_ingest``, and beat's
 reconcile for batches left ``validating``).
 """
+
 from __future__ import annotations
 
 import logging
 import time
 
 from kombu.exceptions import OperationalError
-from sqlalchemy import insert, update
+from sqlalchemy import insert
+from sqlalchemy import update
 
 from tidal_workers.enqueue import enqueue_batch
-from tidal_workers.store.models import Batch, BatchStatus, File, Item
-from tidal_workers.validate import LineError, ParsedLine, validate_file
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
+from tidal_workers.store.models import File
+from tidal_workers.store.models import Item
+from tidal_workers.validate import LineError
+from tidal_workers.validate import ParsedLine
+from tidal_workers.validate import validate_file
 
 CHUNK_ROWS = 5000
 
@@ -35,8 +42,9 @@ def request_ingest(rt, batch_id: str) -> bool:
         rt.celery.send_task("tidal.ingest", args=[batch_id], queue="tidal.ops")
         return True
     except OperationalError as exc:
-        log.warning("batch %s: the broker did not take its ingest task (%s); reconcile will send it again",
-                    batch_id, exc)
+        log.warning(
+            "batch %s: the broker did not take its ingest task (%s); reconcile will send it again", batch_id, exc
+        )
         return False
 
 
@@ -68,8 +76,9 @@ def ingest_batch(rt, batch_id: str) -> None:
             raise FileNotFoundError(batch_id)
         result = validate_file(path, endpoint, rt.settings)
     except FileNotFoundError:
-        errors = [LineError("file_not_found", None, "The input file was deleted before it was validated.",
-                            "input_file_id")]
+        errors = [
+            LineError("file_not_found", None, "The input file was deleted before it was validated.", "input_file_id")
+        ]
         model = None
     else:
         errors, model = result.errors, result.model
@@ -77,20 +86,33 @@ def ingest_batch(rt, batch_id: str) -> None:
     now = int(time.time())
     if errors:
         with rt.store.session() as s:
-            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model,
-                   errors=[e.as_dict() for e in errors])
+            _claim(
+                s,
+                batch_id,
+                status=BatchStatus.failed.value,
+                failed_at=now,
+                model=model,
+                errors=[e.as_dict() for e in errors],
+            )
         return
 
     with rt.store.session() as s:
-        if not _claim(s, batch_id, status=BatchStatus.in_progress.value, in_progress_at=now, model=model,
-                      total=len(result.items)):
+        if not _claim(
+            s, batch_id, status=BatchStatus.in_progress.value, in_progress_at=now, model=model, total=len(result.items)
+        ):
             return
         rows = [
-            {"batch_id": batch_id, "line": p.line, "ordinal": rank, "custom_id": p.custom_id, "url": p.url,
-             "body": p.body}
+            {
+                "batch_id": batch_id,
+                "line": p.line,
+                "ordinal": rank,
+                "custom_id": p.custom_id,
+                "url": p.url,
+                "body": p.body,
+            }
             for rank, p in enumerate(ordered(result.items))
         ]
         for start in range(0, len(rows), CHUNK_ROWS):
-            s.execute(insert(Item), rows[start:start + CHUNK_ROWS])
+            s.execute(insert(Item), rows[start : start + CHUNK_ROWS])
 
     enqueue_batch(rt, batch_id)

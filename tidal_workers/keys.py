@@ -35,6 +35,7 @@ The Lua scripts in ``queue.py`` receive the per-batch, per-item and per-node key
 prefixes below as ARGV, so the layout is still written only here (one Redis, not
 Cluster: the scripts build those names at run time).
 """
+
 from __future__ import annotations
 
 NS = "tidal:"

@@ -5,6 +5,7 @@ Collectors read Redis and SQL at scrape time, so the numbers are never older tha
 the scrape and nothing has to keep gauges up to date. ``MetricsStep`` serves
 them, with the gate's gauges, from each worker on ``TIDAL_WORKER_METRICS_PORT``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,10 +13,12 @@ import logging
 from celery import bootsteps
 from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import REGISTRY, CollectorRegistry
+from prometheus_client.registry import REGISTRY
+from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import select
 
-from tidal_workers.store.models import Batch, BatchStatus
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +28,9 @@ class QueueCollector:
         self.queue = queue
 
     def collect(self):
-        depth = GaugeMetricFamily("tidal_queue_depth", "Items queued in Redis, by batch priority band.",
-                                  labels=["band"])
+        depth = GaugeMetricFamily(
+            "tidal_queue_depth", "Items queued in Redis, by batch priority band.", labels=["band"]
+        )
         for band, n in self.queue.depth_by_band().items():
             depth.add_metric([band], n)
         yield depth
@@ -44,10 +48,16 @@ class BatchCollector:
 
     GAUGES = (
         ("tidal_batch_priority", "vLLM priority the batch's items are sent at (100 = least urgent).", "priority"),
-        ("tidal_batch_laxity_seconds", "Slack left: time to the deadline minus the drain at the observed rate.",
-         "laxity_seconds"),
-        ("tidal_batch_observed_rate", "The batch's settled items per second, as the re-score estimates it.",
-         "observed_rate"),
+        (
+            "tidal_batch_laxity_seconds",
+            "Slack left: time to the deadline minus the drain at the observed rate.",
+            "laxity_seconds",
+        ),
+        (
+            "tidal_batch_observed_rate",
+            "The batch's settled items per second, as the re-score estimates it.",
+            "observed_rate",
+        ),
     )
 
     def __init__(self, store):
@@ -55,8 +65,11 @@ class BatchCollector:
 
     def collect(self):
         with self.store.sessions() as s:
-            rows = s.execute(select(Batch.id, Batch.priority, Batch.laxity_seconds, Batch.observed_rate)
-                             .where(Batch.status == BatchStatus.in_progress.value)).all()
+            rows = s.execute(
+                select(Batch.id, Batch.priority, Batch.laxity_seconds, Batch.observed_rate).where(
+                    Batch.status == BatchStatus.in_progress.value
+                )
+            ).all()
         for name, doc, column in self.GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["batch"])
             for row in rows:

@@ -8,6 +8,7 @@ why only *claimed* items become Celery messages. Key layout: ``keys.py``.
 Times inside the scripts come from Redis's clock, so nodes never compare their
 own clocks.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,14 +67,17 @@ local function lease(popped, batch, itemprefix)
 end
 """
 
-CLAIM = """
+CLAIM = (
+    """
 -- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight
 -- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes
 -- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds
 -- ARGV[4] = ready key prefix  ARGV[5] = ready key suffix  ARGV[6] = item key prefix
 -- Pops the lowest-ordinal items of the lowest-score batch, moving on while it runs dry,
 -- and leases each one. Returns {item id, lease, batch id, ...}.
-""" + _LEASE + """
+"""
+    + _LEASE
+    + """
 local want = tonumber(ARGV[2])
 while want > 0 do
   local top = redis.call('ZRANGE', KEYS[1], 0, 0)
@@ -88,15 +92,19 @@ while want > 0 do
 end
 return out
 """
+)
 
-CLAIM_BATCH = """
+CLAIM_BATCH = (
+    """
 -- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight
 -- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes     KEYS[6] = tidal:b:{batch}:ready
 -- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds
 -- ARGV[4] = batch id  ARGV[5] = item key prefix
 -- The floor's claim: pops the lowest-ordinal items of one named batch, whatever its score,
 -- and leases each one. Returns {item id, lease, batch id, ...}.
-""" + _LEASE + """
+"""
+    + _LEASE
+    + """
 local want = tonumber(ARGV[2])
 local popped = redis.call('ZPOPMIN', KEYS[6], want)
 if #popped < 2 * want then
@@ -105,6 +113,7 @@ end
 lease(popped, ARGV[4], ARGV[5])
 return out
 """
+)
 
 RENEW = """
 -- KEYS[1] = tidal:inflight  KEYS[2] = tidal:node:{node}:inflight  KEYS[3] = tidal:lease
@@ -280,8 +289,7 @@ class Queue:
         self._depth = client.register_script(DEPTH)
 
     # --- producers -----------------------------------------------------------
-    def enqueue_batch(self, batch_id: str, priority: int, deadline: float,
-                      items: t.Iterable[tuple[int, int]]) -> int:
+    def enqueue_batch(self, batch_id: str, priority: int, deadline: float, items: t.Iterable[tuple[int, int]]) -> int:
         """Queue ``(item_id, ordinal)`` pairs of an open batch; leased items are skipped. Returns how many."""
         score = batch_score(priority, deadline)
         keys_ = [keys.BATCHES, keys.LEASES, keys.batch(batch_id), keys.ready(batch_id)]
@@ -297,13 +305,17 @@ class Queue:
 
     def rescore(self, batch_id: str, priority: int, deadline: float) -> bool:
         """Re-order all of a batch's queued items with one ZADD XX; False if the batch is not queued."""
-        return bool(self._rescore(keys=[keys.BATCHES, keys.batch(batch_id)],
-                                  args=[batch_id, batch_score(priority, deadline)]))
+        return bool(
+            self._rescore(keys=[keys.BATCHES, keys.batch(batch_id)], args=[batch_id, batch_score(priority, deadline)])
+        )
 
     def drop_batch(self, batch_id: str) -> int:
         """Forget a batch's queued items (cancel, expiry, finalize); returns how many were dropped."""
-        return int(self._drop(keys=[keys.BATCHES, keys.batch(batch_id), keys.ready(batch_id)],
-                              args=[batch_id, keys.ITEM_PREFIX]))
+        return int(
+            self._drop(
+                keys=[keys.BATCHES, keys.batch(batch_id), keys.ready(batch_id)], args=[batch_id, keys.ITEM_PREFIX]
+            )
+        )
 
     # --- consumers -------------------------------------------------------------
     def claim(self, node: str, n: int, lease_seconds: float) -> list[Claim]:
@@ -321,8 +333,7 @@ class Queue:
         if n <= 0:
             return []
         flat = self._claim_batch(
-            keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.NODES,
-                  keys.ready(batch_id)],
+            keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.NODES, keys.ready(batch_id)],
             args=[node, n, lease_seconds, batch_id, keys.ITEM_PREFIX],
         )
         return [Claim(int(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
@@ -332,17 +343,18 @@ class Queue:
         pairs = [x for pair in leases for x in pair]
         if not pairs:
             return []
-        lost = self._renew(keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES],
-                           args=[lease_seconds, *pairs])
+        lost = self._renew(keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[lease_seconds, *pairs])
         return [int(i) for i in lost]
 
     def complete(self, item_id: int, lease: str) -> bool:
         """Forget a settled item if ``lease`` is still its lease; False for a stale attempt."""
         node, _ = parse_lease(lease)
-        return bool(self._complete(
-            keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.item(item_id)],
-            args=[item_id, lease],
-        ))
+        return bool(
+            self._complete(
+                keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.item(item_id)],
+                args=[item_id, lease],
+            )
+        )
 
     def lease_current(self, item_id: int, lease: str) -> bool:
         return self.redis.hget(keys.LEASES, str(item_id)) == lease
@@ -351,8 +363,15 @@ class Queue:
         """Requeue items whose lease expired (their worker died); abandon those of dropped batches."""
         flat = self._reclaim(
             keys=[keys.BATCHES, keys.INFLIGHT, keys.LEASES],
-            args=[limit, keys.BATCH_PREFIX, keys.READY_PREFIX, keys.READY_SUFFIX, keys.ITEM_PREFIX,
-                  keys.NODE_PREFIX, keys.NODE_SUFFIX],
+            args=[
+                limit,
+                keys.BATCH_PREFIX,
+                keys.READY_PREFIX,
+                keys.READY_SUFFIX,
+                keys.ITEM_PREFIX,
+                keys.NODE_PREFIX,
+                keys.NODE_SUFFIX,
+            ],
         )
         return [Reclaimed(int(flat[i]), flat[i + 1], bool(int(flat[i + 2]))) for i in range(0, len(flat), 3)]
 

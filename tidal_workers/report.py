@@ -3,17 +3,24 @@
 Only completed items are billed, so both views sum completed items' usage;
 a day is the UTC day an item finished.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import typing as t
 
-from sqlalchemy import func, select
+from sqlalchemy import func
+from sqlalchemy import select
 
 from config import Settings
-from tidal_workers.policy.pricing import Cost, Usage, cost
-from tidal_workers.store import Batch, Item, ItemStatus, Store
+from tidal_workers.policy.pricing import Cost
+from tidal_workers.policy.pricing import Usage
+from tidal_workers.policy.pricing import cost
+from tidal_workers.store import Batch
+from tidal_workers.store import Item
+from tidal_workers.store import ItemStatus
+from tidal_workers.store import Store
 
 DAY = 86_400
 
@@ -22,37 +29,50 @@ DAY = 86_400
 class Filters:
     tenant: str | None = None
     model: str | None = None
-    since: dt.date | None = None   # inclusive, UTC
-    until: dt.date | None = None   # inclusive, UTC
+    since: dt.date | None = None  # inclusive, UTC
+    until: dt.date | None = None  # inclusive, UTC
 
     def bounds(self) -> tuple[int | None, int | None]:
-        lo = int(dt.datetime.combine(self.since, dt.time(), dt.timezone.utc).timestamp()) if self.since else None
-        hi = int(dt.datetime.combine(self.until, dt.time(), dt.timezone.utc).timestamp()) + DAY if self.until else None
+        lo = int(dt.datetime.combine(self.since, dt.time(), dt.UTC).timestamp()) if self.since else None
+        hi = int(dt.datetime.combine(self.until, dt.time(), dt.UTC).timestamp()) + DAY if self.until else None
         return lo, hi
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    key: str            # batch id, or the day as YYYY-MM-DD
+    key: str  # batch id, or the day as YYYY-MM-DD
     model: str
     items: int
     usage: Usage
     cost: Cost
 
     def as_dict(self) -> dict[str, t.Any]:
-        return {"key": self.key, "model": self.model, "items": self.items,
-                "input_tokens": self.usage.input_tokens, "cached_tokens": self.usage.cached_tokens,
-                "output_tokens": self.usage.output_tokens, "total_tokens": self.usage.total_tokens,
-                "online_usd": round(self.cost.online_usd, 6), "batch_usd": round(self.cost.batch_usd, 6),
-                "saved_usd": round(self.cost.saved_usd, 6)}
+        return {
+            "key": self.key,
+            "model": self.model,
+            "items": self.items,
+            "input_tokens": self.usage.input_tokens,
+            "cached_tokens": self.usage.cached_tokens,
+            "output_tokens": self.usage.output_tokens,
+            "total_tokens": self.usage.total_tokens,
+            "online_usd": round(self.cost.online_usd, 6),
+            "batch_usd": round(self.cost.batch_usd, 6),
+            "saved_usd": round(self.cost.saved_usd, 6),
+        }
 
 
 def _completed_items(filters: Filters):
-    q = (select(func.count(Item.id), func.coalesce(func.sum(Item.input_tokens), 0),
-                func.coalesce(func.sum(Item.cached_tokens), 0), func.coalesce(func.sum(Item.output_tokens), 0),
-                func.coalesce(func.sum(Item.reasoning_tokens), 0))
-         .join(Batch, Batch.id == Item.batch_id)
-         .where(Item.status == ItemStatus.completed.value))
+    q = (
+        select(
+            func.count(Item.id),
+            func.coalesce(func.sum(Item.input_tokens), 0),
+            func.coalesce(func.sum(Item.cached_tokens), 0),
+            func.coalesce(func.sum(Item.output_tokens), 0),
+            func.coalesce(func.sum(Item.reasoning_tokens), 0),
+        )
+        .join(Batch, Batch.id == Item.batch_id)
+        .where(Item.status == ItemStatus.completed.value)
+    )
     lo, hi = filters.bounds()
     if lo is not None:
         q = q.where(Item.finished_at >= lo)
@@ -66,8 +86,9 @@ def _completed_items(filters: Filters):
 
 
 def _row(key: str, model: str | None, agg: t.Sequence[int], settings: Settings) -> Row:
-    usage = Usage(input_tokens=int(agg[1]), cached_tokens=int(agg[2]), output_tokens=int(agg[3]),
-                  reasoning_tokens=int(agg[4]))
+    usage = Usage(
+        input_tokens=int(agg[1]), cached_tokens=int(agg[2]), output_tokens=int(agg[3]), reasoning_tokens=int(agg[4])
+    )
     model = model or "*"
     return Row(key, model, int(agg[0]), usage, cost(usage, model, settings.price_table, settings.batch_discount))
 
@@ -84,7 +105,7 @@ def per_day(store: Store, settings: Settings, filters: Filters) -> list[Row]:
     with store.sessions() as s:
         rows = []
         for r in s.execute(q):
-            date = dt.datetime.fromtimestamp(int(r[5]) * DAY, dt.timezone.utc).date().isoformat()
+            date = dt.datetime.fromtimestamp(int(r[5]) * DAY, dt.UTC).date().isoformat()
             rows.append(_row(date, r[6], r, settings))
         return rows
 

@@ -17,18 +17,25 @@ over (a batch reads "no rate yet" and sits at its window's laxity until a τ of
 evidence comes back). It expires after 4 τ unwatched, by when the old
 state would weigh e⁻⁴ ≈ 2 % of the next reading anyway.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
 
-from sqlalchemy import select, update
+from sqlalchemy import select
+from sqlalchemy import update
 
 from tidal_workers import keys
-from tidal_workers.policy.laxity import RateEstimator, floor_engaged, laxity_seconds, priority_for, urgency
+from tidal_workers.policy.laxity import RateEstimator
+from tidal_workers.policy.laxity import floor_engaged
+from tidal_workers.policy.laxity import laxity_seconds
+from tidal_workers.policy.laxity import priority_for
+from tidal_workers.policy.laxity import urgency
 from tidal_workers.queue import score_priority
-from tidal_workers.store.models import Batch, BatchStatus
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
 
 STATE_TTL_TAUS = 4
 
@@ -38,23 +45,37 @@ class Rescored:
     batch_id: str
     priority: int
     laxity_seconds: float | None  # None: the batch is not draining at all (rate 0), laxity -inf
-    observed_rate: float | None   # None: no rate yet
+    observed_rate: float | None  # None: no rate yet
     urgency: float
-    moved: bool                   # the queue score was changed by this pass
+    moved: bool  # the queue score was changed by this pass
 
 
 def estimator_from(h: dict[str, str], tau: float) -> RateEstimator:
     """The estimator stored as ``tidal:rate:{batch}`` (a fresh one if the hash is gone)."""
     if not h:
         return RateEstimator(tau=tau)
-    return RateEstimator(tau=tau, last_at=float(h["last_at"]), last_done=int(h["last_done"]),
-                         mean=float(h["mean"]), weight=float(h["weight"]), seen_completion=h["seen"] == "1")
+    return RateEstimator(
+        tau=tau,
+        last_at=float(h["last_at"]),
+        last_done=int(h["last_done"]),
+        mean=float(h["mean"]),
+        weight=float(h["weight"]),
+        seen_completion=h["seen"] == "1",
+    )
 
 
 def _save_estimator(pipe, batch_id: str, est: RateEstimator, ttl: float) -> None:
     key = keys.rate(batch_id)
-    pipe.hset(key, mapping={"last_at": repr(est.last_at), "last_done": est.last_done, "mean": repr(est.mean),
-                            "weight": repr(est.weight), "seen": int(est.seen_completion)})
+    pipe.hset(
+        key,
+        mapping={
+            "last_at": repr(est.last_at),
+            "last_done": est.last_done,
+            "mean": repr(est.mean),
+            "weight": repr(est.weight),
+            "seen": int(est.seen_completion),
+        },
+    )
     pipe.expire(key, max(1, math.ceil(ttl)))
 
 
@@ -65,7 +86,9 @@ def rescore(rt, now: float | None = None) -> list[Rescored]:
     with rt.store.sessions() as session:
         rows = session.execute(
             select(Batch.id, Batch.expires_at, Batch.total, Batch.completed, Batch.failed)
-            .where(Batch.status == BatchStatus.in_progress.value).order_by(Batch.id)).all()
+            .where(Batch.status == BatchStatus.in_progress.value)
+            .order_by(Batch.id)
+        ).all()
     with rt.redis.pipeline(transaction=False) as p:
         for row in rows:
             p.hget(keys.batch(row.id), "score")
@@ -88,10 +111,11 @@ def rescore(rt, now: float | None = None) -> list[Rescored]:
         p.execute()
     with rt.store.session() as session:
         for r in out:
-            session.execute(update(Batch).where(Batch.id == r.batch_id,
-                                                Batch.status == BatchStatus.in_progress.value)
-                            .values(priority=r.priority, laxity_seconds=r.laxity_seconds,
-                                    observed_rate=r.observed_rate))
+            session.execute(
+                update(Batch)
+                .where(Batch.id == r.batch_id, Batch.status == BatchStatus.in_progress.value)
+                .values(priority=r.priority, laxity_seconds=r.laxity_seconds, observed_rate=r.observed_rate)
+            )
     # SQL first: a worker submitting between the two writes already sends the new priority.
     expires = {row.id: row.expires_at for row in rows}
     for r in out:

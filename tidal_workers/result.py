@@ -5,17 +5,21 @@ idempotent: ``UPDATE items ... WHERE status = 'pending'`` lets the first write
 win, and a result under a lease that is no longer current is dropped before it
 gets there. request_counts and billed usage move in the same transaction.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
 
-from sqlalchemy import select, update
+from sqlalchemy import select
+from sqlalchemy import update
 
 from tidal_workers.finalize import maybe_finalize
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.queue import parse_lease
-from tidal_workers.store.models import Batch, Item, ItemStatus
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import Item
+from tidal_workers.store.models import ItemStatus
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,24 +45,39 @@ def record(rt, item_id: int, batch_id: str, lease: str, outcome: Outcome) -> boo
     with rt.store.session() as s:
         # Lock the batch row first, as finalize does, so the two never deadlock on PostgreSQL.
         s.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
-        written = s.execute(
-            update(Item)
-            .where(Item.id == item_id, Item.status == ItemStatus.pending.value)
-            .values(status=outcome.status.value, attempts=parse_lease(lease)[1],
-                    response_status=outcome.response_status, request_id=outcome.request_id,
-                    response_body=outcome.body, error_code=outcome.error_code,
-                    error_message=outcome.error_message, finished_at=now,
-                    input_tokens=usage.input_tokens, cached_tokens=usage.cached_tokens,
-                    output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens)
-        ).rowcount == 1
+        written = (
+            s.execute(
+                update(Item)
+                .where(Item.id == item_id, Item.status == ItemStatus.pending.value)
+                .values(
+                    status=outcome.status.value,
+                    attempts=parse_lease(lease)[1],
+                    response_status=outcome.response_status,
+                    request_id=outcome.request_id,
+                    response_body=outcome.body,
+                    error_code=outcome.error_code,
+                    error_message=outcome.error_message,
+                    finished_at=now,
+                    input_tokens=usage.input_tokens,
+                    cached_tokens=usage.cached_tokens,
+                    output_tokens=usage.output_tokens,
+                    reasoning_tokens=usage.reasoning_tokens,
+                )
+            ).rowcount
+            == 1
+        )
         if written and completed:  # only completed items are billed
-            s.execute(update(Batch).where(Batch.id == batch_id).values(
-                completed=Batch.completed + 1,
-                input_tokens=Batch.input_tokens + usage.input_tokens,
-                cached_tokens=Batch.cached_tokens + usage.cached_tokens,
-                output_tokens=Batch.output_tokens + usage.output_tokens,
-                reasoning_tokens=Batch.reasoning_tokens + usage.reasoning_tokens,
-            ))
+            s.execute(
+                update(Batch)
+                .where(Batch.id == batch_id)
+                .values(
+                    completed=Batch.completed + 1,
+                    input_tokens=Batch.input_tokens + usage.input_tokens,
+                    cached_tokens=Batch.cached_tokens + usage.cached_tokens,
+                    output_tokens=Batch.output_tokens + usage.output_tokens,
+                    reasoning_tokens=Batch.reasoning_tokens + usage.reasoning_tokens,
+                )
+            )
         elif written:
             s.execute(update(Batch).where(Batch.id == batch_id).values(failed=Batch.failed + 1))
     rt.queue.complete(item_id, lease)

@@ -4,6 +4,7 @@ The API keeps one in ``app.extensions["tidal"]``; a worker builds one at start-u
 Passing it explicitly (never a global) keeps Celery tasks and tests free of
 request contexts and lets a test build a runtime on its own Redis DB and database.
 """
+
 from __future__ import annotations
 
 import functools

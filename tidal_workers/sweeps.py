@@ -4,6 +4,7 @@ Every sweep is idempotent, so a sweep that fires twice, or races a worker
 doing the same thing, changes nothing the second time. Claim threads also
 reclaim and rebuild on their own, so recovery never waits on beat alone.
 """
+
 from __future__ import annotations
 
 import time
@@ -14,17 +15,20 @@ from sqlalchemy import select
 from tidal_workers import finalize
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
-from tidal_workers.ingest import ingest_batch, request_ingest
+from tidal_workers.ingest import ingest_batch
+from tidal_workers.ingest import request_ingest
 from tidal_workers.rescore import rescore
-from tidal_workers.store.models import Batch, BatchStatus
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
 
 
 def expire_due(rt, now: float | None = None) -> list[str]:
     """Expire every in-progress batch past its expires_at; returns the ids this call expired."""
     now = time.time() if now is None else now
     with rt.store.sessions() as s:
-        due = list(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.in_progress.value,
-                                                    Batch.expires_at <= now)))
+        due = list(
+            s.scalars(select(Batch.id).where(Batch.status == BatchStatus.in_progress.value, Batch.expires_at <= now))
+        )
     return [batch_id for batch_id in due if finalize.expire(rt, batch_id)]
 
 
@@ -43,13 +47,27 @@ def reconcile(rt, now: float | None = None) -> int:
     queued = rebuild(rt)
     stuck_since = now - rt.settings.reconcile_seconds
     with rt.store.sessions() as s:
-        unvalidated = list(s.scalars(select(Batch.id).where(
-            Batch.status == BatchStatus.validating.value, Batch.created_at <= now - rt.settings.ingest_resend_seconds)))
-        done = list(s.scalars(select(Batch.id).where(
-            Batch.status == BatchStatus.in_progress.value, Batch.completed + Batch.failed >= Batch.total)))
+        unvalidated = list(
+            s.scalars(
+                select(Batch.id).where(
+                    Batch.status == BatchStatus.validating.value,
+                    Batch.created_at <= now - rt.settings.ingest_resend_seconds,
+                )
+            )
+        )
+        done = list(
+            s.scalars(
+                select(Batch.id).where(
+                    Batch.status == BatchStatus.in_progress.value, Batch.completed + Batch.failed >= Batch.total
+                )
+            )
+        )
         cancelling = list(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.cancelling.value)))
-        finalizing = list(s.scalars(select(Batch.id).where(
-            Batch.status == BatchStatus.finalizing.value, Batch.finalizing_at <= stuck_since)))
+        finalizing = list(
+            s.scalars(
+                select(Batch.id).where(Batch.status == BatchStatus.finalizing.value, Batch.finalizing_at <= stuck_since)
+            )
+        )
     for batch_id in unvalidated:
         request_ingest(rt, batch_id)
     for batch_id in done + cancelling:

@@ -5,6 +5,7 @@ parsing state plus the accepted requests. Error codes follow OpenAI's batch
 errors (``errors.data[]`` = {code, line, message, param}); after
 ``MAX_REPORTED_ERRORS`` further errors are counted but not kept.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,27 +16,27 @@ from pathlib import Path
 from config import Settings
 
 MAX_REPORTED_ERRORS = 1000
-PREFIX_CHARS = 512   # prompt text kept to group requests that share a prefix
+PREFIX_CHARS = 512  # prompt text kept to group requests that share a prefix
 MAX_CUSTOM_ID = 512  # items.custom_id
-MAX_MODEL = 256      # batches.model
+MAX_MODEL = 256  # batches.model
 _BOM = b"\xef\xbb\xbf"
 _REQUIRED = ("custom_id", "method", "url", "body")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ParsedLine:
-    line: int           # 1-based line in the file
+    line: int  # 1-based line in the file
     custom_id: str
     url: str
-    body: str           # the request body as compact JSON text
+    body: str  # the request body as compact JSON text
     model: str | None
-    prefix_key: str     # start of the prompt text; equal keys are claimed next to each other
+    prefix_key: str  # start of the prompt text; equal keys are claimed next to each other
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LineError:
     code: str
-    line: int | None    # None for errors about the whole file
+    line: int | None  # None for errors about the whole file
     message: str
     param: str | None
 
@@ -113,24 +114,26 @@ def parse_line(number: int, text: str, endpoint: str) -> ParsedLine | LineError:
             return LineError("missing_required_parameter", number, f"Missing required parameter: '{name}'.", name)
     custom_id, method, url, body = obj["custom_id"], obj["method"], obj["url"], obj["body"]
     if not isinstance(custom_id, str) or not _storable(custom_id, MAX_CUSTOM_ID):
-        return LineError("invalid_request", number,
-                         f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters.", "custom_id")
+        return LineError(
+            "invalid_request", number, f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters.", "custom_id"
+        )
     if method != "POST":
         return LineError("invalid_request", number, "Only the POST method is supported in the Batch API.", "method")
     if url != endpoint:
-        return LineError("invalid_url", number,
-                         "The URL provided for this request does not match the batch endpoint.", "url")
+        return LineError(
+            "invalid_url", number, "The URL provided for this request does not match the batch endpoint.", "url"
+        )
     if not isinstance(body, dict):
         return LineError("invalid_request", number, "body must be a JSON object.", "body")
     if body.get("stream") is True:
-        return LineError("streaming_unsupported", number, "Streaming is not supported in the Batch API.",
-                         "body.stream")
+        return LineError("streaming_unsupported", number, "Streaming is not supported in the Batch API.", "body.stream")
     model = body.get("model")
     if model is None:
         return LineError("invalid_request", number, "Model parameter is required.", "body.model")
     if not isinstance(model, str) or not _storable(model, MAX_MODEL):
-        return LineError("invalid_request", number, f"model must be a string of 1 to {MAX_MODEL} characters.",
-                         "body.model")
+        return LineError(
+            "invalid_request", number, f"model must be a string of 1 to {MAX_MODEL} characters.", "body.model"
+        )
     return ParsedLine(number, custom_id, url, _dumps(body), model, prefix_key(body))
 
 
@@ -149,7 +152,7 @@ def validate_file(path: Path, endpoint: str, settings: Settings) -> Validation:
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             if number == 1 and raw.startswith(_BOM):
-                raw = raw[len(_BOM):]
+                raw = raw[len(_BOM) :]
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -159,28 +162,51 @@ def validate_file(path: Path, endpoint: str, settings: Settings) -> Validation:
                 continue
             requests += 1
             if requests == settings.max_file_lines + 1:
-                fail(LineError("too_many_lines", number,
-                               f"A batch input file may hold at most {settings.max_file_lines} requests.", None))
+                fail(
+                    LineError(
+                        "too_many_lines",
+                        number,
+                        f"A batch input file may hold at most {settings.max_file_lines} requests.",
+                        None,
+                    )
+                )
             parsed = parse_line(number, text, endpoint)
             if isinstance(parsed, LineError):
                 fail(parsed)
                 continue
             if allowed and parsed.model not in allowed:
-                fail(LineError("model_not_found", number,
-                               f"The provided model '{_short(parsed.model)}' is not supported by the Batch API.",
-                               "body.model"))
+                fail(
+                    LineError(
+                        "model_not_found",
+                        number,
+                        f"The provided model '{_short(parsed.model)}' is not supported by the Batch API.",
+                        "body.model",
+                    )
+                )
                 continue
             if result.model is None:
                 result.model = parsed.model
             elif parsed.model != result.model:
-                fail(LineError("mismatched_model", number,
-                               f"The model '{_short(parsed.model)}' differs from '{_short(result.model)}' of "
-                               "earlier requests; all requests in a batch must use the same model.", "body.model"))
+                fail(
+                    LineError(
+                        "mismatched_model",
+                        number,
+                        f"The model '{_short(parsed.model)}' differs from '{_short(result.model)}' of "
+                        "earlier requests; all requests in a batch must use the same model.",
+                        "body.model",
+                    )
+                )
                 continue
             if parsed.custom_id in seen:
-                fail(LineError("duplicate_custom_id", number,
-                               f"The custom_id '{_short(parsed.custom_id)}' is used by an earlier request; "
-                               "custom_id must be unique within a batch.", "custom_id"))
+                fail(
+                    LineError(
+                        "duplicate_custom_id",
+                        number,
+                        f"The custom_id '{_short(parsed.custom_id)}' is used by an earlier request; "
+                        "custom_id must be unique within a batch.",
+                        "custom_id",
+                    )
+                )
                 continue
             seen.add(parsed.custom_id)
             result.items.append(parsed)

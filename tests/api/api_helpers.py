@@ -1,4 +1,5 @@
 """Builders of batch input lines and checks of the error envelope, shared by the API tests."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,12 @@ CHAT = "/v1/chat/completions"
 
 
 def request_line(custom_id: str, content: str = "hello", *, model: str = "tiny", url: str = CHAT, **body) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": url,
-            "body": {"model": model, "messages": [{"role": "user", "content": content}], **body}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": url,
+        "body": {"model": model, "messages": [{"role": "user", "content": content}], **body},
+    }
 
 
 def jsonl(lines: list) -> bytes:

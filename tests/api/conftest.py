@@ -1,10 +1,10 @@
 """Clients of the live API: the official openai SDK per tenant, and raw httpx for what the SDK cannot send."""
+
 from __future__ import annotations
 
 import httpx
 import openai
 import pytest
-
 from api_helpers import jsonl
 
 
@@ -35,6 +35,8 @@ def http(live_api) -> httpx.Client:
 @pytest.fixture
 def batch_file(acme):
     """Upload JSONL for purpose batch; returns the file id."""
+
     def upload(lines: list, name: str = "input.jsonl") -> str:
         return acme.files.create(file=(name, jsonl(lines)), purpose="batch").id
+
     return upload

@@ -1,13 +1,16 @@
 """Hostile and malformed requests: every answer is a 4xx in OpenAI's envelope, never a 500."""
+
 from __future__ import annotations
 
 import httpx
-
-from api_helpers import CHAT, error_of
+from api_helpers import CHAT
+from api_helpers import error_of
 
 MULTIPART_X = {"Content-Type": "multipart/form-data; boundary=x"}
-NOT_UTF8 = (b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n\xed\xb3\xbf\r\n'  # a lone surrogate
-            b'--x\r\nContent-Disposition: form-data; name="file"; filename="\xff\xfe"\r\n\r\n{}\r\n--x--\r\n')
+NOT_UTF8 = (
+    b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n\xed\xb3\xbf\r\n'  # a lone surrogate
+    b'--x\r\nContent-Disposition: form-data; name="file"; filename="\xff\xfe"\r\n\r\n{}\r\n--x--\r\n'
+)
 DEEP = b'{"input_file_id": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
 
 BAD = [
@@ -35,8 +38,11 @@ BAD = [
     ("POST", "/v1/batches", {"json": {"input_file_id": {"$ne": 1}, "endpoint": CHAT, "completion_window": "24h"}}),
     ("POST", "/v1/batches", {"json": {"input_file_id": "f", "endpoint": [CHAT], "completion_window": "24h"}}),
     ("POST", "/v1/batches", {"json": {"input_file_id": "f", "endpoint": CHAT, "completion_window": 24}}),
-    ("POST", "/v1/batches", {"json": {"input_file_id": "f", "endpoint": CHAT, "completion_window": "24h",
-                                      "metadata": {"k\x00": "v\x00"}}}),
+    (
+        "POST",
+        "/v1/batches",
+        {"json": {"input_file_id": "f", "endpoint": CHAT, "completion_window": "24h", "metadata": {"k\x00": "v\x00"}}},
+    ),
     ("POST", "/v1/batches", {"content": b"null", "headers": {"Content-Type": "application/json"}}),
     ("GET", "/v1/batches", {"params": {"limit": "twenty"}}),
     ("GET", "/v1/batches", {"params": {"after": "\x00"}}),

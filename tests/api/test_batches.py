@@ -1,19 +1,29 @@
 """/v1/batches through the openai SDK (sync and async) against a live server, with the store checked in SQL."""
+
 from __future__ import annotations
 
 import asyncio
 
 import openai
 import pytest
-from sqlalchemy import select, update
+from api_helpers import CHAT
+from api_helpers import error_of
+from api_helpers import jsonl
+from api_helpers import request_line
+from sqlalchemy import select
+from sqlalchemy import update
 
-from api_helpers import CHAT, error_of, jsonl, request_line
-from tidal_workers.store.models import Batch, Item
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import Item
 
 
 def _create(client, file_id, **kw):
-    return client.batches.create(input_file_id=file_id, endpoint=kw.pop("endpoint", CHAT),
-                                 completion_window=kw.pop("completion_window", "24h"), **kw)
+    return client.batches.create(
+        input_file_id=file_id,
+        endpoint=kw.pop("endpoint", CHAT),
+        completion_window=kw.pop("completion_window", "24h"),
+        **kw,
+    )
 
 
 def _set_status(rt, batch_id, status):
@@ -23,20 +33,37 @@ def _set_status(rt, batch_id, status):
 
 def test_create_validates_inline_and_stores_items_in_prefix_order(acme, batch_file, rt):
     shared = "You are a careful translator. " * 4
-    lines = [request_line("a", "zebra"), request_line("b", shared + "one"), request_line("c", "apple"),
-             request_line("d", shared + "two")]
+    lines = [
+        request_line("a", "zebra"),
+        request_line("b", shared + "one"),
+        request_line("c", "apple"),
+        request_line("d", shared + "two"),
+    ]
     b = _create(acme, batch_file(lines), metadata={"team": "search"})
-    assert (b.object, b.status, b.endpoint, b.completion_window, b.model) == ("batch", "in_progress", CHAT, "24h",
-                                                                             "tiny")
+    assert (b.object, b.status, b.endpoint, b.completion_window, b.model) == (
+        "batch",
+        "in_progress",
+        CHAT,
+        "24h",
+        "tiny",
+    )
     assert b.expires_at == b.created_at + rt.settings.completion_window_seconds
     assert b.in_progress_at is not None and b.failed_at is None and b.errors is None
     assert b.request_counts.model_dump() == {"total": 4, "completed": 0, "failed": 0}
     assert b.metadata == {"team": "search"}
-    assert b.usage.model_dump() == {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0},
-                                    "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
-                                    "total_tokens": 0}
-    assert b.model_extra["tidal"] == {"priority": 100, "laxity_seconds": None, "observed_rate": None,
-                                      "cost": {"batch_usd": 0.0, "online_usd": 0.0, "saved_usd": 0.0}}
+    assert b.usage.model_dump() == {
+        "input_tokens": 0,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 0,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 0,
+    }
+    assert b.model_extra["tidal"] == {
+        "priority": 100,
+        "laxity_seconds": None,
+        "observed_rate": None,
+        "cost": {"batch_usd": 0.0, "online_usd": 0.0, "saved_usd": 0.0},
+    }
     with rt.store.sessions() as s:
         items = s.scalars(select(Item).where(Item.batch_id == b.id).order_by(Item.ordinal)).all()
     assert [i.custom_id for i in items] == ["b", "d", "c", "a"]  # by prompt prefix: the shared ones adjacent
@@ -45,14 +72,23 @@ def test_create_validates_inline_and_stores_items_in_prefix_order(acme, batch_fi
 
 
 def test_invalid_file_fails_the_batch_with_line_errors_and_queues_nothing(acme, batch_file, rt):
-    lines = [request_line("ok"), "{not json", request_line("ok"), request_line("s", stream=True),
-             request_line("u", url="/v1/embeddings"), {"custom_id": "m", "url": CHAT, "body": {"model": "tiny"}}]
+    lines = [
+        request_line("ok"),
+        "{not json",
+        request_line("ok"),
+        request_line("s", stream=True),
+        request_line("u", url="/v1/embeddings"),
+        {"custom_id": "m", "url": CHAT, "body": {"model": "tiny"}},
+    ]
     b = _create(acme, batch_file(lines))
     assert b.status == "failed" and b.failed_at is not None and b.request_counts.total == 0
     assert [(e.code, e.line, e.param) for e in b.errors.data] == [
-        ("invalid_json_line", 2, None), ("duplicate_custom_id", 3, "custom_id"),
-        ("streaming_unsupported", 4, "body.stream"), ("invalid_url", 5, "url"),
-        ("missing_required_parameter", 6, "method")]
+        ("invalid_json_line", 2, None),
+        ("duplicate_custom_id", 3, "custom_id"),
+        ("streaming_unsupported", 4, "body.stream"),
+        ("invalid_url", 5, "url"),
+        ("missing_required_parameter", 6, "method"),
+    ]
     assert all(e.message for e in b.errors.data)
     with rt.store.sessions() as s:
         assert s.scalars(select(Item).where(Item.batch_id == b.id)).all() == []
@@ -66,23 +102,46 @@ def test_one_model_per_file(acme, batch_file):
 def test_create_parameter_errors(acme, batch_file, globex, http):
     fid = batch_file([request_line("1")])
     cases = [
-        ({"input_file_id": fid, "endpoint": "/v1/moderations", "completion_window": "24h"}, "invalid_value",
-         "endpoint"),
+        (
+            {"input_file_id": fid, "endpoint": "/v1/moderations", "completion_window": "24h"},
+            "invalid_value",
+            "endpoint",
+        ),
         ({"input_file_id": fid, "endpoint": CHAT, "completion_window": "48h"}, "invalid_value", "completion_window"),
         ({"endpoint": CHAT, "completion_window": "24h"}, "missing_required_parameter", "input_file_id"),
         ({"input_file_id": fid, "completion_window": "24h"}, "missing_required_parameter", "endpoint"),
         ({"input_file_id": fid, "endpoint": CHAT}, "missing_required_parameter", "completion_window"),
         ({"input_file_id": 7, "endpoint": CHAT, "completion_window": "24h"}, "invalid_type", "input_file_id"),
-        ({"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", "metadata": ["x"]}, "invalid_type",
-         "metadata"),
-        ({"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h",
-          "metadata": {str(i): "v" for i in range(17)}}, "invalid_value", "metadata"),
-        ({"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", "metadata": {"k" * 65: "v"}},
-         "invalid_value", "metadata"),
-        ({"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", "metadata": {"k": "v" * 513}},
-         "invalid_value", "metadata.k"),
-        ({"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", "metadata": {"k": 1}},
-         "invalid_type", "metadata.k"),
+        (
+            {"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", "metadata": ["x"]},
+            "invalid_type",
+            "metadata",
+        ),
+        (
+            {
+                "input_file_id": fid,
+                "endpoint": CHAT,
+                "completion_window": "24h",
+                "metadata": {str(i): "v" for i in range(17)},
+            },
+            "invalid_value",
+            "metadata",
+        ),
+        (
+            {"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", "metadata": {"k" * 65: "v"}},
+            "invalid_value",
+            "metadata",
+        ),
+        (
+            {"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", "metadata": {"k": "v" * 513}},
+            "invalid_value",
+            "metadata.k",
+        ),
+        (
+            {"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", "metadata": {"k": 1}},
+            "invalid_type",
+            "metadata.k",
+        ),
     ]
     for body, code, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
@@ -96,8 +155,10 @@ def test_create_parameter_errors(acme, batch_file, globex, http):
     with pytest.raises(openai.BadRequestError) as e:
         _create(acme, evals)
     assert (e.value.code, e.value.param) == ("invalid_value", "input_file_id")
-    for other in (globex.files.create(file=("g.jsonl", jsonl([request_line("1")])), purpose="batch").id,
-                  "file-doesnotexist"):
+    for other in (
+        globex.files.create(file=("g.jsonl", jsonl([request_line("1")])), purpose="batch").id,
+        "file-doesnotexist",
+    ):
         with pytest.raises(openai.NotFoundError) as e:
             _create(acme, other)
         assert e.value.param == "input_file_id"
@@ -113,9 +174,11 @@ def test_retrieve_and_cancel_other_tenants_batch_is_404_like_unknown(acme, globe
             action(globex, b.id)
         with pytest.raises(openai.NotFoundError) as unknown:
             action(globex, "batch_000000000000000000000000")
-        assert (theirs.value.body["message"].replace(b.id, "<id>"), theirs.value.param, theirs.value.code) == \
-               (unknown.value.body["message"].replace("batch_000000000000000000000000", "<id>"), unknown.value.param,
-                unknown.value.code)
+        assert (theirs.value.body["message"].replace(b.id, "<id>"), theirs.value.param, theirs.value.code) == (
+            unknown.value.body["message"].replace("batch_000000000000000000000000", "<id>"),
+            unknown.value.param,
+            unknown.value.code,
+        )
     r = http.get("/v1/batches/..%2F..%2Fx%27%20OR%201%3D1--")
     assert r.status_code == 404 and error_of(r)["message"] == "No batch found with id '../../x' OR 1=1--'."
 
@@ -179,7 +242,8 @@ def test_async_client_round_trip(live_api, batch_file):
             uploaded = await client.files.create(file=("a.jsonl", jsonl([request_line("x")])), purpose="batch")
             b = await client.batches.create(input_file_id=fid, endpoint=CHAT, completion_window="24h")
             got, listed, content = await asyncio.gather(
-                client.batches.retrieve(b.id), client.batches.list(), client.files.content(uploaded.id))
+                client.batches.retrieve(b.id), client.batches.list(), client.files.content(uploaded.id)
+            )
             with pytest.raises(openai.NotFoundError):
                 await client.batches.retrieve("batch_nope")
             return b, got, listed, content

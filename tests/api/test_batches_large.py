@@ -1,4 +1,5 @@
 """A batch whose input file is over TIDAL_SYNC_VALIDATE_BYTES is validated by the `tidal.ingest` Celery task."""
+
 from __future__ import annotations
 
 import base64
@@ -6,8 +7,9 @@ import json
 import time
 
 import pytest
+from api_helpers import CHAT
+from api_helpers import request_line
 
-from api_helpers import CHAT, request_line
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.sweeps import reconcile
 
@@ -18,8 +20,9 @@ def settings(settings):
 
 
 def test_create_answers_validating_and_sends_the_ingest_task(acme, batch_file, rt):
-    b = acme.batches.create(input_file_id=batch_file([request_line("1"), request_line("2")]), endpoint=CHAT,
-                            completion_window="24h")
+    b = acme.batches.create(
+        input_file_id=batch_file([request_line("1"), request_line("2")]), endpoint=CHAT, completion_window="24h"
+    )
     assert b.status == "validating" and b.in_progress_at is None and b.request_counts.total == 0
     # the message is in the broker's tidal.ops list, as a worker will receive it
     raw = rt.redis.rpop("tidal.ops")

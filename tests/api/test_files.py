@@ -1,26 +1,34 @@
 """/v1/files through the openai SDK (and raw HTTP where the SDK cannot go) against a live server."""
+
 from __future__ import annotations
 
 import httpx
 import openai
 import pytest
-
-from api_helpers import error_of, jsonl, request_line
+from api_helpers import error_of
+from api_helpers import jsonl
+from api_helpers import request_line
 
 LIMIT_BYTES, LIMIT_LINES, LIMIT_ANY = 4096, 10, 16384
 
 
 @pytest.fixture
 def settings(settings):
-    return settings.replace(max_file_bytes=LIMIT_BYTES, max_file_lines=LIMIT_LINES, max_upload_bytes=LIMIT_ANY,
-                            file_expiry_seconds=3600)
+    return settings.replace(
+        max_file_bytes=LIMIT_BYTES, max_file_lines=LIMIT_LINES, max_upload_bytes=LIMIT_ANY, file_expiry_seconds=3600
+    )
 
 
 def test_upload_retrieve_content_delete(acme, rt):
     data = jsonl([request_line(f"r{i}") for i in range(3)])
     f = acme.files.create(file=("input.jsonl", data), purpose="batch")
-    assert (f.object, f.bytes, f.filename, f.purpose, f.status) == ("file", len(data), "input.jsonl", "batch",
-                                                                      "processed")
+    assert (f.object, f.bytes, f.filename, f.purpose, f.status) == (
+        "file",
+        len(data),
+        "input.jsonl",
+        "batch",
+        "processed",
+    )
     assert f.expires_at == f.created_at + 3600
     assert acme.files.retrieve(f.id) == f
     assert acme.files.content(f.id).content == data
@@ -65,20 +73,24 @@ def test_upload_limit_of_any_purpose(acme, http, rt):
     # far past the limit werkzeug refuses the body before parsing it; same envelope
     r = http.post("/v1/files", files={"file": ("huge.bin", b"x" * (LIMIT_ANY + 200_000))}, data={"purpose": "evals"})
     assert r.status_code == 413 and error_of(r)["code"] == "file_too_large"
-    assert [p for p in rt.settings.blob_path.iterdir()] == []  # nothing half-written is kept
+    assert list(rt.settings.blob_path.iterdir()) == []  # nothing half-written is kept
 
 
 def test_upload_errors(http):
     r = http.post("/v1/files", json={"purpose": "batch"})
     assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type"
     r = http.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")})
-    assert r.status_code == 400 and error_of(r) == {**error_of(r), "code": "missing_required_parameter",
-                                                    "param": "purpose"}
+    assert r.status_code == 400 and error_of(r) == {
+        **error_of(r),
+        "code": "missing_required_parameter",
+        "param": "purpose",
+    }
     r = http.post("/v1/files", files={"other": ("a.jsonl", b"{}\n")}, data={"purpose": "batch"})
-    assert r.status_code == 400 and (error_of(r)["code"], error_of(r)["param"]) == ("missing_required_parameter",
-                                                                                     "file")
-    r = http.post("/v1/files", data={"purpose": "batch", "file": "not a file part"},
-                  files={"x": ("x", b"")})
+    assert r.status_code == 400 and (error_of(r)["code"], error_of(r)["param"]) == (
+        "missing_required_parameter",
+        "file",
+    )
+    r = http.post("/v1/files", data={"purpose": "batch", "file": "not a file part"}, files={"x": ("x", b"")})
     assert r.status_code == 400 and error_of(r)["param"] == "file"
     r = http.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")}, data={"purpose": "batch_output"})
     assert r.status_code == 400 and (error_of(r)["code"], error_of(r)["param"]) == ("invalid_value", "purpose")
@@ -91,8 +103,7 @@ def test_odd_filenames_are_stored_safely(http):
 
 
 def test_list_order_limit_purpose_and_cursor(acme):
-    ids = [acme.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch" if i % 2 else "evals").id
-           for i in range(5)]
+    ids = [acme.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch" if i % 2 else "evals").id for i in range(5)]
     page = acme.files.list()
     created = {f.id: f.created_at for f in page.data}
     assert set(created) == set(ids) and not page.has_more
@@ -111,8 +122,12 @@ def test_list_order_limit_purpose_and_cursor(acme):
 
 
 def test_list_parameter_errors(acme, globex):
-    for params, param in (({"limit": 0}, "limit"), ({"limit": 10_001}, "limit"), ({"order": "up"}, "order"),
-                          ({"purpose": "nope"}, "purpose")):
+    for params, param in (
+        ({"limit": 0}, "limit"),
+        ({"limit": 10_001}, "limit"),
+        ({"order": "up"}, "order"),
+        ({"purpose": "nope"}, "purpose"),
+    ):
         with pytest.raises(openai.BadRequestError) as e:
             acme.files.list(**params)
         assert e.value.param == param
@@ -136,6 +151,7 @@ def test_unknown_foreign_deleted_and_malicious_ids_look_the_same(acme, globex, l
     gone = acme.files.create(file=("d.jsonl", b"{}\n"), purpose="batch").id
     acme.files.delete(gone)
     with httpx.Client(base_url=live_api.url, headers={"Authorization": "Bearer acme-key"}) as http:
+
         def shape(file_id, raw=None):
             return _not_found_shape(http.request(method, f"/v1/files/{raw or file_id}{suffix}"), file_id)
 
@@ -158,11 +174,17 @@ def test_authentication(live_api, acme):
     assert r.status_code == 401 and error_of(r)["code"] == "missing_api_key"
     r = httpx.get(live_api.url + "/v1/files", headers={"Authorization": "Basic YWNtZTprZXk="})
     assert r.status_code == 401 and error_of(r)["code"] == "missing_api_key"
-    r = httpx.post(live_api.url + "/v1/files", headers={"Authorization": "Bearer sk-wrong-key-123"}, files=files,
-                   data={"purpose": "batch"})
+    r = httpx.post(
+        live_api.url + "/v1/files",
+        headers={"Authorization": "Bearer sk-wrong-key-123"},
+        files=files,
+        data={"purpose": "batch"},
+    )
     assert r.status_code == 401 and error_of(r)["code"] == "invalid_api_key"
     assert "wrong-key" not in error_of(r)["message"]  # the key is not echoed back
-    with openai.OpenAI(base_url=live_api.url + "/v1", api_key="nope", max_retries=0) as bad:
-        with pytest.raises(openai.AuthenticationError) as e:
-            bad.files.list()
+    with (
+        openai.OpenAI(base_url=live_api.url + "/v1", api_key="nope", max_retries=0) as bad,
+        pytest.raises(openai.AuthenticationError) as e,
+    ):
+        bad.files.list()
     assert e.value.code == "invalid_api_key"

@@ -1,4 +1,5 @@
 """GET /openapi.json, checked against the live server: every documented status happens, every body fits its schema."""
+
 from __future__ import annotations
 
 import re
@@ -6,9 +7,11 @@ import re
 import httpx
 import jsonschema
 import pytest
+from api_helpers import CHAT
+from api_helpers import jsonl
+from api_helpers import request_line
 from sqlalchemy import update
 
-from api_helpers import CHAT, jsonl, request_line
 from tidal_workers.store.models import Batch
 
 
@@ -28,9 +31,12 @@ def test_document_is_valid_and_covers_every_route(doc, live_api):
     assert doc["openapi"].startswith("3.1")
     for schema in doc["components"]["schemas"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
-    routes = {(re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule), method.lower())
-              for rule in live_api.server.app.url_map.iter_rules() if rule.endpoint != "static"
-              for method in rule.methods - {"HEAD", "OPTIONS"}}
+    routes = {
+        (re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule), method.lower())
+        for rule in live_api.server.app.url_map.iter_rules()
+        if rule.endpoint != "static"
+        for method in rule.methods - {"HEAD", "OPTIONS"}
+    }
     documented = {(path, method) for path, ops in doc["paths"].items() for method in ops if method != "parameters"}
     assert routes == documented
 
@@ -88,14 +94,19 @@ def test_every_documented_response_happens_and_matches_its_schema(doc, live_api,
         ("/v1/batches/{batch_id}/cancel", "post", "404"): lambda: http.post("/v1/batches/batch_nope/cancel"),
         ("/v1/batches/{batch_id}/cancel", "post", "409"): lambda: http.post(f"/v1/batches/{done}/cancel"),
     }
-    documented = {(path, method, status) for path, ops in doc["paths"].items() for method, op in ops.items()
-                  if method != "parameters" for status in op["responses"]}
+    documented = {
+        (path, method, status)
+        for path, ops in doc["paths"].items()
+        for method, op in ops.items()
+        if method != "parameters"
+        for status in op["responses"]
+    }
     assert set(calls) == documented
 
     for (path, method, status), call in calls.items():
         response = call()
         assert str(response.status_code) == status, (path, method, status, response.text)
-        (media, spec), = doc["paths"][path][method]["responses"][status]["content"].items()
+        ((media, spec),) = doc["paths"][path][method]["responses"][status]["content"].items()
         assert response.headers["content-type"].split(";")[0] == media, (path, method, status)
         if media == "application/json":
             schema = {**spec["schema"], "components": doc["components"]}

@@ -1,4 +1,5 @@
 """`tidal serve` starts gunicorn (gthread) with config/gunicorn.py and answers over real HTTP."""
+
 from __future__ import annotations
 
 import os
@@ -22,13 +23,25 @@ def _free_port() -> int:
 
 def test_tidal_serve_runs_the_api_under_gunicorn(settings, rt, tmp_path):  # rt: an empty store
     port = _free_port()
-    overrides = {"home": settings.home, "database_url": settings.database_url, "redis_url": settings.redis_url,
-                 "api_keys": settings.api_keys, "env": "prod", "bind": f"127.0.0.1:{port}", "api_workers": 2,
-                 "api_threads": 2}
+    overrides = {
+        "home": settings.home,
+        "database_url": settings.database_url,
+        "redis_url": settings.redis_url,
+        "api_keys": settings.api_keys,
+        "env": "prod",
+        "bind": f"127.0.0.1:{port}",
+        "api_workers": 2,
+        "api_threads": 2,
+    }
     env = {**os.environ, **{env_name(k): str(v) for k, v in overrides.items()}}
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "serve"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidal_api.cli", "serve"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60

@@ -1,4 +1,5 @@
 """The deployment tests reuse the worker tests' helpers (worker_helpers): put them on the path."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """Helpers of the deployment tests: free ports and the environment of a `tidal` child process."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """docker-compose.yml is valid, and every command it runs is one the suite runs without Docker."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,9 @@ def compose_argv() -> list[str]:
 
 def run_config(*args: str, **env: str) -> subprocess.CompletedProcess:
     full_env = dict(os.environ, TIDAL_ENV_FILE="tidal.env.example", **env)
-    return subprocess.run(compose_argv() + list(args) + ["config"], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        compose_argv() + list(args) + ["config"], cwd=ROOT, env=full_env, capture_output=True, text=True
+    )
 
 
 def compose_config(*args: str) -> dict:

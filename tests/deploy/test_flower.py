@@ -1,4 +1,5 @@
 """`tidal flower` behind basic auth shows each item's `tidal.run_item` task, read back through Flower's REST API."""
+
 from __future__ import annotations
 
 import urllib.parse
@@ -7,7 +8,10 @@ import pytest
 import requests
 from deploy_helpers import free_port
 from sqlalchemy import select
-from worker_helpers import batch_row, spawn, upload_batch, wait_for
+from worker_helpers import batch_row
+from worker_helpers import spawn
+from worker_helpers import upload_batch
+from worker_helpers import wait_for
 
 from tidal_workers.store.models import Item
 
@@ -16,8 +20,15 @@ AUTH = ("admin", "s3cret")
 
 @pytest.fixture
 def settings(settings, stub):
-    return settings.replace(vllm_url=stub.url, gate_mode="fixed", claim_idle_seconds=0.05, worker_threads=4,
-                            worker_metrics_port=0, flower_port=free_port(), flower_basic_auth=":".join(AUTH))
+    return settings.replace(
+        vllm_url=stub.url,
+        gate_mode="fixed",
+        claim_idle_seconds=0.05,
+        worker_threads=4,
+        worker_metrics_port=0,
+        flower_port=free_port(),
+        flower_basic_auth=":".join(AUTH),
+    )
 
 
 def _get(url: str, **kw):
@@ -31,8 +42,11 @@ def _get(url: str, **kw):
 def test_flower_shows_a_finished_item_task(rt, settings, live_api, children, tmp_path):
     flower = f"http://127.0.0.1:{settings.flower_port}"
     children.append(spawn(settings, "flower", "--address", "127.0.0.1", log=tmp_path / "flower.log"))
-    wait_for(lambda: (r := _get(flower + "/api/workers", auth=AUTH)) is not None and r.status_code == 200,
-             timeout=30, what="Flower to answer")
+    wait_for(
+        lambda: (r := _get(flower + "/api/workers", auth=AUTH)) is not None and r.status_code == 200,
+        timeout=30,
+        what="Flower to answer",
+    )
     children.append(spawn(settings, "worker", "--loglevel=warning", log=tmp_path / "worker.log"))
 
     batch_id = upload_batch(live_api.url, 3, model="tiny", tag="f")
@@ -41,8 +55,12 @@ def test_flower_shows_a_finished_item_task(rt, settings, live_api, children, tmp
     def finished_item_tasks() -> dict:
         tasks = _get(flower + "/api/tasks", auth=AUTH, params={"taskname": "tidal.run_item"}).json()
         return {tid: t for tid, t in tasks.items() if t["state"] == "SUCCESS"}
-    tasks = wait_for(lambda: len(finished_item_tasks()) == 3 and finished_item_tasks(), timeout=15,
-                     what="Flower to record the three item tasks")
+
+    tasks = wait_for(
+        lambda: len(finished_item_tasks()) == 3 and finished_item_tasks(),
+        timeout=15,
+        what="Flower to record the three item tasks",
+    )
 
     with rt.store.sessions() as s:
         item_ids = sorted(s.scalars(select(Item.id).where(Item.batch_id == batch_id)))
@@ -54,8 +72,11 @@ def test_flower_shows_a_finished_item_task(rt, settings, live_api, children, tmp
     assert (info["uuid"], info["name"], info["state"]) == (task_id, "tidal.run_item", "SUCCESS")
     assert info["worker"] == f"tidal@{settings.node}"
     # /api/workers answers from a broadcast inspect; a worker busy with its last tasks can miss one round.
-    wait_for(lambda: f"tidal@{settings.node}" in _get(flower + "/api/workers", auth=AUTH, params={"refresh": "1"}).json(),
-             timeout=15, what="Flower to list the worker")
+    wait_for(
+        lambda: f"tidal@{settings.node}" in _get(flower + "/api/workers", auth=AUTH, params={"refresh": "1"}).json(),
+        timeout=15,
+        what="Flower to list the worker",
+    )
 
     assert _get(flower + "/api/tasks").status_code == 401
     assert _get(flower + "/api/tasks", auth=("admin", "wrong")).status_code == 401

@@ -3,6 +3,7 @@
 This is also the no-Docker run of docker-compose's `tidal db upgrade && tidal serve`
 and `tidal worker` (tests/deploy/test_compose.py, TESTED_COMMANDS).
 """
+
 from __future__ import annotations
 
 import json
@@ -11,12 +12,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
-from deploy_helpers import ROOT, free_port, tidal_env
+from deploy_helpers import ROOT
+from deploy_helpers import free_port
+from deploy_helpers import tidal_env
 from worker_helpers import wait_for
 
 GRACE_S = 20.0  # Supervisor.stop's 15 s, plus the time to exit
@@ -51,13 +53,26 @@ def alive(pid: int) -> bool:
 def up(tmp_path, stub):
     """`tidal up` with its own Redis on a free port, SQLite under a temp home, the stub as its engine."""
     bind = f"127.0.0.1:{free_port()}"
-    env = tidal_env(home=tmp_path / "home", database_url="", redis_url=f"redis://127.0.0.1:{free_port()}/0",
-                    vllm_url=stub.url, bind=bind, api_keys="acme:acme-key", env="prod", api_workers=2,
-                    api_threads=2, node="up-test", gate_mode="fixed", claim_idle_seconds=0.05,
-                    worker_threads=4, worker_metrics_port=0)
+    env = tidal_env(
+        home=tmp_path / "home",
+        database_url="",
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        vllm_url=stub.url,
+        bind=bind,
+        api_keys="acme:acme-key",
+        env="prod",
+        api_workers=2,
+        api_threads=2,
+        node="up-test",
+        gate_mode="fixed",
+        claim_idle_seconds=0.05,
+        worker_threads=4,
+        worker_metrics_port=0,
+    )
     out = open(tmp_path / "up.out", "w+b")
-    proc = subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, stdout=out,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+    )
     proc.base_url, proc.out_path = f"http://{bind}", tmp_path / "up.out"
     yield proc
     if proc.poll() is None:  # the test failed before its Ctrl-C: clean up everything it started
@@ -89,16 +104,37 @@ def test_up_runs_a_batch_and_ctrl_c_stops_every_process(up):
 
     http = requests.Session()
     http.headers["Authorization"] = "Bearer acme-key"
-    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "tiny", "messages": [{"role": "user", "content": f"c{i}"}]}} for i in range(5)]
-    upload = http.post(up.base_url + "/v1/files", data={"purpose": "batch"},
-                       files={"file": ("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines))}, timeout=30)
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": f"c{i}"}]},
+        }
+        for i in range(5)
+    ]
+    upload = http.post(
+        up.base_url + "/v1/files",
+        data={"purpose": "batch"},
+        files={"file": ("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines))},
+        timeout=30,
+    )
     assert upload.status_code == 200, upload.text
-    batch = http.post(up.base_url + "/v1/batches", timeout=30, json={
-        "input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+    batch = http.post(
+        up.base_url + "/v1/batches",
+        timeout=30,
+        json={"input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ).json()
 
-    done = wait_for(lambda: (b := http.get(f"{up.base_url}/v1/batches/{batch['id']}", timeout=10).json())
-                      ["status"] in ("completed", "failed") and b, 60, "the batch to finish")
+    done = wait_for(
+        lambda: (
+            (b := http.get(f"{up.base_url}/v1/batches/{batch['id']}", timeout=10).json())["status"]
+            in ("completed", "failed")
+            and b
+        ),
+        60,
+        "the batch to finish",
+    )
     assert done["status"] == "completed" and done["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
     out = http.get(f"{up.base_url}/v1/files/{done['output_file_id']}/content", timeout=10).text.splitlines()
     assert sorted(json.loads(x)["custom_id"] for x in out) == [f"c{i}" for i in range(5)]
@@ -117,7 +153,8 @@ def test_up_runs_a_batch_and_ctrl_c_stops_every_process(up):
 def test_up_without_redis_or_redis_server_says_how_to_fix_it(tmp_path):
     env = tidal_env(home=tmp_path / "home", redis_url=f"redis://127.0.0.1:{free_port()}/0", api_keys="a:k")
     env["PATH"] = str(tmp_path)  # no redis-server to start
-    done = subprocess.run([sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1
     assert "no Redis answers" in done.stderr and "install redis-server" in done.stderr, done.stderr

@@ -1,4 +1,5 @@
 """The AIMD gate driven by the real engine's /metrics under an online burst (issue 4, item 6)."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,14 +17,28 @@ MAX_INFLIGHT = 4
 def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(tiny_engine):
     # The default controller (1 Hz scrapes; each scrape may take half a period), starting at its ceiling.
     settings = load_settings().replace(
-        scrape_seconds=1.0, ewma_alpha=0.5, kv_high=0.85, kv_low=0.70, online_waiting_tolerance=0.0,
-        min_inflight=0, max_inflight=MAX_INFLIGHT, initial_inflight=MAX_INFLIGHT, metrics_stale_seconds=5.0,
+        scrape_seconds=1.0,
+        ewma_alpha=0.5,
+        kv_high=0.85,
+        kv_low=0.70,
+        online_waiting_tolerance=0.0,
+        min_inflight=0,
+        max_inflight=MAX_INFLIGHT,
+        initial_inflight=MAX_INFLIGHT,
+        metrics_stale_seconds=5.0,
     )
     # 24 online requests against 8 slots: most of them wait in vLLM for a second or more, and 8 running ones
     # with ~400-token prompts overfill the 3,072-token KV pool, for 3-5 s on this machine. Recovery after the burst takes about 4 periods
     # for the waiting EWMA to decay and 4 to grow back to the ceiling: 26 s leaves room for a slow machine.
-    cfg = gate_trace.GateTraceConfig(engine_url=tiny_engine.url, model=tiny_engine.model, duration=26.0,
-                                     burst_at=3.5, burst_requests=24, burst_max_tokens=384, batch_max_tokens=64)
+    cfg = gate_trace.GateTraceConfig(
+        engine_url=tiny_engine.url,
+        model=tiny_engine.model,
+        duration=26.0,
+        burst_at=3.5,
+        burst_requests=24,
+        burst_max_tokens=384,
+        batch_max_tokens=64,
+    )
     trace = gate_trace.run(cfg, settings)
     summary = trace.summary()
     print(f"gate trace: {summary}")

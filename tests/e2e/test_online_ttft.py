@@ -1,4 +1,5 @@
 """Online TTFT beside a batch backlog that a gate keeps below the engine's slots (issue 5, item 2)."""
+
 from __future__ import annotations
 
 import asyncio

@@ -15,6 +15,7 @@ online traffic present, gives batch at most its cap per step — predicted to fi
 the budget, or a static 25% of τ while its model is not trusted — and chunks the
 prefill. The plugin's SLO is 100 ms (budget 80 ms; tests/conftest.py says why).
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,15 @@ RATE = 3.0  # online requests/s
 
 
 def _window(engine) -> list[online.OnlineSample]:
-    cfg = hv.HarvestConfig(engine_url=engine.url, model=engine.model, duration=SECONDS, online_rate=RATE,
-                           online_max_tokens=48, batch_prompt=BATCH_PROMPT, batch_max_tokens=BATCH_MAX_TOKENS)
+    cfg = hv.HarvestConfig(
+        engine_url=engine.url,
+        model=engine.model,
+        duration=SECONDS,
+        online_rate=RATE,
+        online_max_tokens=48,
+        batch_prompt=BATCH_PROMPT,
+        batch_max_tokens=BATCH_MAX_TOKENS,
+    )
     return hv.online_beside_backlog(cfg, LANES)
 
 
@@ -58,10 +66,16 @@ def test_plugin_keeps_online_tbt_inside_the_budget_more_tightly(dense_engine, de
         q[name] = {p: online.percentile(gaps, p) for p in (0.5, 0.9, 0.99)}
         over[name] = sum(g > budget for g in gaps) / len(gaps)
     plugin = engine_stats.read_plugin(dense_plugin_engine.plugin_metrics_url)
-    print("online TBT ms beside the backlog: " + "; ".join(
-        f"{name} " + " ".join(f"p{int(p * 100)} {v * 1000:.1f}" for p, v in qs.items())
-        + f", {over[name]:.1%} of gaps over the {budget * 1000:.0f} ms budget" for name, qs in q.items())
-        + f"; plugin R² {plugin['tidal_sched_model_r2']:.2f}, evictions {plugin['tidal_sched_evictions_total']:.0f}")
+    print(
+        "online TBT ms beside the backlog: "
+        + "; ".join(
+            f"{name} "
+            + " ".join(f"p{int(p * 100)} {v * 1000:.1f}" for p, v in qs.items())
+            + f", {over[name]:.1%} of gaps over the {budget * 1000:.0f} ms budget"
+            for name, qs in q.items()
+        )
+        + f"; plugin R² {plugin['tidal_sched_model_r2']:.2f}, evictions {plugin['tidal_sched_evictions_total']:.0f}"
+    )
     assert plugin["tidal_sched_steps_total"] > 0  # B really ran TidalScheduler
     # The backlog pushed A's online tokens past the budget: there is something to fix. When it did not, the
     # client was starved of CPU and read tokens in bunches (TBT p50 and p90 of 0 ms), which measures nothing.

@@ -2,6 +2,7 @@
 vLLM scheduler built in-process from that model's VllmConfig, and one real
 vLLM-CPU server per session for the tests that need it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,17 +10,27 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from engine_steps import BLOCK_SIZE
+from vllm.config import CacheConfig
+from vllm.config import ModelConfig
+from vllm.config import SchedulerConfig
+from vllm.config import VllmConfig
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 from vllm.v1.structured_output import StructuredOutputManager
 
 from config import load_settings
-from engine_steps import BLOCK_SIZE
-from tidal_engine.serve import Engine, EngineOptions, free_port, scheduler_env, start_engine
+from tidal_engine.serve import Engine
+from tidal_engine.serve import EngineOptions
+from tidal_engine.serve import free_port
+from tidal_engine.serve import scheduler_env
+from tidal_engine.serve import start_engine
 from tidal_engine.tiny import build_tiny
+
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
@@ -35,8 +46,12 @@ def vllm_config_factory(tiny_model):
         return VllmConfig(
             model_config=ModelConfig(model=str(tiny_model), dtype="float32", max_model_len=4096, seed=0),
             scheduler_config=SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=4096, policy="priority", enable_chunked_prefill=True, is_encoder_decoder=False,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=4096,
+                policy="priority",
+                enable_chunked_prefill=True,
+                is_encoder_decoder=False,
             ),
             cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
         )
@@ -54,13 +69,19 @@ def make_scheduler(vllm_config_factory):
         # The tiny model's attention: 2 KV heads of size 32.
         spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=32, dtype=torch.float32)
         kv_cache_config = KVCacheConfig(
-            num_blocks=num_blocks, kv_cache_tensors=[],
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
         )
         kwargs = {"settings": settings} if settings is not None else {}
-        return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                   structured_output_manager=StructuredOutputManager(vllm_config),
-                   block_size=BLOCK_SIZE, log_stats=True, **kwargs)
+        return cls(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=BLOCK_SIZE,
+            log_stats=True,
+            **kwargs,
+        )
 
     return make
 
@@ -77,8 +98,9 @@ def plugin_server(tiny_model, tmp_path_factory):
     metrics_port = free_port()
     engine = start_engine(
         # A 6 MB KV pool (about 5,800 float32 tokens of the tiny model) lets a test fill it.
-        EngineOptions(str(tiny_model), served_model_name="tiny", tidal_scheduler=True, max_num_seqs=16,
-                      kv_cache_bytes="6M"),
+        EngineOptions(
+            str(tiny_model), served_model_name="tiny", tidal_scheduler=True, max_num_seqs=16, kv_cache_bytes="6M"
+        ),
         log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
         env=scheduler_env(load_settings().replace(sched_metrics_port=metrics_port)),
     )

@@ -1,4 +1,5 @@
 """Scripted engine steps for driving a real vLLM scheduler in-process."""
+
 from __future__ import annotations
 
 import zlib
@@ -19,11 +20,16 @@ _hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
 
 def make_request(request_id: str, prompt: list[int] | int, priority: int, max_tokens: int = 8) -> Request:
     """A request as the engine core builds it; ``prompt`` is token ids or a length."""
-    tokens = prompt if isinstance(prompt, list) else [(zlib.crc32(request_id.encode()) + i) % 250 for i in range(prompt)]
+    tokens = (
+        prompt if isinstance(prompt, list) else [(zlib.crc32(request_id.encode()) + i) % 250 for i in range(prompt)]
+    )
     return Request(
-        request_id=request_id, prompt_token_ids=tokens,
+        request_id=request_id,
+        prompt_token_ids=tokens,
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-        pooling_params=None, priority=priority, block_hasher=_hasher,
+        pooling_params=None,
+        priority=priority,
+        block_hasher=_hasher,
     )
 
 
@@ -35,7 +41,8 @@ def run_step(scheduler: Scheduler) -> SchedulerOutput:
         [SAMPLED_TOKEN] if scheduler.requests[i].num_computed_tokens >= scheduler.requests[i].num_tokens else []
         for i in ids
     ]
-    runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)},
-                                      sampled_token_ids=sampled)
+    runner_output = ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)}, sampled_token_ids=sampled
+    )
     scheduler.update_from_output(output, runner_output)
     return output

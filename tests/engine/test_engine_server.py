@@ -1,4 +1,5 @@
 """The real vLLM-CPU server: the tiny model, `tidal engine`, the plugin loaded by a stock vLLM."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config import load_settings
 from tidal_api.cli import main
-from tidal_engine.install import UNWANTED, installed
+from tidal_engine.install import UNWANTED
+from tidal_engine.install import installed
 from tidal_engine.tiny import build_tiny
 
 
@@ -39,8 +41,10 @@ def test_tiny_model_is_cached(tiny_model):
 def metrics(url: str) -> dict[str, float]:
     text = requests.get(url, timeout=5).text
     return {
-        sample.name + (f"{{{','.join(f'{k}={v}' for k, v in sample.labels.items())}}}" if sample.labels else ""): sample.value
-        for family in text_string_to_metric_families(text) for sample in family.samples
+        sample.name
+        + (f"{{{','.join(f'{k}={v}' for k, v in sample.labels.items())}}}" if sample.labels else ""): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
     }
 
 
@@ -65,8 +69,13 @@ def test_plugin_serves_and_exports_its_state(plugin_server):
     assert sum(m[f"tidal_sched_mode{{mode={mode}}}"] for mode in ("model", "static", "no_online")) == 1
     assert 0.05 <= m["tidal_sched_kv_guardband"] <= 0.30
     assert m["tidal_sched_batch_cap_tokens"] > 0
-    assert {"tidal_sched_model_r2", "tidal_sched_online_waiting", "tidal_sched_slack_fill_ratio",
-            "tidal_sched_starved_slack_tokens_total", "tidal_sched_starved_slack_seconds_total"} <= set(m)
+    assert {
+        "tidal_sched_model_r2",
+        "tidal_sched_online_waiting",
+        "tidal_sched_slack_fill_ratio",
+        "tidal_sched_starved_slack_tokens_total",
+        "tidal_sched_starved_slack_seconds_total",
+    } <= set(m)
 
 
 @pytest.mark.engine
@@ -77,8 +86,13 @@ def test_guardband_evicts_inside_the_real_engine(plugin_server):
     evictions_before = metrics(plugin_server.metrics_url)["tidal_sched_evictions_total"]
 
     def complete(i: int) -> int:
-        body = {"model": "tiny", "prompt": chr(97 + i) * 800, "max_tokens": 120, "ignore_eos": True,
-                "priority": 0 if i % 4 == 0 else 2}
+        body = {
+            "model": "tiny",
+            "prompt": chr(97 + i) * 800,
+            "max_tokens": 120,
+            "ignore_eos": True,
+            "priority": 0 if i % 4 == 0 else 2,
+        }
         response = requests.post(url + "/v1/completions", json=body, timeout=120)
         assert response.status_code == 200, response.text
         return response.json()["usage"]["completion_tokens"]

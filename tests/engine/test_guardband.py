@@ -1,9 +1,13 @@
 """The KV guardband (pure)."""
+
 from __future__ import annotations
 
 import pytest
 
-from tidal_engine.guardband import Guardband, Resident, cheapest
+from tidal_engine.guardband import Guardband
+from tidal_engine.guardband import Resident
+from tidal_engine.guardband import cheapest
+
 
 def test_guardband_h_is_an_ewma_clamped():
     g = Guardband(h_min=0.05, h_max=0.30, alpha=0.5)

@@ -1,10 +1,13 @@
 """The step-latency model and the batch cap (pure)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tidal_engine.latency import Fit, LatencyModel, batch_cap
+from tidal_engine.latency import Fit
+from tidal_engine.latency import LatencyModel
+from tidal_engine.latency import batch_cap
 
 K = (2e-4, 3e-5, 1e-5, 0.012)  # k1, k2, k4, k5 in seconds per token (per token², ...)
 

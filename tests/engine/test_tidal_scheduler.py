@@ -1,17 +1,18 @@
 """TidalScheduler driven in-process: the real vLLM scheduler class, scripted steps."""
+
 from __future__ import annotations
 
 import math
 import time
 
 import numpy as np
+from engine_steps import make_request
+from engine_steps import run_step
+from vllm.v1.core.sched.scheduler import Scheduler
 
 from config import load_settings
 from tidal_engine.metrics import Mode
 from tidal_engine.scheduler import TidalScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
-
-from engine_steps import make_request, run_step
 
 TAU = 2048
 # A step costs 0.15 ms per scheduled token, 0.05 ms per token in the attention

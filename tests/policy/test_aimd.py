@@ -1,5 +1,8 @@
 """The AIMD rule on scripted observations and a scripted clock."""
+
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
@@ -35,8 +38,17 @@ def targets(states):
 
 
 def test_from_settings_reads_every_knob():
-    s = load_settings({}, kv_high=0.9, kv_low=0.5, ewma_alpha=0.25, scrape_seconds=2.0,
-                      online_waiting_tolerance=3.0, min_inflight=1, max_inflight=64, initial_inflight=2)
+    s = load_settings(
+        {},
+        kv_high=0.9,
+        kv_low=0.5,
+        ewma_alpha=0.25,
+        scrape_seconds=2.0,
+        online_waiting_tolerance=3.0,
+        min_inflight=1,
+        max_inflight=64,
+        initial_inflight=2,
+    )
     assert AimdConfig.from_settings(s) == AimdConfig(0.9, 0.5, 0.25, 2.0, 3.0, 1, 64, 2)
     # a start value outside the bounds is clamped into them
     assert AimdConfig.from_settings(s.replace(initial_inflight=100)).initial_target == 64
@@ -101,7 +113,7 @@ def test_flapping_around_kv_high_only_ever_lowers_the_target():
     script = [obs(kv=0.80 if i % 2 else 0.90) for i in range(12)]
     states = run(ctl, script, start=AimdState(target=8))
     ts = targets(states)
-    assert all(b <= a for a, b in zip(ts, ts[1:])), ts  # never back up: the band below kv_high holds
+    assert all(b <= a for a, b in itertools.pairwise(ts)), ts  # never back up: the band below kv_high holds
     assert GROW not in [s.decision for s in states]
 
 
@@ -110,7 +122,7 @@ def test_flapping_around_kv_low_only_ever_raises_the_target():
     script = [obs(kv=0.68 if i % 2 else 0.72) for i in range(12)]
     states = run(ctl, script, start=AimdState(target=2))
     ts = targets(states)
-    assert all(b >= a for a, b in zip(ts, ts[1:])), ts
+    assert all(b >= a for a, b in itertools.pairwise(ts)), ts
     assert HALVE not in [s.decision for s in states]
     assert ts[-1] > 2
 

@@ -1,6 +1,8 @@
 """Laxity, urgency, priority and the floor, on a simulated clock."""
+
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -138,8 +140,8 @@ def test_a_pause_makes_the_rate_fall_and_the_laxity_shrink():
         est = est.observe(float(t), done)
         rates.append(est.rate)
         laxities.append(laxity_seconds(WINDOW, float(t), 50_000, est.rate))
-    assert all(b < a for a, b in zip(rates, rates[1:]))
-    assert all(b < a for a, b in zip(laxities, laxities[1:]))
+    assert all(b < a for a, b in itertools.pairwise(rates))
+    assert all(b < a for a, b in itertools.pairwise(laxities))
     assert rates[-1] < 12.0 * math.exp(-1)  # two time constants in
     # and it climbs back when work resumes
     for t in range(1201, 1801):

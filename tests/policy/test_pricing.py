@@ -1,4 +1,5 @@
 """Batch billing against the online price."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,9 @@ def test_unknown_model_uses_the_default_row_and_the_discount_is_configurable():
 
 def test_cached_and_reasoning_tokens_are_inside_input_and_output():
     plain = cost(Usage(input_tokens=1_000, output_tokens=1_000), "big", TABLE)
-    detailed = cost(Usage(input_tokens=1_000, cached_tokens=800, output_tokens=1_000, reasoning_tokens=600), "big", TABLE)
+    detailed = cost(
+        Usage(input_tokens=1_000, cached_tokens=800, output_tokens=1_000, reasoning_tokens=600), "big", TABLE
+    )
     assert detailed == plain
 
 
@@ -51,17 +54,25 @@ def test_zero_usage_costs_nothing():
 
 def test_usage_from_chat_and_responses_vocabularies():
     chat = {
-        "prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42,
-        "prompt_tokens_details": {"cached_tokens": 8}, "completion_tokens_details": {"reasoning_tokens": 5},
+        "prompt_tokens": 12,
+        "completion_tokens": 30,
+        "total_tokens": 42,
+        "prompt_tokens_details": {"cached_tokens": 8},
+        "completion_tokens_details": {"reasoning_tokens": 5},
     }
     assert Usage.from_response(chat) == Usage(12, 8, 30, 5)
     responses = {
-        "input_tokens": 12, "output_tokens": 30, "total_tokens": 42,
-        "input_tokens_details": {"cached_tokens": 8}, "output_tokens_details": {"reasoning_tokens": 5},
+        "input_tokens": 12,
+        "output_tokens": 30,
+        "total_tokens": 42,
+        "input_tokens_details": {"cached_tokens": 8},
+        "output_tokens_details": {"reasoning_tokens": 5},
     }
     assert Usage.from_response(responses) == Usage(12, 8, 30, 5)
     # vLLM leaves details null unless asked; embeddings have no completion tokens
-    assert Usage.from_response({"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": None}) == Usage(7, 0, 3, 0)
+    assert Usage.from_response({"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": None}) == Usage(
+        7, 0, 3, 0
+    )
     assert Usage.from_response({"prompt_tokens": 7, "total_tokens": 7}) == Usage(7, 0, 0, 0)
     assert Usage.from_response(None) == Usage()
 

@@ -5,6 +5,7 @@ every restart here happens to a private instance on a free port, torn down
 with the test module. Each service restarts on the same port, so clients keep
 their URL, as a real restart would.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,10 +23,14 @@ from pathlib import Path
 
 import redis
 import requests
+from workers.worker_helpers import CHAT
+from workers.worker_helpers import ROOT
+from workers.worker_helpers import settings_env
+from workers.worker_helpers import wait_for
 
-from tidal_engine.serve import EngineOptions, free_port, start_engine
-from workers.worker_helpers import CHAT, ROOT, settings_env, wait_for
-
+from tidal_engine.serve import EngineOptions
+from tidal_engine.serve import free_port
+from tidal_engine.serve import start_engine
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -48,8 +53,23 @@ class PrivateRedis:
     def start(self) -> None:
         with open(self.dir / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(self.dir)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.dir),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         client = redis.Redis(port=self.port, socket_timeout=2)
         wait_for(lambda: _answers(client), timeout=30, what="the private redis-server to answer")
 
@@ -99,8 +119,19 @@ class PrivatePostgres:
 
     def start(self) -> None:
         opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "pg.log"), "-o", opts, "-w",
-                  "-t", "120", "start")
+        self._run(
+            _pg_bin("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.dir / "pg.log"),
+            "-o",
+            opts,
+            "-w",
+            "-t",
+            "120",
+            "start",
+        )
 
     def restart(self) -> float:
         """Stop at once (``-m immediate``: every connection drops, as in a crash) and start again."""
@@ -118,9 +149,14 @@ class PrivatePostgres:
 def spawn_tidal(settings, *args: str, log: Path) -> subprocess.Popen:
     """``tidal <args>`` with exactly ``settings``, in a new session so kill_group takes all its processes."""
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "tidal_api.cli", *args], cwd=ROOT,
-                                env=settings_env(settings), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tidal_api.cli", *args],
+            cwd=ROOT,
+            env=settings_env(settings),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def start_worker(settings, node: str, log_dir: Path, timeout: float = 180) -> subprocess.Popen:
@@ -154,8 +190,14 @@ class TinyVllm:
     def __init__(self, home: str, log_dir: Path):
         from tidal_engine.tiny import build_tiny
 
-        self.options = EngineOptions(model=str(build_tiny(home)), served_model_name="tiny", port=free_port(),
-                                     kv_cache_bytes="8M", max_model_len=1024, max_num_seqs=4)
+        self.options = EngineOptions(
+            model=str(build_tiny(home)),
+            served_model_name="tiny",
+            port=free_port(),
+            kv_cache_bytes="8M",
+            max_model_len=1024,
+            max_num_seqs=4,
+        )
         self.log_dir = log_dir
         self.starts: list[float] = []  # seconds each start took to a healthy /health
         self.engine = self._start()
@@ -189,15 +231,22 @@ class SlowUpload:
     BOUNDARY = "tidalfaultboundary"
 
     def __init__(self, host: str, port: int, total_body: int, key: str = "acme-key"):
-        head = (f"--{self.BOUNDARY}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
-                f"--{self.BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.jsonl\"\r\n"
-                "Content-Type: application/jsonl\r\n\r\n").encode()
+        head = (
+            f'--{self.BOUNDARY}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{self.BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
+            "Content-Type: application/jsonl\r\n\r\n"
+        ).encode()
         self.tail = f"\r\n--{self.BOUNDARY}--\r\n".encode()
         self.length = len(head) + total_body + len(self.tail)
         self.sock = socket.create_connection((host, port), timeout=30)
-        self.sock.sendall((f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"
-                           f"Content-Type: multipart/form-data; boundary={self.BOUNDARY}\r\n"
-                           f"Content-Length: {self.length}\r\n\r\n").encode() + head)
+        self.sock.sendall(
+            (
+                f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: multipart/form-data; boundary={self.BOUNDARY}\r\n"
+                f"Content-Length: {self.length}\r\n\r\n"
+            ).encode()
+            + head
+        )
         self.sent = 0
 
     def send(self, nbytes: int) -> None:

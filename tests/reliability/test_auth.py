@@ -1,4 +1,5 @@
 """Auth over real HTTP: who gets in, what a stranger learns (nothing), and how keys are kept."""
+
 from __future__ import annotations
 
 import hashlib
@@ -7,10 +8,14 @@ from pathlib import Path
 import pytest
 import requests
 import sqlalchemy as sa
-from sqlalchemy import delete, event
+from sqlalchemy import delete
+from sqlalchemy import event
 
 from tidal_api import create_app
-from tidal_workers.store.models import ApiKey, Base, Batch, Item
+from tidal_workers.store.models import ApiKey
+from tidal_workers.store.models import Base
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import Item
 
 CHAT = "/v1/chat/completions"
 KEYS = ("acme-key", "globex-key", "tidal-dev-key")
@@ -35,8 +40,13 @@ def upload(url: str, key: str) -> str:
 
 
 def create_batch(url: str, key: str) -> str:
-    r = call(url, "POST", "/v1/batches", key,
-             json={"input_file_id": upload(url, key), "endpoint": CHAT, "completion_window": "24h"})
+    r = call(
+        url,
+        "POST",
+        "/v1/batches",
+        key,
+        json={"input_file_id": upload(url, key), "endpoint": CHAT, "completion_window": "24h"},
+    )
     assert r.status_code == 200, r.text
     return r.json()["id"]
 
@@ -51,21 +61,24 @@ def v1_routes(app) -> list[tuple[str, str]]:
     return routes
 
 
-@pytest.mark.parametrize("header,code", [
-    (None, "missing_api_key"),
-    ("", "missing_api_key"),
-    ("Bearer", "missing_api_key"),
-    ("Bearer ", "missing_api_key"),
-    ("Bearer\tacme-key", "missing_api_key"),
-    ("acme-key", "missing_api_key"),
-    ("Basic YWNtZTphY21lLWtleQ==", "missing_api_key"),  # acme:acme-key, in the wrong scheme
-    ("Token acme-key", "missing_api_key"),
-    ("Bearer acme-key-", "invalid_api_key"),
-    ("Bearer ACME-KEY", "invalid_api_key"),
-    ("Bearer acme-key globex-key", "invalid_api_key"),
-    ("bearer wrong-key", "invalid_api_key"),
-    ("Bearer tidal-dev-key\x00", "invalid_api_key"),
-])
+@pytest.mark.parametrize(
+    "header,code",
+    [
+        (None, "missing_api_key"),
+        ("", "missing_api_key"),
+        ("Bearer", "missing_api_key"),
+        ("Bearer ", "missing_api_key"),
+        ("Bearer\tacme-key", "missing_api_key"),
+        ("acme-key", "missing_api_key"),
+        ("Basic YWNtZTphY21lLWtleQ==", "missing_api_key"),  # acme:acme-key, in the wrong scheme
+        ("Token acme-key", "missing_api_key"),
+        ("Bearer acme-key-", "invalid_api_key"),
+        ("Bearer ACME-KEY", "invalid_api_key"),
+        ("Bearer acme-key globex-key", "invalid_api_key"),
+        ("bearer wrong-key", "invalid_api_key"),
+        ("Bearer tidal-dev-key\x00", "invalid_api_key"),
+    ],
+)
 def test_missing_malformed_and_wrong_keys_are_401_on_every_route(live_api, header, code):
     headers = {} if header is None else {"Authorization": header}
     for method, path in v1_routes(live_api.server.app):
@@ -89,10 +102,13 @@ def _same_response(a: requests.Response, b: requests.Response) -> None:
 def test_another_tenants_file_is_byte_identical_to_an_unknown_one(live_api):
     url = live_api.url
     theirs = upload(url, "globex-key")
-    probes = [("GET", f"/v1/files/{theirs}", {}), ("GET", f"/v1/files/{theirs}/content", {}),
-              ("DELETE", f"/v1/files/{theirs}", {}), ("GET", "/v1/files", {"params": {"after": theirs}}),
-              ("POST", "/v1/batches", {"json": {"input_file_id": theirs, "endpoint": CHAT,
-                                                "completion_window": "24h"}})]
+    probes = [
+        ("GET", f"/v1/files/{theirs}", {}),
+        ("GET", f"/v1/files/{theirs}/content", {}),
+        ("DELETE", f"/v1/files/{theirs}", {}),
+        ("GET", "/v1/files", {"params": {"after": theirs}}),
+        ("POST", "/v1/batches", {"json": {"input_file_id": theirs, "endpoint": CHAT, "completion_window": "24h"}}),
+    ]
     foreign = [call(url, method, path, **kw) for method, path, kw in probes]
     assert all(r.status_code == 404 for r in foreign), [r.text for r in foreign]
     assert call(url, "GET", f"/v1/files/{theirs}", "globex-key").status_code == 200  # it exists, for its owner
@@ -104,8 +120,11 @@ def test_another_tenants_file_is_byte_identical_to_an_unknown_one(live_api):
 def test_another_tenants_batch_is_byte_identical_to_an_unknown_one(live_api, rt):
     url = live_api.url
     theirs = create_batch(url, "globex-key")
-    probes = [("GET", f"/v1/batches/{theirs}", {}), ("POST", f"/v1/batches/{theirs}/cancel", {}),
-              ("GET", "/v1/batches", {"params": {"after": theirs}})]
+    probes = [
+        ("GET", f"/v1/batches/{theirs}", {}),
+        ("POST", f"/v1/batches/{theirs}/cancel", {}),
+        ("GET", "/v1/batches", {"params": {"after": theirs}}),
+    ]
     foreign = [call(url, method, path, **kw) for method, path, kw in probes]
     assert all(r.status_code == 404 for r in foreign), [r.text for r in foreign]
     assert call(url, "GET", f"/v1/batches/{theirs}", "globex-key").json()["status"] == "in_progress"
@@ -118,16 +137,17 @@ def test_another_tenants_batch_is_byte_identical_to_an_unknown_one(live_api, rt)
 
 def _every_stored_value(rt) -> list:
     with rt.store.engine.connect() as c:
-        return [value for table in Base.metadata.sorted_tables for row in c.execute(sa.select(table))
-                for value in row]
+        return [value for table in Base.metadata.sorted_tables for row in c.execute(sa.select(table)) for value in row]
 
 
 def test_keys_are_stored_only_as_sha256_digests(live_api, rt):
     create_batch(live_api.url, "acme-key")  # a store with files, batches and items in it, too
     with rt.store.sessions() as s:
         stored = {k.key_hash: k.tenant_id for k in s.scalars(sa.select(ApiKey))}
-    assert stored == {hashlib.sha256(k.encode()).hexdigest(): t
-                      for t, k in (("acme", "acme-key"), ("globex", "globex-key"), ("dev", "tidal-dev-key"))}
+    assert stored == {
+        hashlib.sha256(k.encode()).hexdigest(): t
+        for t, k in (("acme", "acme-key"), ("globex", "globex-key"), ("dev", "tidal-dev-key"))
+    }
     text = repr(_every_stored_value(rt))
     assert not [k for k in KEYS if k in text]
     if rt.settings.sqlalchemy_url.startswith("sqlite"):  # and not in the raw pages either (freed ones included)

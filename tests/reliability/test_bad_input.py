@@ -11,6 +11,7 @@ After every case the API listings show exactly the files and batches the case
 meant to create, and the blob directory holds exactly the blobs of live files,
 with no ``.part`` left behind.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,10 +20,14 @@ import typing as t
 
 import pytest
 import requests
-from sqlalchemy import func, select, update
+from sqlalchemy import func
+from sqlalchemy import select
+from sqlalchemy import update
 
 from tidal_workers import keys
-from tidal_workers.store.models import Batch, File, Item
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import File
+from tidal_workers.store.models import Item
 
 CHAT = "/v1/chat/completions"
 MAX_FILE_BYTES, MAX_UPLOAD_BYTES, MAX_FILE_LINES = 4096, 8192, 5
@@ -31,13 +36,21 @@ MAX_FILE_BYTES, MAX_UPLOAD_BYTES, MAX_FILE_LINES = 4096, 8192, 5
 @pytest.fixture
 def settings(settings):
     """Limits shrunk so over-limit files are a few kilobytes; two allowed models (mixed models, model_not_found)."""
-    return settings.replace(max_file_bytes=MAX_FILE_BYTES, max_upload_bytes=MAX_UPLOAD_BYTES,
-                            max_file_lines=MAX_FILE_LINES, models="tiny,tiny-2")
+    return settings.replace(
+        max_file_bytes=MAX_FILE_BYTES,
+        max_upload_bytes=MAX_UPLOAD_BYTES,
+        max_file_lines=MAX_FILE_LINES,
+        models="tiny,tiny-2",
+    )
 
 
 def line(custom_id: str = "r1", *, method: str = "POST", url: str = CHAT, **body) -> dict:
-    return {"custom_id": custom_id, "method": method, "url": url,
-            "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **body}}
+    return {
+        "custom_id": custom_id,
+        "method": method,
+        "url": url,
+        "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **body},
+    }
 
 
 def jsonl(*lines: dict | str | bytes) -> bytes:
@@ -98,8 +111,8 @@ class Case:
     name: str
     call: t.Callable[[Client], requests.Response]
     status: int
-    code: str | None = None      # the error code of a 4xx, or the line error of an `ingest` case
-    kind: str = "request"        # request | ingest | accepted
+    code: str | None = None  # the error code of a 4xx, or the line error of an `ingest` case
+    kind: str = "request"  # request | ingest | accepted
 
     def __str__(self) -> str:
         return self.name
@@ -134,41 +147,83 @@ BOM = b"\xef\xbb\xbf"
 
 CASES = [
     # --- uploads refused before anything is stored
-    request("upload_json_content_type", lambda c: c.send("POST", "/v1/files", json={"purpose": "batch"}),
-            415, "unsupported_media_type"),
-    request("upload_text_plain", lambda c: c.send("POST", "/v1/files", data=GOOD,
-                                                  headers={"Content-Type": "text/plain"}), 415,
-            "unsupported_media_type"),
-    request("upload_urlencoded_form", lambda c: c.send("POST", "/v1/files", data={"purpose": "batch", "file": "x"}),
-            415, "unsupported_media_type"),
-    request("upload_missing_file_field", lambda c: multipart(c, purpose=(None, "batch")), 400,
-            "missing_required_parameter"),
-    request("upload_missing_purpose_field", lambda c: multipart(c, file=("a.jsonl", GOOD)), 400,
-            "missing_required_parameter"),
-    request("upload_unknown_purpose", lambda c: multipart(c, file=("a.jsonl", GOOD), purpose=(None, "batch_output")),
-            400, "invalid_value"),
-    request("upload_multipart_without_boundary",
-            lambda c: c.send("POST", "/v1/files", data=b"garbage", headers={"Content-Type": "multipart/form-data"}),
-            400, "missing_required_parameter"),
-    request("upload_multipart_truncated",
-            lambda c: c.send("POST", "/v1/files", headers={"Content-Type": "multipart/form-data; boundary=x"},
-                             data=b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--x\r\n'
-                                  b'Content-Disposition: form-data; name="file"; filename="a"\r\n\r\n{"custom'),
-            400, "missing_required_parameter"),
-    request("upload_over_batch_size_limit",
-            lambda c: multipart(c, file=("a.jsonl", b"x" * (MAX_FILE_BYTES + 1)), purpose=(None, "batch")),
-            413, "file_too_large"),
-    request("upload_over_any_purpose_limit",
-            lambda c: multipart(c, file=("a.bin", b"x" * (MAX_UPLOAD_BYTES + 1)), purpose=(None, "user_data")),
-            413, "file_too_large"),
-    request("upload_over_request_size_limit",
-            lambda c: multipart(c, file=("a.bin", b"x" * (MAX_UPLOAD_BYTES + 128 * 1024)),
-                                purpose=(None, "user_data")),
-            413, "file_too_large"),
-    request("upload_over_line_limit",
-            lambda c: multipart(c, file=("a.jsonl", jsonl(*(line(f"r{i}") for i in range(MAX_FILE_LINES + 1)))),
-                                purpose=(None, "batch")),
-            400, "too_many_lines"),
+    request(
+        "upload_json_content_type",
+        lambda c: c.send("POST", "/v1/files", json={"purpose": "batch"}),
+        415,
+        "unsupported_media_type",
+    ),
+    request(
+        "upload_text_plain",
+        lambda c: c.send("POST", "/v1/files", data=GOOD, headers={"Content-Type": "text/plain"}),
+        415,
+        "unsupported_media_type",
+    ),
+    request(
+        "upload_urlencoded_form",
+        lambda c: c.send("POST", "/v1/files", data={"purpose": "batch", "file": "x"}),
+        415,
+        "unsupported_media_type",
+    ),
+    request(
+        "upload_missing_file_field", lambda c: multipart(c, purpose=(None, "batch")), 400, "missing_required_parameter"
+    ),
+    request(
+        "upload_missing_purpose_field",
+        lambda c: multipart(c, file=("a.jsonl", GOOD)),
+        400,
+        "missing_required_parameter",
+    ),
+    request(
+        "upload_unknown_purpose",
+        lambda c: multipart(c, file=("a.jsonl", GOOD), purpose=(None, "batch_output")),
+        400,
+        "invalid_value",
+    ),
+    request(
+        "upload_multipart_without_boundary",
+        lambda c: c.send("POST", "/v1/files", data=b"garbage", headers={"Content-Type": "multipart/form-data"}),
+        400,
+        "missing_required_parameter",
+    ),
+    request(
+        "upload_multipart_truncated",
+        lambda c: c.send(
+            "POST",
+            "/v1/files",
+            headers={"Content-Type": "multipart/form-data; boundary=x"},
+            data=b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--x\r\n'
+            b'Content-Disposition: form-data; name="file"; filename="a"\r\n\r\n{"custom',
+        ),
+        400,
+        "missing_required_parameter",
+    ),
+    request(
+        "upload_over_batch_size_limit",
+        lambda c: multipart(c, file=("a.jsonl", b"x" * (MAX_FILE_BYTES + 1)), purpose=(None, "batch")),
+        413,
+        "file_too_large",
+    ),
+    request(
+        "upload_over_any_purpose_limit",
+        lambda c: multipart(c, file=("a.bin", b"x" * (MAX_UPLOAD_BYTES + 1)), purpose=(None, "user_data")),
+        413,
+        "file_too_large",
+    ),
+    request(
+        "upload_over_request_size_limit",
+        lambda c: multipart(c, file=("a.bin", b"x" * (MAX_UPLOAD_BYTES + 128 * 1024)), purpose=(None, "user_data")),
+        413,
+        "file_too_large",
+    ),
+    request(
+        "upload_over_line_limit",
+        lambda c: multipart(
+            c, file=("a.jsonl", jsonl(*(line(f"r{i}") for i in range(MAX_FILE_LINES + 1)))), purpose=(None, "batch")
+        ),
+        400,
+        "too_many_lines",
+    ),
     # --- uploads accepted, the batch fails validation: failed, errors, no items, nothing queued
     ingest("truncated_json_line", jsonl(line("r1"), json.dumps(line("r2"))[:30]), "invalid_json_line"),
     ingest("single_quoted_json", jsonl("{'custom_id': 'r1'}"), "invalid_json_line"),
@@ -183,11 +238,15 @@ CASES = [
     ingest("wrong_url", jsonl(line("r1", url="/v1/embeddings")), "invalid_url"),
     ingest("wrong_method", jsonl(line("r1", method="GET")), "invalid_request"),
     ingest("stream_true", jsonl(line("r1", stream=True)), "streaming_unsupported"),
-    ingest("mixed_models", jsonl(line("r1"), {**line("r2"), "body": {**line()["body"], "model": "tiny-2"}}),
-           "mismatched_model"),
+    ingest(
+        "mixed_models",
+        jsonl(line("r1"), {**line("r2"), "body": {**line()["body"], "model": "tiny-2"}}),
+        "mismatched_model",
+    ),
     ingest("unknown_model", jsonl({**line("r1"), "body": {**line()["body"], "model": "gpt-x"}}), "model_not_found"),
-    ingest("missing_custom_id", jsonl({k: v for k, v in line().items() if k != "custom_id"}),
-           "missing_required_parameter"),
+    ingest(
+        "missing_custom_id", jsonl({k: v for k, v in line().items() if k != "custom_id"}), "missing_required_parameter"
+    ),
     ingest("missing_body", jsonl({k: v for k, v in line().items() if k != "body"}), "missing_required_parameter"),
     ingest("custom_id_not_a_string", jsonl({**line(), "custom_id": 7}), "invalid_request"),
     ingest("body_not_an_object", jsonl({**line(), "body": "hi"}), "invalid_request"),
@@ -198,28 +257,56 @@ CASES = [
     accepted("crlf_line_ends", GOOD.replace(b"\n", b"\r\n")),
     accepted("no_final_newline", GOOD.rstrip(b"\n")),
     # --- POST /v1/batches refused: no batch appears
-    request("batch_body_not_json", lambda c: c.send("POST", "/v1/batches", data=b"input_file_id=f",
-                                                    headers={"Content-Type": "application/json"}), 400,
-            "invalid_json"),
-    request("batch_body_truncated_json", lambda c: c.send("POST", "/v1/batches", data=b'{"input_file_id": "f',
-                                                          headers={"Content-Type": "application/json"}), 400,
-            "invalid_json"),
-    request("batch_body_json_array", lambda c: c.send("POST", "/v1/batches", json=[{"input_file_id": "f"}]), 400,
-            "invalid_json"),
+    request(
+        "batch_body_not_json",
+        lambda c: c.send("POST", "/v1/batches", data=b"input_file_id=f", headers={"Content-Type": "application/json"}),
+        400,
+        "invalid_json",
+    ),
+    request(
+        "batch_body_truncated_json",
+        lambda c: c.send(
+            "POST", "/v1/batches", data=b'{"input_file_id": "f', headers={"Content-Type": "application/json"}
+        ),
+        400,
+        "invalid_json",
+    ),
+    request(
+        "batch_body_json_array",
+        lambda c: c.send("POST", "/v1/batches", json=[{"input_file_id": "f"}]),
+        400,
+        "invalid_json",
+    ),
     request("batch_missing_input_file_id", lambda c: c.create(), 400, "missing_required_parameter"),
-    request("batch_missing_endpoint", lambda c: c.send("POST", "/v1/batches", json={
-        "input_file_id": c.upload(GOOD), "completion_window": "24h"}), 400, "missing_required_parameter"),
+    request(
+        "batch_missing_endpoint",
+        lambda c: c.send("POST", "/v1/batches", json={"input_file_id": c.upload(GOOD), "completion_window": "24h"}),
+        400,
+        "missing_required_parameter",
+    ),
     request("batch_input_file_id_not_a_string", lambda c: c.create(input_file_id=["file-x"]), 400, "invalid_type"),
-    request("batch_wrong_completion_window", lambda c: c.create(input_file_id=c.upload(GOOD), completion_window="48h"),
-            400, "invalid_value"),
-    request("batch_unsupported_endpoint", lambda c: c.create(input_file_id=c.upload(GOOD), endpoint="/v1/responses"),
-            400, "invalid_value"),
+    request(
+        "batch_wrong_completion_window",
+        lambda c: c.create(input_file_id=c.upload(GOOD), completion_window="48h"),
+        400,
+        "invalid_value",
+    ),
+    request(
+        "batch_unsupported_endpoint",
+        lambda c: c.create(input_file_id=c.upload(GOOD), endpoint="/v1/responses"),
+        400,
+        "invalid_value",
+    ),
     request("batch_unknown_input_file", lambda c: c.create(input_file_id="file-doesnotexist"), 404),
     request("batch_input_file_path_traversal", lambda c: c.create(input_file_id=TRAVERSAL), 404),
     request("batch_input_file_sql", lambda c: c.create(input_file_id=SQL), 404),
     request("batch_input_file_deleted", lambda c: c.create(input_file_id=_deleted_file(c)), 404),
-    request("batch_input_file_wrong_purpose", lambda c: c.create(input_file_id=c.upload(GOOD, "user_data")), 400,
-            "invalid_value"),
+    request(
+        "batch_input_file_wrong_purpose",
+        lambda c: c.create(input_file_id=c.upload(GOOD, "user_data")),
+        400,
+        "invalid_value",
+    ),
     request("metadata_17_pairs", metadata({f"k{i}": "v" for i in range(17)}), 400, "invalid_value"),
     request("metadata_long_key", metadata({"k" * 65: "v"}), 400, "invalid_value"),
     request("metadata_long_value", metadata({"k": "v" * 513}), 400, "invalid_value"),
@@ -227,23 +314,29 @@ CASES = [
     request("metadata_not_an_object", metadata(["k", "v"]), 400, "invalid_type"),
     # --- reads, cursors and ids
     request("files_limit_negative", lambda c: c.send("GET", "/v1/files", params={"limit": -1}), 400, "invalid_value"),
-    request("files_limit_oversized", lambda c: c.send("GET", "/v1/files", params={"limit": 10_001}), 400,
-            "invalid_value"),
-    request("files_limit_not_a_number", lambda c: c.send("GET", "/v1/files", params={"limit": "ten"}), 400,
-            "invalid_type"),
-    request("files_order_unknown", lambda c: c.send("GET", "/v1/files", params={"order": "random"}), 400,
-            "invalid_value"),
+    request(
+        "files_limit_oversized", lambda c: c.send("GET", "/v1/files", params={"limit": 10_001}), 400, "invalid_value"
+    ),
+    request(
+        "files_limit_not_a_number", lambda c: c.send("GET", "/v1/files", params={"limit": "ten"}), 400, "invalid_type"
+    ),
+    request(
+        "files_order_unknown", lambda c: c.send("GET", "/v1/files", params={"order": "random"}), 400, "invalid_value"
+    ),
     request("files_unknown_after", lambda c: c.send("GET", "/v1/files", params={"after": "file-nope"}), 404),
-    request("batches_limit_negative", lambda c: c.send("GET", "/v1/batches", params={"limit": -5}), 400,
-            "invalid_value"),
+    request(
+        "batches_limit_negative", lambda c: c.send("GET", "/v1/batches", params={"limit": -5}), 400, "invalid_value"
+    ),
     request("batches_limit_zero", lambda c: c.send("GET", "/v1/batches", params={"limit": 0}), 400, "invalid_value"),
-    request("batches_limit_oversized", lambda c: c.send("GET", "/v1/batches", params={"limit": 101}), 400,
-            "invalid_value"),
+    request(
+        "batches_limit_oversized", lambda c: c.send("GET", "/v1/batches", params={"limit": 101}), 400, "invalid_value"
+    ),
     request("batches_unknown_after", lambda c: c.send("GET", "/v1/batches", params={"after": "batch_nope"}), 404),
     request("batches_after_sql", lambda c: c.send("GET", "/v1/batches", params={"after": "' OR 1=1 --"}), 404),
     request("file_id_path_traversal", lambda c: c.send("GET", "/v1/files/..%2F..%2F..%2Fetc%2Fpasswd"), 404),
-    request("file_content_path_traversal",
-            lambda c: c.send("GET", "/v1/files/..%2F..%2F..%2Fetc%2Fpasswd/content"), 404),
+    request(
+        "file_content_path_traversal", lambda c: c.send("GET", "/v1/files/..%2F..%2F..%2Fetc%2Fpasswd/content"), 404
+    ),
     request("file_content_blob_name", lambda c: c.send("GET", f"/v1/files/{_blob_of(c)}/content"), 404),
     request("file_id_sql", lambda c: c.send("DELETE", "/v1/files/" + requests.utils.quote(SQL, safe="")), 404),
     request("batch_id_sql", lambda c: c.send("GET", "/v1/batches/batch_x'%3B%20DROP%20TABLE%20batches%3B--"), 404),
@@ -311,4 +404,3 @@ def test_bad_input(case: Case, live_api, rt):
         live_blobs = {f.blob for f in s.scalars(select(File).where(File.deleted.is_(False)))}
     on_disk = {p.name for p in rt.blobs.root.iterdir()}
     assert on_disk == live_blobs, "a stray or partial blob was left in the blob directory"
-

@@ -5,6 +5,7 @@ and restarted, the API killed mid-upload, PostgreSQL restarted. Redis and
 PostgreSQL restarts hit private instances (fault_helpers), never the shared ones.
 Measured numbers are printed (run with -s) and recorded in docs/reliability.md "Faults".
 """
+
 from __future__ import annotations
 
 import os
@@ -12,22 +13,42 @@ import time
 
 import pytest
 import requests
-from sqlalchemy import func, select
+from sqlalchemy import func
+from sqlalchemy import select
+from workers.worker_helpers import assert_exactly_once
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import settled
+from workers.worker_helpers import upload_batch
+from workers.worker_helpers import wait_for
 
 from config import load_settings
-from reliability.fault_helpers import (PrivatePostgres, PrivateRedis, SlowUpload, TinyVllm, kill_group, start_api,
-                                       start_worker)
+from reliability.fault_helpers import PrivatePostgres
+from reliability.fault_helpers import PrivateRedis
+from reliability.fault_helpers import SlowUpload
+from reliability.fault_helpers import TinyVllm
+from reliability.fault_helpers import kill_group
+from reliability.fault_helpers import start_api
+from reliability.fault_helpers import start_worker
 from tidal_engine.serve import free_port
 from tidal_workers.claim import ClaimLoop
-from tidal_workers.context import LeaseBook, WorkerContext
+from tidal_workers.context import LeaseBook
+from tidal_workers.context import WorkerContext
 from tidal_workers.gate import FixedGate
 from tidal_workers.store.models import Item
-from workers.worker_helpers import assert_exactly_once, batch_row, settled, upload_batch, wait_for
 
 # Short leases and fast retries, so recovery shows in seconds; bounds generous enough for a loaded 2-core machine.
-FAST = dict(gate_mode="fixed", lease_seconds=2.0, claim_idle_seconds=0.02, retry_backoff_seconds=0.05,
-            retry_budget=3, request_timeout_seconds=20.0, max_inflight=4, worker_threads=4, reclaim_seconds=0.5,
-            worker_metrics_port=0)
+FAST = {
+    "gate_mode": "fixed",
+    "lease_seconds": 2.0,
+    "claim_idle_seconds": 0.02,
+    "retry_backoff_seconds": 0.05,
+    "retry_budget": 3,
+    "request_timeout_seconds": 20.0,
+    "max_inflight": 4,
+    "worker_threads": 4,
+    "reclaim_seconds": 0.5,
+    "worker_metrics_port": 0,
+}
 SETTLE_S = 180
 NODE = "fault-node"
 N_RESTART = 40
@@ -95,7 +116,7 @@ def test_kill_9_of_a_worker_mid_batch_10_trials(rt, live_api, stub, settings, pr
     for trial in range(10):
         batch = upload_batch(live_api.url, 24, tag=f"t{trial}")
         node = f"doomed-{trial}"
-        wait_for(lambda: rt.queue.inflight(node) > 0, 120, what=f"{node} to hold leases")
+        wait_for(lambda node=node: rt.queue.inflight(node) > 0, 120, what=f"{node} to hold leases")
         kill_group(doomed)
         killed = time.monotonic()
         if trial < 9:
@@ -104,13 +125,16 @@ def test_kill_9_of_a_worker_mid_batch_10_trials(rt, live_api, stub, settings, pr
         recoveries.append(time.monotonic() - killed)
         assert reruns(rt, batch) >= 1  # the killed worker's items ran again, under a new attempt
         assert rt.queue.inflight(node) == 0
-    print(f"\nkill -9: 10/10 trials, kill→completed {min(recoveries):.1f}–{max(recoveries):.1f} s "
-          f"(median {sorted(recoveries)[5]:.1f} s)")
+    print(
+        f"\nkill -9: 10/10 trials, kill→completed {min(recoveries):.1f}–{max(recoveries):.1f} s "
+        f"(median {sorted(recoveries)[5]:.1f} s)"
+    )
 
 
 @pytest.mark.slow
-def test_redis_restart_without_persistence_rebuilds_the_queue_from_sql(private_redis, rt, live_api, stub, settings,
-                                                                       procs, tmp_path):
+def test_redis_restart_without_persistence_rebuilds_the_queue_from_sql(
+    private_redis, rt, live_api, stub, settings, procs, tmp_path
+):
     stub.delay = 0.3
     procs.append(start_worker(settings, NODE, tmp_path))
     batch = upload_batch(live_api.url, 40)
@@ -121,8 +145,10 @@ def test_redis_restart_without_persistence_rebuilds_the_queue_from_sql(private_r
     assert rt.redis.dbsize() < 10  # the queue, leases and fencing counters are gone (the worker may be rebuilding)
     assert done_before < 40
     assert_complete(rt, batch, 40)
-    print(f"\nredis restart: down {down:.1f} s, {40 - done_before} items left and {in_flight} in flight at restart, "
-          f"restart→completed {time.monotonic() - restarted:.1f} s")
+    print(
+        f"\nredis restart: down {down:.1f} s, {40 - done_before} items left and {in_flight} in flight at restart, "
+        f"restart→completed {time.monotonic() - restarted:.1f} s"
+    )
 
 
 @pytest.mark.slow
@@ -133,8 +159,9 @@ def test_vllm_killed_and_restarted_mid_batch(rt, live_api, settings, procs, tmp_
     engine = TinyVllm(load_settings().home, tmp_path)  # the tiny model built once, as tests/conftest.py does
     try:
         # Backoff 0.5 s doubling to the 30 s cap: 20 retries outlast ~450 s of downtime.
-        worker_settings = settings.replace(vllm_url=engine.url, retry_budget=20, retry_backoff_seconds=0.5,
-                                           request_timeout_seconds=120.0)
+        worker_settings = settings.replace(
+            vllm_url=engine.url, retry_budget=20, retry_backoff_seconds=0.5, request_timeout_seconds=120.0
+        )
         procs.append(start_worker(worker_settings, NODE, tmp_path))
         # 40 items of exactly 128 tokens, 4 at a time: tens of seconds of work even on an idle machine, so the
         # kill lands mid-batch however fast the engine runs (12 items of 8 tokens once finished before the kill).
@@ -147,12 +174,16 @@ def test_vllm_killed_and_restarted_mid_batch(rt, live_api, settings, procs, tmp_
         out = assert_complete(rt, batch, N_RESTART, timeout=400)
     finally:
         engine.stop()
-    assert all(line["response"]["body"]["model"] == "tiny" and line["response"]["body"]["usage"]["completion_tokens"]
-               == 128 for line in out)  # whole answers from the engine, not ones cut short by the kill
+    assert all(
+        line["response"]["body"]["model"] == "tiny" and line["response"]["body"]["usage"]["completion_tokens"] == 128
+        for line in out
+    )  # whole answers from the engine, not ones cut short by the kill
     retries = (tmp_path / f"worker-{NODE}.log").read_text().count("; retry ")
     assert left > 0 and retries > 0  # items really were in flight when it died, and were retried, not failed
-    print(f"\nvllm restart: start {engine.starts[0]:.0f} s, restart {engine.starts[1]:.0f} s, {left} items left, "
-          f"kill→completed {time.monotonic() - killed:.1f} s, {retries} retries")
+    print(
+        f"\nvllm restart: start {engine.starts[0]:.0f} s, restart {engine.starts[1]:.0f} s, {left} items left, "
+        f"kill→completed {time.monotonic() - killed:.1f} s, {retries} retries"
+    )
 
 
 def _visible(blob_dir) -> set[str]:
@@ -194,8 +225,13 @@ def test_api_killed_mid_upload_leaves_no_visible_file(rt, settings, procs, tmp_p
     procs.append(start_api(api, tmp_path / "serve.log"))
     assert _file_ids(url) == before  # nothing half-uploaded is listed
     assert _visible(blobs) == set()
-    r = requests.post(url + "/v1/files", headers={"Authorization": "Bearer acme-key"}, timeout=60,
-                      files={"file": ("ok.jsonl", b'{"a": 1}\n')}, data={"purpose": "user_data"})
+    r = requests.post(
+        url + "/v1/files",
+        headers={"Authorization": "Bearer acme-key"},
+        timeout=60,
+        files={"file": ("ok.jsonl", b'{"a": 1}\n')},
+        data={"purpose": "user_data"},
+    )
     assert r.status_code == 200, r.text
     assert _file_ids(url) == [r.json()["id"], *before]
     assert len(_visible(blobs)) == 1
@@ -216,8 +252,10 @@ def test_postgres_restart_mid_batch(private_pg, rt, live_api, stub, settings, pr
     assert r.status_code == 200, r.text
     assert done_before < 40
     assert_complete(rt, batch, 40)
-    print(f"\npostgres restart: down {down:.1f} s, {40 - done_before} items left at restart, "
-          f"restart→completed {time.monotonic() - restarted:.1f} s, {reruns(rt, batch)} items re-run")
+    print(
+        f"\npostgres restart: down {down:.1f} s, {40 - done_before} items left at restart, "
+        f"restart→completed {time.monotonic() - restarted:.1f} s, {reruns(rt, batch)} items re-run"
+    )
 
 
 def test_a_task_that_fails_before_its_claim_is_booked_leaves_no_lease_behind(rt, live_api):

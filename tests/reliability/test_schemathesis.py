@@ -6,6 +6,7 @@ Random ids only ever reach 404s, so about half of the valid cases have their ids
 swapped for a real file's and batch's, which takes them to the 200 answers too.
 Bounded by ``MAX_EXAMPLES`` per operation so the whole module stays well under a minute.
 """
+
 from __future__ import annotations
 
 import hypothesis
@@ -14,8 +15,9 @@ import requests
 import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance, \
-    status_code_conformance
+from schemathesis.specs.openapi.checks import content_type_conformance
+from schemathesis.specs.openapi.checks import response_schema_conformance
+from schemathesis.specs.openapi.checks import status_code_conformance
 
 MAX_EXAMPLES = 12
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance]
@@ -40,19 +42,25 @@ class Known:
         self.http = requests.Session()
         self.http.headers["Authorization"] = "Bearer acme-key"
         self.file_id = self.upload()
-        self.batch_id = self.http.post(url + "/v1/batches", json={
-            "input_file_id": self.file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()["id"]
+        self.batch_id = self.http.post(
+            url + "/v1/batches",
+            json={"input_file_id": self.file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        ).json()["id"]
 
     def upload(self) -> str:
         line = b'{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "tiny"}}\n'
-        return self.http.post(self.url + "/v1/files", files={"file": ("in.jsonl", line)},
-                              data={"purpose": "batch"}).json()["id"]
+        return self.http.post(
+            self.url + "/v1/files", files={"file": ("in.jsonl", line)}, data={"purpose": "batch"}
+        ).json()["id"]
 
     def use_in(self, case) -> None:
         if case.meta is None or case.meta.generation.mode != GenerationMode.POSITIVE:
             return
-        ids = {"file_id": self.upload if case.method == "DELETE" else lambda: self.file_id,
-               "input_file_id": lambda: self.file_id, "batch_id": lambda: self.batch_id}
+        ids = {
+            "file_id": self.upload if case.method == "DELETE" else lambda: self.file_id,
+            "input_file_id": lambda: self.file_id,
+            "batch_id": lambda: self.batch_id,
+        }
         for params in (case.path_parameters, case.body):
             if isinstance(params, dict):
                 for name, value in params.items():
@@ -69,8 +77,9 @@ schema = schemathesis.pytest.from_fixture("served_schema")
 
 
 @schema.parametrize()
-@hypothesis.settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
-                     suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.settings(
+    max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(hypothesis.HealthCheck)
+)
 def test_served_document_holds(case, live_api, known):
     known.use_in(case)
     case.call_and_validate(base_url=live_api.url, headers={"Authorization": "Bearer acme-key"}, checks=CHECKS)

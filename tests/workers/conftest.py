@@ -4,6 +4,7 @@ Workers are real Celery workers on the real Redis broker: in a thread
 (``celery.contrib.testing.worker.start_worker``, threads pool) or, where a test
 must kill one, a ``tidal worker`` subprocess.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,11 @@ from celery.contrib.testing.worker import start_worker
 
 from tidal_workers.celery_app import make_celery
 from tidal_workers.enqueue import enqueue_batch
-from tidal_workers.store.models import Batch, BatchStatus, File, Item
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
+from tidal_workers.store.models import File
+from tidal_workers.store.models import Item
+
 
 @pytest.fixture
 def settings(settings, stub):
@@ -41,8 +46,16 @@ def make_batch(rt):
     """Insert an in-progress batch with ``n`` chat items (content = custom_id) and queue it."""
     counter = iter(range(1_000_000))
 
-    def make(n: int = 4, priority: int = 100, expires_in: float | None = None, ordinals=None,
-             enqueue: bool = True, tenant: str = "acme", model: str = "m", max_tokens: int | None = None) -> str:
+    def make(
+        n: int = 4,
+        priority: int = 100,
+        expires_in: float | None = None,
+        ordinals=None,
+        enqueue: bool = True,
+        tenant: str = "acme",
+        model: str = "m",
+        max_tokens: int | None = None,
+    ) -> str:
         k = next(counter)
         now = int(time.time())
         window = rt.settings.completion_window_seconds if expires_in is None else expires_in
@@ -50,9 +63,19 @@ def make_batch(rt):
             f = File(tenant_id=tenant, filename="in.jsonl", purpose="batch", bytes=0, created_at=now, blob="none")
             s.add(f)
             s.flush()
-            b = Batch(tenant_id=tenant, endpoint="/v1/chat/completions", model=model, input_file_id=f.id,
-                      completion_window="24h", status=BatchStatus.in_progress.value, created_at=now,
-                      in_progress_at=now, expires_at=int(now + window), total=n, priority=priority)
+            b = Batch(
+                tenant_id=tenant,
+                endpoint="/v1/chat/completions",
+                model=model,
+                input_file_id=f.id,
+                completion_window="24h",
+                status=BatchStatus.in_progress.value,
+                created_at=now,
+                in_progress_at=now,
+                expires_at=int(now + window),
+                total=n,
+                priority=priority,
+            )
             s.add(b)
             s.flush()
             for i in range(n):
@@ -60,8 +83,16 @@ def make_batch(rt):
                 body = {"model": model, "messages": [{"role": "user", "content": cid}]}
                 if max_tokens is not None:
                     body["max_tokens"] = max_tokens
-                s.add(Item(batch_id=b.id, line=i + 1, ordinal=ordinals[i] if ordinals else i, custom_id=cid,
-                           url="/v1/chat/completions", body=json.dumps(body)))
+                s.add(
+                    Item(
+                        batch_id=b.id,
+                        line=i + 1,
+                        ordinal=ordinals[i] if ordinals else i,
+                        custom_id=cid,
+                        url="/v1/chat/completions",
+                        body=json.dumps(body),
+                    )
+                )
             batch_id = b.id
         if enqueue:
             enqueue_batch(rt, batch_id)
@@ -81,12 +112,17 @@ def worker(celery_app, rt):
 
     @contextlib.contextmanager
     def run(hostname: str = "tidal@test-node"):
-        with start_worker(celery_app, pool="threads", concurrency=rt.settings.worker_threads,
-                          perform_ping_check=False, loglevel="WARNING", shutdown_timeout=20,
-                          hostname=hostname) as w:
+        with start_worker(
+            celery_app,
+            pool="threads",
+            concurrency=rt.settings.worker_threads,
+            perform_ping_check=False,
+            loglevel="WARNING",
+            shutdown_timeout=20,
+            hostname=hostname,
+        ) as w:
             yield w
         alive = [t.name for t in threading.enumerate() if t.name == "tidal-claim"]
         assert not alive, "a claim thread outlived its worker"
 
     return run
-

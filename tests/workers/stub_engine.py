@@ -7,22 +7,26 @@ the next requests for that key get, in order, before it answers normally.
 ``metrics`` is what GET /metrics answers (an idle engine's series by default):
 a test steers an AIMD gate pointed here by replacing it.
 """
+
 from __future__ import annotations
 
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from http.server import ThreadingHTTPServer
 
 FAULTS = ("500", "503", "429", "400", "hang", "abort")
 
 
 def metrics_text(kv_usage: float = 0.1, waiting: int = 0, running: int = 0, preemptions: int = 0) -> str:
     """The /metrics series an AIMD gate reads, with the given values."""
-    return (f'vllm:kv_cache_usage_perc{{engine="0"}} {kv_usage}\n'
-            f'vllm:num_requests_waiting{{engine="0"}} {waiting}\n'
-            f'vllm:num_requests_running{{engine="0"}} {running}\n'
-            f'vllm:num_preemptions_total{{engine="0"}} {preemptions}\n')
+    return (
+        f'vllm:kv_cache_usage_perc{{engine="0"}} {kv_usage}\n'
+        f'vllm:num_requests_waiting{{engine="0"}} {waiting}\n'
+        f'vllm:num_requests_running{{engine="0"}} {running}\n'
+        f'vllm:num_preemptions_total{{engine="0"}} {preemptions}\n'
+    )
 
 
 class StubEngine:
@@ -89,8 +93,14 @@ class StubEngine:
                     return
                 if fault in ("500", "503", "429", "400"):
                     status = int(fault)
-                    payload = {"error": {"message": f"stub fault {status}", "type": "BadRequestError",
-                                         "param": None, "code": status}}
+                    payload = {
+                        "error": {
+                            "message": f"stub fault {status}",
+                            "type": "BadRequestError",
+                            "param": None,
+                            "code": status,
+                        }
+                    }
                 else:
                     time.sleep(stub.delay)
                     status, payload = 200, _answer(self.path, body)
@@ -112,15 +122,32 @@ def _key(body: dict) -> str:
 
 
 def _answer(path: str, body: dict) -> dict:
-    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
-             "prompt_tokens_details": {"cached_tokens": 2}}
+    usage = {
+        "prompt_tokens": 7,
+        "completion_tokens": 3,
+        "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
     if path.endswith("/embeddings"):
-        return {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 1.0]}],
-                "model": body.get("model"), "usage": {"prompt_tokens": 7, "total_tokens": 7}}
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 1.0]}],
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": 7, "total_tokens": 7},
+        }
     text = f"echo {_key(body)}"
     if path.endswith("/completions") and "chat" not in path:
-        return {"id": "cmpl-stub", "object": "text_completion", "model": body.get("model"),
-                "choices": [{"index": 0, "text": text, "finish_reason": "stop"}], "usage": usage}
-    return {"id": "chatcmpl-stub", "object": "chat.completion", "model": body.get("model"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": usage}
+        return {
+            "id": "cmpl-stub",
+            "object": "text_completion",
+            "model": body.get("model"),
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+            "usage": usage,
+        }
+    return {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "model": body.get("model"),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": usage,
+    }

@@ -1,13 +1,16 @@
 """The claim loop against real Redis and SQL: the gate bounds in-flight items, leases are renewed, data loss rebuilds."""
+
 from __future__ import annotations
 
 import threading
 import time
 
-from tidal_workers.claim import ClaimLoop
-from tidal_workers.context import LeaseBook, WorkerContext
-from tidal_workers.gate import FixedGate
 from workers.worker_helpers import wait_for
+
+from tidal_workers.claim import ClaimLoop
+from tidal_workers.context import LeaseBook
+from tidal_workers.context import WorkerContext
+from tidal_workers.gate import FixedGate
 
 
 def loop_for(rt, target: int, sent: list):

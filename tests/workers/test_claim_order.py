@@ -1,21 +1,32 @@
 """Claim order end to end: an ingested file's requests come out of the queue grouped by prompt prefix."""
+
 from __future__ import annotations
 
 import json
 
 from sqlalchemy import select
+from worker_helpers import validating_batch
 
 from tidal_workers.ingest import ingest_batch
-from tidal_workers.store.models import Batch, Item
-from worker_helpers import validating_batch
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import Item
 
 CHAT = "/v1/chat/completions"
 
 
 def ingested(rt, prompts: list[str]) -> str:
-    data = b"".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT,
-                                "body": {"model": "m", "messages": [{"role": "user", "content": p}]}}).encode() + b"\n"
-                    for i, p in enumerate(prompts))
+    data = b"".join(
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": CHAT,
+                "body": {"model": "m", "messages": [{"role": "user", "content": p}]},
+            }
+        ).encode()
+        + b"\n"
+        for i, p in enumerate(prompts)
+    )
     batch_id = validating_batch(rt, data)
     ingest_batch(rt, batch_id)
     return batch_id

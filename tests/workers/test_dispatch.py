@@ -1,11 +1,16 @@
 """End to end through a real Celery worker (threads pool, ClaimStep) and a stub engine on loopback."""
+
 from __future__ import annotations
 
 from celery.signals import task_prerun
 from sqlalchemy import select
+from worker_helpers import assert_exactly_once
+from worker_helpers import batch_row
+from worker_helpers import item_ids
+from worker_helpers import settled
+from worker_helpers import wait_for
 
 from tidal_workers.store.models import Item
-from worker_helpers import assert_exactly_once, batch_row, item_ids, settled, wait_for
 
 
 def test_batch_runs_to_completed_with_openai_lines_usage_and_priority(rt, make_batch, worker, stub):
@@ -59,7 +64,7 @@ def test_retry_budget_spent_becomes_an_error_line(rt, make_batch, worker, stub, 
     batch = make_batch(2)
     stub.script("b0-1", *["503"] * (settings.retry_budget + 1))
     with worker():
-        b, out, err = settled(rt, batch)
+        b, _out, err = settled(rt, batch)
     assert (b.completed, b.failed) == (1, 1)
     (bad,) = err
     assert bad["response"] is None and bad["error"]["code"] == "retry_budget_exhausted"

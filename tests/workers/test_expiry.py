@@ -1,12 +1,16 @@
 """Expiry with the window shortened by settings; the wire value stays "24h"."""
+
 from __future__ import annotations
 
 import time
 
 import pytest
+from worker_helpers import assert_exactly_once
+from worker_helpers import batch_row
+from worker_helpers import settled
+from worker_helpers import wait_for
 
 from tidal_workers.sweeps import expire_due
-from worker_helpers import assert_exactly_once, batch_row, settled, wait_for
 
 WINDOW = 3.0
 

@@ -1,18 +1,22 @@
 """Placement across replicas emerges from the gates: two `tidal worker`s on two nodes claim from one queue, each
 gated by its own engine's /metrics, and the batch goes to whichever node is idle."""
+
 from __future__ import annotations
 
 import signal
 
 import pytest
 from sqlalchemy import select
-from stub_engine import StubEngine, metrics_text
+from stub_engine import StubEngine
+from stub_engine import metrics_text
+from worker_helpers import settled
+from worker_helpers import spawn
+from worker_helpers import wait_for
 
 from tidal_workers.store.models import Item
-from worker_helpers import settled, spawn, wait_for
 
 BUSY = metrics_text(kv_usage=0.95)  # above kv_high: the gate halves, down to 0
-IDLE = metrics_text(kv_usage=0.1)   # below kv_low: the gate grows while in use
+IDLE = metrics_text(kv_usage=0.1)  # below kv_low: the gate grows while in use
 
 
 @pytest.fixture
@@ -30,16 +34,29 @@ def share(rt, batch_id: str, engines) -> list[int]:
     return [len({r["messages"][0]["content"] for r in e.requests} & ids) for e in engines]
 
 
-def test_batch_goes_to_the_idle_node_and_follows_the_pressure(rt, settings, make_batch, engines, children,
-                                                              tmp_path):
+def test_batch_goes_to_the_idle_node_and_follows_the_pressure(rt, settings, make_batch, engines, children, tmp_path):
     # A scrape answers within half a period or fails safe (gate closed): a whole second leaves room for a
     # loaded machine. alpha = 1: each scrape is believed at once, so the flip takes a few periods.
-    gated = settings.replace(gate_mode="aimd", scrape_seconds=1.0, ewma_alpha=1.0, min_inflight=0,
-                             initial_inflight=1, max_inflight=4, worker_threads=4, worker_metrics_port=0)
+    gated = settings.replace(
+        gate_mode="aimd",
+        scrape_seconds=1.0,
+        ewma_alpha=1.0,
+        min_inflight=0,
+        initial_inflight=1,
+        max_inflight=4,
+        worker_threads=4,
+        worker_metrics_port=0,
+    )
     engines[0].metrics, engines[1].metrics = BUSY, IDLE
     for i, engine in enumerate(engines):
-        children.append(spawn(gated.replace(node=f"node-{i}", vllm_url=engine.url), "worker", "--loglevel=warning",
-                              log=tmp_path / f"node-{i}.log"))
+        children.append(
+            spawn(
+                gated.replace(node=f"node-{i}", vllm_url=engine.url),
+                "worker",
+                "--loglevel=warning",
+                log=tmp_path / f"node-{i}.log",
+            )
+        )
     wait_for(lambda: all(e.scrapes >= 2 for e in engines), timeout=60, what="both workers' gates to scrape")
 
     first = make_batch(40)

@@ -1,4 +1,5 @@
 """The SLA floor: an urgent batch is admitted at floor_rate per node past a closed gate, on real Redis and SQL."""
+
 from __future__ import annotations
 
 import time
@@ -6,12 +7,15 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 from stub_engine import metrics_text
+from worker_helpers import batch_row
+from worker_helpers import item_ids
+from worker_helpers import settled
 
 from tidal_workers.claim import ClaimLoop
-from tidal_workers.context import LeaseBook, WorkerContext
+from tidal_workers.context import LeaseBook
+from tidal_workers.context import WorkerContext
 from tidal_workers.gate import FixedGate
 from tidal_workers.rescore import rescore
-from worker_helpers import batch_row, item_ids, settled
 
 FLOOR_RATE = 4.0
 
@@ -50,7 +54,7 @@ def test_a_closed_gate_still_admits_an_urgent_batch_at_the_floor_rate(rt, make_b
         loop.tick(t0 + 0.05 * k)
     assert {c.batch_id for c in sent} == {urgent}  # nothing else passes the closed gate
     assert len(sent) == 1 + FLOOR_RATE * 10  # a full bucket of one, then the rate
-    assert [c.item_id for c in sent] == item_ids(rt, urgent)[:len(sent)]  # still in prefix order
+    assert [c.item_id for c in sent] == item_ids(rt, urgent)[: len(sent)]  # still in prefix order
     assert rt.queue.queued(calm) == 100
 
 
@@ -64,7 +68,7 @@ def test_a_floor_rate_of_0_turns_the_floor_off(rt, make_batch):
 
 
 def test_floor_items_count_as_in_flight(rt, make_batch):
-    calm, urgent = urgent_pair(rt, make_batch)
+    _calm, urgent = urgent_pair(rt, make_batch)
     sent: list = []
     loop = loop_for(rt, 3, sent, settle=False)
     t0 = time.time()
@@ -85,7 +89,7 @@ def test_a_batch_starved_by_online_load_still_makes_its_floor_rate(rt, make_batc
         while batch_row(rt, urgent).status == "in_progress" and time.monotonic() < deadline:
             seen_at += [time.monotonic()] * (len(stub.requests) - len(seen_at))
             time.sleep(0.02)
-        b, out, err = settled(rt, urgent)
+        _b, out, err = settled(rt, urgent)
         assert REGISTRY.get_sample_value("tidal_gate_target") == 0  # the gate never opened
     assert len(out) == n and not err
     assert batch_row(rt, calm).completed == 0 and rt.queue.queued(calm) == n  # the gate admitted nothing

@@ -1,18 +1,28 @@
 """Fencing, cancel and expiry: every custom_id ends in exactly one line, whatever races."""
+
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func
+from sqlalchemy import select
+from sqlalchemy import update
+from worker_helpers import assert_exactly_once
+from worker_helpers import batch_row
+from worker_helpers import settled
+from worker_helpers import wait_for
 
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.execute import execute_item
 from tidal_workers.finalize import maybe_finalize
-from tidal_workers.result import Outcome, record
-from tidal_workers.store.models import Batch, File, Item, ItemStatus
+from tidal_workers.result import Outcome
+from tidal_workers.result import record
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import File
+from tidal_workers.store.models import Item
+from tidal_workers.store.models import ItemStatus
 from tidal_workers.sweeps import reconcile
-from worker_helpers import assert_exactly_once, batch_row, settled, wait_for
 
 NODE = "test-node"
 
@@ -68,13 +78,16 @@ def test_cancel_mid_batch_keeps_what_finished_and_cancels_the_rest(rt, make_batc
 def test_racing_finalizers_elect_exactly_one(rt, make_batch):
     batch = make_batch(3, enqueue=False)
     with rt.store.session() as s:  # every item done, as if the last worker died before finalizing
-        s.execute(update(Item).where(Item.batch_id == batch).values(
-            status=ItemStatus.completed.value, response_status=200, request_id="r", response_body="{}"))
+        s.execute(
+            update(Item)
+            .where(Item.batch_id == batch)
+            .values(status=ItemStatus.completed.value, response_status=200, request_id="r", response_body="{}")
+        )
         s.execute(update(Batch).where(Batch.id == batch).values(completed=3))
     with ThreadPoolExecutor(4) as pool:
         won = list(pool.map(lambda _: maybe_finalize(rt, batch), range(4)))
     assert won.count(True) == 1
-    b, out, err = settled(rt, batch)
+    _b, out, err = settled(rt, batch)
     assert len(out) == 3 and err == []
     with rt.store.sessions() as s:
         assert s.scalar(select(func.count()).select_from(File).where(File.purpose == "batch_output")) == 1
@@ -83,17 +96,23 @@ def test_racing_finalizers_elect_exactly_one(rt, make_batch):
 def test_reconcile_finishes_what_a_dead_finalizer_left(rt, make_batch, settings):
     done, stuck, cancelling = make_batch(1), make_batch(1), make_batch(2)
     with rt.store.session() as s:
-        s.execute(update(Item).where(Item.batch_id.in_([done, stuck])).values(
-            status=ItemStatus.completed.value, response_status=200, request_id="r", response_body="{}"))
+        s.execute(
+            update(Item)
+            .where(Item.batch_id.in_([done, stuck]))
+            .values(status=ItemStatus.completed.value, response_status=200, request_id="r", response_body="{}")
+        )
         s.execute(update(Batch).where(Batch.id == done).values(completed=1))
-        s.execute(update(Batch).where(Batch.id == stuck).values(
-            completed=1, status="finalizing", finalizing_at=int(time.time() - 2 * settings.reconcile_seconds)))
+        s.execute(
+            update(Batch)
+            .where(Batch.id == stuck)
+            .values(completed=1, status="finalizing", finalizing_at=int(time.time() - 2 * settings.reconcile_seconds))
+        )
         s.execute(update(Batch).where(Batch.id == cancelling).values(status="cancelling"))
     rt.redis.flushdb()  # and Redis lost everything meanwhile
 
     assert reconcile(rt) == 0  # nothing is in progress with pending items
     assert batch_row(rt, done).status == "completed" and batch_row(rt, stuck).status == "completed"
-    b, out, err = settled(rt, cancelling, ("cancelled",))
+    _b, _out, err = settled(rt, cancelling, ("cancelled",))
     assert [line["error"]["code"] for line in err] == ["batch_cancelled"] * 2
 
 

@@ -1,17 +1,21 @@
 """The Redis queue on real Redis: claim order, re-score, leases and fencing, drop, rebuild, gauges."""
+
 from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client import generate_latest
 from sqlalchemy import update
+from worker_helpers import item_ids
 
 from tidal_workers import keys
 from tidal_workers.enqueue import rebuild
 from tidal_workers.metrics import register_queue_metrics
-from tidal_workers.queue import batch_score, parse_lease
-from tidal_workers.store.models import Item, ItemStatus
-from worker_helpers import item_ids
+from tidal_workers.queue import batch_score
+from tidal_workers.queue import parse_lease
+from tidal_workers.store.models import Item
+from tidal_workers.store.models import ItemStatus
 
 NODE = "test-node"
 

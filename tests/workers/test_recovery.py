@@ -1,4 +1,5 @@
 """Processes that die: kill -9 of a `tidal worker` mid-batch, and two `tidal beat`s that must not double-fire."""
+
 from __future__ import annotations
 
 import json
@@ -6,18 +7,29 @@ import os
 import signal
 import time
 
-from sqlalchemy import func, select
+from sqlalchemy import func
+from sqlalchemy import select
+from worker_helpers import assert_exactly_once
+from worker_helpers import batch_row
+from worker_helpers import settled
+from worker_helpers import spawn
+from worker_helpers import wait_for
 
 from config.celery import OPS_QUEUE
 from tidal_workers.store.models import Item
-from worker_helpers import assert_exactly_once, batch_row, settled, spawn, wait_for
 
 
-def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(rt, make_batch, worker, stub, settings, children,
-                                                               tmp_path):
+def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
+    rt, make_batch, worker, stub, settings, children, tmp_path
+):
     stub.delay = 2.0  # longer than a lease: node-a must renew, and is surely mid-request when killed
     batch = make_batch(24)
-    doomed = spawn(settings.replace(node="node-a", request_timeout_seconds=10), "worker", "--loglevel=warning", log=tmp_path / "a.log")
+    doomed = spawn(
+        settings.replace(node="node-a", request_timeout_seconds=10),
+        "worker",
+        "--loglevel=warning",
+        log=tmp_path / "a.log",
+    )
     children.append(doomed)
     wait_for(lambda: batch_row(rt, batch).completed >= 4, timeout=60, what="the subprocess worker to make progress")
     assert rt.queue.inflight("node-a") > 0

@@ -1,12 +1,18 @@
 """The laxity re-score on real SQL and Redis, on a simulated clock: escalation, queue order, what vLLM is sent."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import requests
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client import generate_latest
 from sqlalchemy import update
+from worker_helpers import batch_row
+from worker_helpers import item_ids
+from worker_helpers import settled
+from worker_helpers import wait_for
 
 from config.celery import celery_config
 from tidal_workers import keys
@@ -14,7 +20,6 @@ from tidal_workers.metrics import BatchCollector
 from tidal_workers.queue import score_priority
 from tidal_workers.rescore import rescore
 from tidal_workers.store.models import Batch
-from worker_helpers import batch_row, item_ids, settled, wait_for
 
 NODE = "test-node"
 
@@ -103,7 +108,7 @@ def test_each_item_is_sent_at_the_priority_current_when_it_is_submitted(rt, make
     assert r.moved and r.priority < 10
     assert sent[:2] == [100, 100]
     # One item may have read the old priority just before the re-score committed; every later one has the new.
-    assert sent[sent_before + 1:] and set(sent[sent_before + 1:]) == {r.priority}
+    assert sent[sent_before + 1 :] and set(sent[sent_before + 1 :]) == {r.priority}
     assert set(sent) <= {100, r.priority} and sent == sorted(sent, reverse=True)
 
 
@@ -115,8 +120,9 @@ def test_the_api_and_the_gauges_show_the_current_sla_state(rt, make_batch, live_
     set_counts(rt, batch, completed=120)
     (r,) = rescore(rt, t0 + 60)  # 2 items/s: 500,000 s to drain, far past the window
 
-    got = requests.get(f"{live_api.url}/v1/batches/{batch}", headers={"Authorization": "Bearer acme-key"},
-                       timeout=30).json()["tidal"]
+    got = requests.get(
+        f"{live_api.url}/v1/batches/{batch}", headers={"Authorization": "Bearer acme-key"}, timeout=30
+    ).json()["tidal"]
     assert r.observed_rate == pytest.approx(2.0) and r.priority == 1
     assert got["priority"] == 1 and got["observed_rate"] == pytest.approx(2.0)
     assert got["laxity_seconds"] == pytest.approx(24 * 3600 - 60 - (1_000_000 - 120) / 2.0)

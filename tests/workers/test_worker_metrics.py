@@ -1,4 +1,5 @@
 """A running `tidal worker` serves the gate's gauges and the queue's depth on TIDAL_WORKER_METRICS_PORT."""
+
 from __future__ import annotations
 
 import re
@@ -6,7 +7,9 @@ import socket
 
 import pytest
 import requests
-from worker_helpers import batch_row, spawn, wait_for
+from worker_helpers import batch_row
+from worker_helpers import spawn
+from worker_helpers import wait_for
 
 
 def _free_port() -> int:
@@ -18,8 +21,9 @@ def _free_port() -> int:
 @pytest.fixture
 def settings(settings):
     # The AIMD gate on the stub's idle /metrics, held at one item in flight so the rest stay queued.
-    return settings.replace(worker_metrics_port=_free_port(), gate_mode="aimd", scrape_seconds=0.2,
-                            initial_inflight=1, max_inflight=1)
+    return settings.replace(
+        worker_metrics_port=_free_port(), gate_mode="aimd", scrape_seconds=0.2, initial_inflight=1, max_inflight=1
+    )
 
 
 def _sample(text: str, series: str) -> float | None:
@@ -42,8 +46,16 @@ def test_worker_exports_gate_and_queue_metrics(rt, make_batch, stub, settings, c
 
     # Mid-batch: one item leased by this node, the rest queued in the least urgent band, and the gate has
     # scraped the stub (its KV gauge reads 0 until then; one PostgreSQL CI run read the page in between).
-    text = wait_for(lambda: (t := scrape()) and (_sample(t, 'tidal_inflight_items{node="test-node"}') or 0) >= 1
-                    and _sample(t, "tidal_gate_kv_ewma") and t, timeout=30, what="the worker's /metrics mid-batch")
+    text = wait_for(
+        lambda: (
+            (t := scrape())
+            and (_sample(t, 'tidal_inflight_items{node="test-node"}') or 0) >= 1
+            and _sample(t, "tidal_gate_kv_ewma")
+            and t
+        ),
+        timeout=30,
+        what="the worker's /metrics mid-batch",
+    )
     assert _sample(text, "tidal_gate_target") == 1.0
     assert _sample(text, 'tidal_queue_depth{band="100"}') >= 1
     assert _sample(text, "tidal_gate_kv_ewma") == pytest.approx(0.1)  # the stub's KV usage

@@ -1,4 +1,5 @@
 """Helpers for dispatch tests: waiting, reading batches and their output files, child processes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,9 @@ import requests
 from sqlalchemy import select
 
 from config.settings import env_name
-from tidal_workers.store.models import Batch, File, Item
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import File
+from tidal_workers.store.models import Item
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,8 +82,13 @@ def settings_env(settings) -> dict[str, str]:
 def spawn(settings, *args: str, log: Path) -> subprocess.Popen:
     """Start ``tidal <args>`` as a child process with ``settings``; output goes to ``log``."""
     out = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "tidal_api.cli", *args], cwd=ROOT, env=settings_env(settings),
-                            stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tidal_api.cli", *args],
+        cwd=ROOT,
+        env=settings_env(settings),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions") -> str:
@@ -99,8 +107,15 @@ def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions") ->
 CHAT = "/v1/chat/completions"
 
 
-def upload_batch(api: str, n: int, model: str = "m", key: str = "acme-key", max_tokens: int | None = None,
-                 tag: str = "r", ignore_eos: bool = False) -> str:
+def upload_batch(
+    api: str,
+    n: int,
+    model: str = "m",
+    key: str = "acme-key",
+    max_tokens: int | None = None,
+    tag: str = "r",
+    ignore_eos: bool = False,
+) -> str:
     """Create a batch of ``n`` chat requests through the API (content = custom_id); returns its id.
 
     ``ignore_eos`` makes a real engine generate exactly ``max_tokens``, so a request's length is known.
@@ -112,12 +127,23 @@ def upload_batch(api: str, n: int, model: str = "m", key: str = "acme-key", max_
             body["max_tokens"] = max_tokens
         if ignore_eos:
             body["ignore_eos"] = True
-        lines.append(json.dumps({"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": body}).encode() + b"\n")
+        lines.append(
+            json.dumps({"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": body}).encode() + b"\n"
+        )
     auth = {"Authorization": f"Bearer {key}"}
-    r = requests.post(api + "/v1/files", headers=auth, files={"file": ("in.jsonl", b"".join(lines))},
-                      data={"purpose": "batch"}, timeout=60)
+    r = requests.post(
+        api + "/v1/files",
+        headers=auth,
+        files={"file": ("in.jsonl", b"".join(lines))},
+        data={"purpose": "batch"},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
-    r = requests.post(api + "/v1/batches", headers=auth, timeout=60,
-                      json={"input_file_id": r.json()["id"], "endpoint": CHAT, "completion_window": "24h"})
+    r = requests.post(
+        api + "/v1/batches",
+        headers=auth,
+        timeout=60,
+        json={"input_file_id": r.json()["id"], "endpoint": CHAT, "completion_window": "24h"},
+    )
     assert r.status_code == 200, r.text
     return r.json()["id"]

@@ -1,4 +1,5 @@
 """`python -m tidal_api.cli` is `tidal`."""
+
 from tidal_api.cli import main
 
 main()

@@ -1,4 +1,5 @@
 """`tidal bench ...`: benchmarks (not tests). Paste their output into docs/benchmarks.md."""
+
 from __future__ import annotations
 
 import contextlib
@@ -37,16 +38,29 @@ def output_dir(out: str) -> Path:
 
 
 @contextlib.contextmanager
-def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, settings=None, shape: str = "tiny",
-            kv_bytes: str = "64M"):
+def _engine(
+    url: str | None,
+    plugin: bool,
+    log_dir: Path,
+    max_num_seqs: int,
+    settings=None,
+    shape: str = "tiny",
+    kv_bytes: str = "64M",
+):
     """The engine to measure: a URL as given, or a local one of ``shape`` started (and stopped) here."""
     if url:
         yield url
         return
     from tidal_engine.serve import start_tiny
 
-    engine = start_tiny(settings or load_settings(), log_path=log_dir / f"engine-{'B' if plugin else 'A'}.log",
-                        tidal_scheduler=plugin, max_num_seqs=max_num_seqs, shape=shape, kv_cache_bytes=kv_bytes)
+    engine = start_tiny(
+        settings or load_settings(),
+        log_path=log_dir / f"engine-{'B' if plugin else 'A'}.log",
+        tidal_scheduler=plugin,
+        max_num_seqs=max_num_seqs,
+        shape=shape,
+        kv_cache_bytes=kv_bytes,
+    )
     try:
         yield engine.url
     finally:
@@ -65,24 +79,58 @@ def _engine(url: str | None, plugin: bool, log_dir: Path, max_num_seqs: int, set
 @click.option("--trace", type=click.Choice(["flat", "diurnal", "both"]), default="both", show_default=True)
 @click.option("--online-max-tokens", default=48, show_default=True)
 @click.option("--batch-max-tokens", default=128, show_default=True)
-@click.option("--batch-prompt-bytes", default=0, type=int,
-              help="Length of each batch prompt in bytes (= tokens on the local models); default about 420.")
-@click.option("--max-inflight", default=12, show_default=True,
-              help="Gate ceiling of the harvesting worker, and the ceiling run's concurrency.")
+@click.option(
+    "--batch-prompt-bytes",
+    default=0,
+    type=int,
+    help="Length of each batch prompt in bytes (= tokens on the local models); default about 420.",
+)
+@click.option(
+    "--max-inflight",
+    default=12,
+    show_default=True,
+    help="Gate ceiling of the harvesting worker, and the ceiling run's concurrency.",
+)
 @click.option("--max-num-seqs", default=16, show_default=True, help="Slots of a locally started engine.")
 @click.option("--budget-tokens", default=2048, show_default=True, help="The engine's max_num_batched_tokens.")
 @click.option("--kv-bytes", default="64M", show_default=True, help="KV pool of a locally started engine.")
-@click.option("--b-gate", type=click.Choice(["aimd", "fixed"]), default="aimd", show_default=True,
-              help="B's worker gate: A's AIMD gate, or fixed at --max-inflight (KV left to the plugin's guardband; "
-                   "give the engine slots to spare with --max-num-seqs).")
-@click.option("--a-inflight", default="",
-              help="Comma-separated gate ceilings for A's co-served runs (default: --max-inflight only). A can "
-                   "protect online latency only by holding fewer items in flight: a sweep finds the A that matches "
-                   "B's online latency, for a harvest comparison at equal latency.")
+@click.option(
+    "--b-gate",
+    type=click.Choice(["aimd", "fixed"]),
+    default="aimd",
+    show_default=True,
+    help="B's worker gate: A's AIMD gate, or fixed at --max-inflight (KV left to the plugin's guardband; "
+    "give the engine slots to spare with --max-num-seqs).",
+)
+@click.option(
+    "--a-inflight",
+    default="",
+    help="Comma-separated gate ceilings for A's co-served runs (default: --max-inflight only). A can "
+    "protect online latency only by holding fewer items in flight: a sweep finds the A that matches "
+    "B's online latency, for a harvest comparison at equal latency.",
+)
 @click.option("--out", type=click.Path(file_okay=False), default="bench-out/harvest", show_default=True)
-def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, shape, duration, rate, trace,
-            online_max_tokens, batch_max_tokens, batch_prompt_bytes, max_inflight, max_num_seqs, budget_tokens,
-            kv_bytes, b_gate, a_inflight, out) -> None:
+def harvest(
+    engine_url,
+    engine_b_url,
+    plugin_metrics_url,
+    techniques,
+    model,
+    shape,
+    duration,
+    rate,
+    trace,
+    online_max_tokens,
+    batch_max_tokens,
+    batch_prompt_bytes,
+    max_inflight,
+    max_num_seqs,
+    budget_tokens,
+    kv_bytes,
+    b_gate,
+    a_inflight,
+    out,
+) -> None:
     """Offline ceiling, online baseline and co-served harvest, technique A against B.
 
     A: the worker's AIMD gate + the stock scheduler. B: TidalScheduler in the engine deciding the tokens of
@@ -100,13 +148,27 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
     settings = load_settings()
     traces = ["flat", "diurnal"] if trace == "both" else [trace]
     model = model or shape
-    results: dict = {**provenance("harvest"),
-                     "params": {"duration": duration, "rate": rate, "traces": traces, "max_inflight": max_inflight,
-                                "shape": shape, "model": model, "sched_tbt_slo_ms": settings.sched_tbt_slo_ms,
-                                "kv_bytes": kv_bytes, "b_gate": b_gate, "a_inflight": a_inflight,
-                                "max_num_seqs": max_num_seqs, "online_max_tokens": online_max_tokens,
-                                "batch_max_tokens": batch_max_tokens, "batch_prompt_bytes": batch_prompt_bytes},
-                     "runs": {}, "summary": {}}
+    results: dict = {
+        **provenance("harvest"),
+        "params": {
+            "duration": duration,
+            "rate": rate,
+            "traces": traces,
+            "max_inflight": max_inflight,
+            "shape": shape,
+            "model": model,
+            "sched_tbt_slo_ms": settings.sched_tbt_slo_ms,
+            "kv_bytes": kv_bytes,
+            "b_gate": b_gate,
+            "a_inflight": a_inflight,
+            "max_num_seqs": max_num_seqs,
+            "online_max_tokens": online_max_tokens,
+            "batch_max_tokens": batch_max_tokens,
+            "batch_prompt_bytes": batch_prompt_bytes,
+        },
+        "runs": {},
+        "summary": {},
+    }
     a_ceilings = [int(x) for x in a_inflight.split(",") if x.strip()] or [max_inflight]
     ceiling = None
     for technique in [x.strip() for x in techniques.split(",") if x.strip()]:
@@ -121,10 +183,17 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
         started = dt.datetime.now()
         with _engine(url, plugin, out_dir, max_num_seqs, engine_settings, shape, kv_bytes) as live_url:
             results.setdefault("engine_start_s", {})[technique] = (dt.datetime.now() - started).total_seconds()
-            base_cfg = hv.HarvestConfig(engine_url=live_url, model=model, duration=duration, online_rate=rate,
-                                        online_max_tokens=online_max_tokens, batch_max_tokens=batch_max_tokens,
-                                        ceiling_concurrency=max_inflight, budget_tokens=budget_tokens,
-                                        plugin_metrics_url=metrics_url)
+            base_cfg = hv.HarvestConfig(
+                engine_url=live_url,
+                model=model,
+                duration=duration,
+                online_rate=rate,
+                online_max_tokens=online_max_tokens,
+                batch_max_tokens=batch_max_tokens,
+                ceiling_concurrency=max_inflight,
+                budget_tokens=budget_tokens,
+                plugin_metrics_url=metrics_url,
+            )
             if batch_prompt_bytes:
                 base_cfg = dataclasses.replace(base_cfg, batch_prompt=hv.report_prompt(batch_prompt_bytes))
             click.echo(f"[{technique}] warm-up (unmeasured) ...", err=True)
@@ -141,8 +210,13 @@ def harvest(engine_url, engine_b_url, plugin_metrics_url, techniques, model, sha
                 for gate_ceiling in [max_inflight] if plugin else a_ceilings:
                     label = technique if gate_ceiling == max_inflight else f"{technique}@{gate_ceiling}"
                     click.echo(f"[{label}] co-served, {tr} ...", err=True)
-                    with TidalStack(settings, live_url, out_dir / f"stack-{label}-{tr}", gate_mode=gate_mode,
-                                    max_inflight=gate_ceiling) as stack:
+                    with TidalStack(
+                        settings,
+                        live_url,
+                        out_dir / f"stack-{label}-{tr}",
+                        gate_mode=gate_mode,
+                        max_inflight=gate_ceiling,
+                    ) as stack:
                         co = results["runs"][f"coserved-{tr}-{label}"] = hv.run_coserved(cfg, stack)
                     engine_stats.wait_idle(live_url)
                     results["summary"][f"{tr}-{label}"] = hv.summary(co, base, ceiling)
@@ -166,8 +240,9 @@ def gate(engine_url, model, duration, burst_at, burst_requests, max_num_seqs, ou
     out_dir = output_dir(out)
     settings = load_settings()
     with _engine(engine_url, False, out_dir, max_num_seqs) as live_url:
-        cfg = gate_trace.GateTraceConfig(engine_url=live_url, model=model, duration=duration, burst_at=burst_at,
-                                         burst_requests=burst_requests)
+        cfg = gate_trace.GateTraceConfig(
+            engine_url=live_url, model=model, duration=duration, burst_at=burst_at, burst_requests=burst_requests
+        )
         trace = gate_trace.run(cfg, settings)
     path = gate_trace.write(trace, out_dir, provenance("gate"))
     click.echo(json.dumps(trace.summary(), indent=2))
@@ -179,23 +254,32 @@ def gate(engine_url, model, duration, burst_at, burst_requests, max_num_seqs, ou
 @click.option("--key", default="tidal-dev-key", show_default=True, help="API key, with --url.")
 @click.option("--duration", default=60.0, show_default=True, help="Seconds of load.")
 @click.option("--rate", default=200.0, show_default=True, help="GET /v1/batches/{id} per second.")
-@click.option("--uploads", default=2, show_default=True,
-              help="Concurrent uploaders; each uploads a file and creates a batch from it once a second.")
+@click.option(
+    "--uploads",
+    default=2,
+    show_default=True,
+    help="Concurrent uploaders; each uploads a file and creates a batch from it once a second.",
+)
 @click.option("--upload-lines", default=200, show_default=True, help="Requests per uploaded file.")
 @click.option("--workers", default=2, show_default=True, help="gunicorn workers of the started server.")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-out/load", show_default=True)
 def load(url, key, duration, rate, uploads, upload_lines, workers, out) -> None:
     """Batch-status polling at a fixed rate plus concurrent uploads: errors, p50/p99 per request kind."""
-    from tidal_workers.bench.load import LoadConfig, run_load, served_api
+    from tidal_workers.bench.load import LoadConfig
+    from tidal_workers.bench.load import run_load
+    from tidal_workers.bench.load import served_api
 
     out_dir = output_dir(out)
-    server = contextlib.nullcontext((url, key)) if url else served_api(load_settings().redis_url, workers,
-                                                                       log_dir=out_dir)
+    server = (
+        contextlib.nullcontext((url, key)) if url else served_api(load_settings().redis_url, workers, log_dir=out_dir)
+    )
     with server as (live_url, live_key):
-        results = run_load(LoadConfig(url=live_url, key=live_key, duration=duration, rate=rate, uploads=uploads,
-                                      upload_lines=upload_lines))
-    results = {**provenance("load"),
-               "server": url or f"tidal serve, {workers} gunicorn workers, SQLite", **results}
+        results = run_load(
+            LoadConfig(
+                url=live_url, key=live_key, duration=duration, rate=rate, uploads=uploads, upload_lines=upload_lines
+            )
+        )
+    results = {**provenance("load"), "server": url or f"tidal serve, {workers} gunicorn workers, SQLite", **results}
     path = out_dir / "load.json"
     path.write_text(json.dumps(results, indent=2))
     click.echo(json.dumps(results, indent=2))
@@ -224,13 +308,23 @@ def fleet(engine_urls, model, period, periods, rate, amplitude, max_inflight, ma
     settings = load_settings()
     engines = [] if engine_urls else fl.start_replicas(build_tiny(settings.home), 2, out_dir, max_num_seqs)
     urls = engine_urls.split(",") if engine_urls else [e.url for e in engines]
-    cfg = fl.FleetConfig(engine_urls=urls, model=model, period=period, periods=periods, online_rate=rate,
-                         amplitude=amplitude, max_inflight=max_inflight, interval=interval)
-    results: dict = {**provenance("fleet"),
-                     "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                     "load_average": {"start": os.getloadavg()},
-                     "params": {k: v for k, v in dataclasses.asdict(cfg).items() if not k.endswith("prompt")},
-                     "runs": {}}
+    cfg = fl.FleetConfig(
+        engine_urls=urls,
+        model=model,
+        period=period,
+        periods=periods,
+        online_rate=rate,
+        amplitude=amplitude,
+        max_inflight=max_inflight,
+        interval=interval,
+    )
+    results: dict = {
+        **provenance("fleet"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "load_average": {"start": os.getloadavg()},
+        "params": {k: v for k, v in dataclasses.asdict(cfg).items() if not k.endswith("prompt")},
+        "runs": {},
+    }
     try:
         for mode in ("placement", "pinning"):
             click.echo(f"{mode}: {cfg.duration:.0f} s ...", err=True)
@@ -252,29 +346,45 @@ def fleet(engine_urls, model, period, periods, rate, amplitude, max_inflight, ma
 @click.option("--groups", default=12, show_default=True, help="Distinct shared prompt prefixes.")
 @click.option("--prefix-chars", default=400, show_default=True, help="Shared prefix length (tokens on the tiny model).")
 @click.option("--inflight", default=4, show_default=True, help="Requests outstanding at once, in either order.")
-@click.option("--kv-cache-bytes", default="3M", show_default=True,
-              help="KV pool of a locally started engine (3M: about 3,000 tokens, fewer than all the prefixes).")
+@click.option(
+    "--kv-cache-bytes",
+    default="3M",
+    show_default=True,
+    help="KV pool of a locally started engine (3M: about 3,000 tokens, fewer than all the prefixes).",
+)
 @click.option("--out", type=click.Path(file_okay=False), default="bench-out/prefix", show_default=True)
 def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_bytes, out) -> None:
     """vLLM prefix-cache hit rate of Tidal's claim order (prefix-sorted ordinals) against shuffled order."""
-    from tidal_engine.serve import EngineOptions, start_engine
+    from tidal_engine.serve import EngineOptions
+    from tidal_engine.serve import start_engine
     from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import prefix as px
 
     out_dir = output_dir(out)
     engine = None
     if not engine_url:
-        options = EngineOptions(model=str(build_tiny(load_settings().home)), served_model_name=model,
-                                kv_cache_bytes=kv_cache_bytes, max_model_len=2048)
+        options = EngineOptions(
+            model=str(build_tiny(load_settings().home)),
+            served_model_name=model,
+            kv_cache_bytes=kv_cache_bytes,
+            max_model_len=2048,
+        )
         engine = start_engine(options, log_path=out_dir / "engine.log")
     try:
-        results = px.run(px.PrefixConfig(engine_url=engine_url or engine.url, model=model, items=items,
-                                         groups=groups, prefix_chars=prefix_chars, inflight=inflight))
+        results = px.run(
+            px.PrefixConfig(
+                engine_url=engine_url or engine.url,
+                model=model,
+                items=items,
+                groups=groups,
+                prefix_chars=prefix_chars,
+                inflight=inflight,
+            )
+        )
     finally:
         if engine is not None:
             engine.stop()
-    results = {**provenance("prefix"),
-               "engine": engine_url or f"tiny vLLM-CPU, KV pool {kv_cache_bytes}", **results}
+    results = {**provenance("prefix"), "engine": engine_url or f"tiny vLLM-CPU, KV pool {kv_cache_bytes}", **results}
     path = out_dir / "prefix.json"
     path.write_text(json.dumps(results, indent=2))
     click.echo(json.dumps(results, indent=2))

@@ -1,10 +1,12 @@
 """`tidal config`: show the effective settings, or print docs/configuration.md's table."""
+
 import dataclasses
 
 import click
 
 from config import load_settings
-from config.settings import documented_fields, env_name
+from config.settings import documented_fields
+from config.settings import env_name
 
 SECRET_FIELDS = {"api_keys", "flower_basic_auth"}
 
@@ -34,8 +36,12 @@ def markdown_table() -> str:
 
 
 @config_group.command()
-@click.option("--write", "doc", type=click.Path(exists=True, dir_okay=False),
-              help="Replace the table between the markers in this file (docs/configuration.md) instead.")
+@click.option(
+    "--write",
+    "doc",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Replace the table between the markers in this file (docs/configuration.md) instead.",
+)
 def table(doc: str | None) -> None:
     """Print the Markdown table of every setting (the body of docs/configuration.md)."""
     if doc is None:

@@ -1,4 +1,5 @@
 """`tidal db upgrade`: apply schema migrations and store the configured keys."""
+
 import click
 
 from config import load_settings

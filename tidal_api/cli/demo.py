@@ -1,4 +1,5 @@
 """The sample batch `tidal up --demo` submits and follows."""
+
 from __future__ import annotations
 
 import io
@@ -20,21 +21,28 @@ PROMPTS = [
 def sample_jsonl(n: int = 24, model: str = "tiny") -> bytes:
     lines = []
     for i in range(n):
-        body = {"model": model, "max_tokens": 16,
-                "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
-        lines.append(json.dumps({"custom_id": f"demo-{i}", "method": "POST",
-                                 "url": "/v1/chat/completions", "body": body}))
+        body = {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}
+        lines.append(
+            json.dumps({"custom_id": f"demo-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+        )
     return ("\n".join(lines) + "\n").encode()
 
 
 def run_demo(base_url: str, key: str) -> None:
     http = requests.Session()
     http.headers["Authorization"] = f"Bearer {key}"
-    upload = http.post(f"{base_url}/v1/files", data={"purpose": "batch"},
-                       files={"file": ("demo.jsonl", io.BytesIO(sample_jsonl()), "application/jsonl")}, timeout=30)
+    upload = http.post(
+        f"{base_url}/v1/files",
+        data={"purpose": "batch"},
+        files={"file": ("demo.jsonl", io.BytesIO(sample_jsonl()), "application/jsonl")},
+        timeout=30,
+    )
     upload.raise_for_status()
-    batch = http.post(f"{base_url}/v1/batches", timeout=30, json={
-        "input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+    batch = http.post(
+        f"{base_url}/v1/batches",
+        timeout=30,
+        json={"input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    )
     batch.raise_for_status()
     click.echo(f"demo batch {batch.json()['id']} submitted")
     final = follow(http, base_url, batch.json()["id"])

@@ -1,4 +1,5 @@
 """`tidal engine`: install the CPU engine, build the tiny model, serve vLLM."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,13 @@ def install_cpu() -> None:
     click.echo("CPU engine ready" if changes else "CPU engine already fixed")
 
 
-SHAPE = click.option("--shape", type=click.Choice(list(SHAPES)), default="tiny", show_default=True,
-                     help="The local model: tiny (fastest) or dense (a step's time grows with its tokens).")
+SHAPE = click.option(
+    "--shape",
+    type=click.Choice(list(SHAPES)),
+    default="tiny",
+    show_default=True,
+    help="The local model: tiny (fastest) or dense (a step's time grows with its tokens).",
+)
 
 
 @engine.command("build-tiny")
@@ -39,7 +45,9 @@ def build_tiny(shape) -> None:
 
 
 @engine.command("serve", context_settings={"ignore_unknown_options": True})
-@click.option("--model", default="", help="Model directory or name; default: the local --shape model (built if missing).")
+@click.option(
+    "--model", default="", help="Model directory or name; default: the local --shape model (built if missing)."
+)
 @click.option("--served-model-name", default="", help="Name clients use; default the shape's name for a local model.")
 @SHAPE
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -50,23 +58,31 @@ def build_tiny(shape) -> None:
 @click.option("--max-num-seqs", default=0, type=int, help="vLLM's slot count (0: vLLM's default).")
 @click.option("--log", "log_path", default="", help="Server log file; default $TIDAL_HOME/logs/vllm-PORT.log.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
-def serve(model, served_model_name, shape, host, port, tidal_scheduler, gpu, kv_bytes, max_num_seqs, log_path,
-          vllm_args) -> None:
+def serve(
+    model, served_model_name, shape, host, port, tidal_scheduler, gpu, kv_bytes, max_num_seqs, log_path, vllm_args
+) -> None:
     """Start `vllm serve` with --scheduling-policy priority; wait until healthy; run until Ctrl-C.
 
     Arguments after the options go to `vllm serve` unchanged. TidalScheduler reads
     its TIDAL_SCHED_* settings in vLLM's engine-core process, which inherits them.
     """
-    from tidal_engine.serve import EngineOptions, start_engine
+    from tidal_engine.serve import EngineOptions
+    from tidal_engine.serve import start_engine
     from tidal_engine.tiny import build_tiny as build
 
     settings = load_settings()
     if not model:
         model, served_model_name = str(build(settings.home, shape)), served_model_name or shape
     options = EngineOptions(
-        model=model, served_model_name=served_model_name or None, host=host, port=port,
-        tidal_scheduler=tidal_scheduler, cpu=not gpu, kv_cache_bytes=None if gpu else kv_bytes,
-        max_num_seqs=max_num_seqs or None, extra_args=tuple(vllm_args),
+        model=model,
+        served_model_name=served_model_name or None,
+        host=host,
+        port=port,
+        tidal_scheduler=tidal_scheduler,
+        cpu=not gpu,
+        kv_cache_bytes=None if gpu else kv_bytes,
+        max_num_seqs=max_num_seqs or None,
+        extra_args=tuple(vllm_args),
     )
     log = Path(log_path) if log_path else Path(settings.home) / "logs" / f"vllm-{port}.log"
     click.echo(f"starting vLLM on {model} (log: {log})")

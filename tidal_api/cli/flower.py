@@ -1,4 +1,5 @@
 """`tidal flower`: Celery's Flower UI on Tidal's broker, behind basic auth."""
+
 import os
 import sys
 
@@ -14,9 +15,16 @@ def flower(port: int | None, address: str) -> None:
     """Run Flower; it refuses to start without TIDAL_FLOWER_BASIC_AUTH unless --address is loopback."""
     settings = load_settings()
     argv = [
-        sys.executable, "-m", "celery", "-A", "tidal_workers.celery_app", "flower",
-        f"--address={address}", f"--port={port or settings.flower_port}",
-        "--persistent=False", "--purge_offline_workers=60",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tidal_workers.celery_app",
+        "flower",
+        f"--address={address}",
+        f"--port={port or settings.flower_port}",
+        "--persistent=False",
+        "--purge_offline_workers=60",
     ]
     if settings.flower_basic_auth:
         argv.append(f"--basic-auth={settings.flower_basic_auth}")

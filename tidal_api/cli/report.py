@@ -1,4 +1,5 @@
 """`tidal report`: batch spend and savings against the online price."""
+
 from __future__ import annotations
 
 import csv
@@ -51,8 +52,10 @@ def report(by, fmt, tenant, key, model, since, until, chart) -> None:
         click.echo(header)
         click.echo("-" * len(header))
         for d in dicts:
-            click.echo(f"{d['key']:<34} {d['model']:<14} {d['items']:>7} {d['total_tokens']:>12} "
-                       f"{d['batch_usd']:>11.4f} {d['online_usd']:>11.4f} {d['saved_usd']:>11.4f}")
+            click.echo(
+                f"{d['key']:<34} {d['model']:<14} {d['items']:>7} {d['total_tokens']:>12} "
+                f"{d['batch_usd']:>11.4f} {d['online_usd']:>11.4f} {d['saved_usd']:>11.4f}"
+            )
     if chart:
         click.echo(f"chart written to {chart}", err=True)
 

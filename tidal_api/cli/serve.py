@@ -1,4 +1,5 @@
 """`tidal serve`: the API under gunicorn (gthread workers), configured by config/gunicorn.py."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,15 @@ def serve(gunicorn_args: tuple[str, ...]) -> None:
     prom_dir = Path(load_settings().home) / "prometheus"
     shutil.rmtree(prom_dir, ignore_errors=True)
     prom_dir.mkdir(parents=True)
-    argv = [sys.executable, "-m", "gunicorn", "--config", "python:config.gunicorn", *gunicorn_args,
-            "tidal_api.wsgi:app"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "--config",
+        "python:config.gunicorn",
+        *gunicorn_args,
+        "tidal_api.wsgi:app",
+    ]
     # gunicorn becomes this process: signals reach its master directly.
     os.execve(sys.executable, argv, child_environ(PROMETHEUS_MULTIPROC_DIR=str(prom_dir)))
 

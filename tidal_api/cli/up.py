@@ -4,6 +4,7 @@ API (gunicorn), one worker, one beat and optionally Flower, each the same
 `tidal ...` command docker-compose.yml runs, supervised here: if one exits the
 rest are stopped, and Ctrl-C stops them all.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -18,7 +19,8 @@ import click
 import redis
 import requests
 
-from config import Settings, load_settings
+from config import Settings
+from config import load_settings
 from config.settings import child_environ
 
 
@@ -74,8 +76,22 @@ def ensure_redis(settings: Settings, sup: Supervisor) -> None:
         )
     data = Path(settings.home) / "redis"
     data.mkdir(parents=True, exist_ok=True)
-    sup.start("redis", [server, "--port", str(url.port or 6379), "--bind", "127.0.0.1",
-                        "--save", "", "--appendonly", "no", "--dir", str(data)])
+    sup.start(
+        "redis",
+        [
+            server,
+            "--port",
+            str(url.port or 6379),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(data),
+        ],
+    )
     for _ in range(50):
         try:
             client.ping()

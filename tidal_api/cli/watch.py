@@ -3,6 +3,7 @@
 The rate is the same estimator the laxity re-score uses, fed from the batch's
 request_counts as this command polls them.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,8 +31,10 @@ def progress_line(batch: dict, rate: float | None, width: int = 30) -> str:
     total, done = counts.get("total") or 0, (counts.get("completed") or 0) + (counts.get("failed") or 0)
     filled = int(width * done / total) if total else 0
     rate_s = f"{rate:7.2f}/s" if rate is not None else "   -- /s"
-    return (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {batch['status']:<11} "
-            f"{rate_s} eta {_eta(total - done, rate)}")
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {batch['status']:<11} "
+        f"{rate_s} eta {_eta(total - done, rate)}"
+    )
 
 
 def follow(http: requests.Session, base_url: str, batch_id: str, interval: float = 1.0) -> dict:
@@ -55,8 +58,10 @@ def final_summary(batch: dict) -> str:
     counts = batch.get("request_counts") or {}
     usage = batch.get("usage") or {}
     cost = (batch.get("tidal") or {}).get("cost") or {}
-    line = (f"{batch['id']} {batch['status']}: {counts.get('completed', 0)} completed, {counts.get('failed', 0)} failed; "
-            f"{usage.get('total_tokens', 0)} tokens")
+    line = (
+        f"{batch['id']} {batch['status']}: {counts.get('completed', 0)} completed, {counts.get('failed', 0)} failed; "
+        f"{usage.get('total_tokens', 0)} tokens"
+    )
     if cost:
         line += f"; billed ${cost['batch_usd']:.6f} (online ${cost['online_usd']:.6f}, saved ${cost['saved_usd']:.6f})"
     return line

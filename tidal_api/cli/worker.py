@@ -1,4 +1,5 @@
 """`tidal worker` (a Celery worker next to one vLLM) and `tidal beat` (the sweeps' one scheduler)."""
+
 import click
 
 from config import load_settings
@@ -15,9 +16,18 @@ def worker(loglevel: str, threads: int | None) -> None:
     settings = load_settings()
     app = make_celery(settings)
     # Threads pool: the tasks are HTTP calls, and they share the claim thread's lease book.
-    app.worker_main(["worker", "--pool=threads", f"--concurrency={threads or settings.worker_threads}",
-                     f"--hostname=tidal@{settings.node}", f"--queues={OPS_QUEUE}", f"--loglevel={loglevel}",
-                     "--without-mingle", "--without-gossip"])
+    app.worker_main(
+        [
+            "worker",
+            "--pool=threads",
+            f"--concurrency={threads or settings.worker_threads}",
+            f"--hostname=tidal@{settings.node}",
+            f"--queues={OPS_QUEUE}",
+            f"--loglevel={loglevel}",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+    )
 
 
 @click.command()

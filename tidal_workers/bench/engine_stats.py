@@ -1,7 +1,10 @@
 """Counters read from vLLM's /metrics, sampled over a run: generated tokens and budget fill."""
+
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import threading
 import time
 import typing as t
@@ -47,8 +50,7 @@ def read(engine_url: str, timeout: float = 2.0) -> Reading:
 class Sampler:
     """Reads /metrics every ``period`` seconds in a thread until stopped."""
 
-    def __init__(self, engine_url: str, period: float = 1.0,
-                 also: t.Callable[[], dict[str, float]] | None = None):
+    def __init__(self, engine_url: str, period: float = 1.0, also: t.Callable[[], dict[str, float]] | None = None):
         self.engine_url = engine_url
         self.period = period
         self.readings: list[Reading] = []
@@ -67,26 +69,26 @@ class Sampler:
                 pass
             self._stop.wait(self.period)
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        try:
+        with contextlib.suppress(requests.RequestException):
             self.readings.append(read(self.engine_url))
-        except requests.RequestException:
-            pass
 
 
 def budget_fill(readings: list[Reading], budget_tokens: int) -> list[tuple[float, float]]:
     """(seconds since start, tokens per step / budget) per sampling interval, from the iteration histogram."""
     out = []
-    for a, b in zip(readings, readings[1:]):
+    for a, b in itertools.pairwise(readings):
         steps = b.iteration_count - a.iteration_count
         if steps > 0:
-            out.append((b.at - readings[0].at, (b.iteration_tokens_sum - a.iteration_tokens_sum) / steps / budget_tokens))
+            out.append(
+                (b.at - readings[0].at, (b.iteration_tokens_sum - a.iteration_tokens_sum) / steps / budget_tokens)
+            )
     return out
 
 
@@ -94,8 +96,11 @@ def generation_rate(readings: list[Reading], min_interval: float = 0.25) -> list
     """(seconds since start, generated tokens/s) per sampling interval. Intervals under ``min_interval`` are
     left out: the closing read can come milliseconds after the last periodic one, and a rate over that is noise
     (a 3,700 % spike in one plot)."""
-    return [(b.at - readings[0].at, (b.generation_tokens - a.generation_tokens) / (b.at - a.at))
-            for a, b in zip(readings, readings[1:]) if b.at - a.at >= min_interval]
+    return [
+        (b.at - readings[0].at, (b.generation_tokens - a.generation_tokens) / (b.at - a.at))
+        for a, b in itertools.pairwise(readings)
+        if b.at - a.at >= min_interval
+    ]
 
 
 def delta(readings: list[Reading], field: str) -> float:
@@ -110,9 +115,11 @@ def step_rate(readings: list[Reading]) -> dict:
     a, b = readings[0], readings[-1]
     steps = b.iteration_count - a.iteration_count
     elapsed = b.at - a.at
-    return {"steps_per_s": steps / elapsed if elapsed else 0.0,
-            "mean_step_ms": 1000 * elapsed / steps if steps else None,
-            "tokens_per_step": (b.iteration_tokens_sum - a.iteration_tokens_sum) / steps if steps else None}
+    return {
+        "steps_per_s": steps / elapsed if elapsed else 0.0,
+        "mean_step_ms": 1000 * elapsed / steps if steps else None,
+        "tokens_per_step": (b.iteration_tokens_sum - a.iteration_tokens_sum) / steps if steps else None,
+    }
 
 
 def wait_idle(engine_url: str, timeout: float = 120.0) -> float:

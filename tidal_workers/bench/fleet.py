@@ -11,12 +11,14 @@ its own online requests). A replica's batch share is its finished requests minus
 table does not record the node). Trough-following is the Pearson r, per replica, of batch tokens/s per
 interval against that replica's online rate: negative when batch work fills the troughs.
 """
+
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import subprocess
@@ -27,14 +29,19 @@ from pathlib import Path
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import func, select
+from sqlalchemy import func
+from sqlalchemy import select
 
 from config import Settings
-from tidal_engine.serve import Engine, EngineOptions, start_engine
-from tidal_workers.bench import engine_stats, online
+from tidal_engine.serve import Engine
+from tidal_engine.serve import EngineOptions
+from tidal_engine.serve import start_engine
+from tidal_workers.bench import engine_stats
+from tidal_workers.bench import online
 from tidal_workers.bench.harvest import batch_body
 from tidal_workers.bench.stack import TidalStack
-from tidal_workers.store import Item, ItemStatus
+from tidal_workers.store import Item
+from tidal_workers.store import ItemStatus
 
 SUCCESS = "vllm:request_success_total"
 TOP_UP_ITEMS = 400  # submitted per top-up; small enough to be validated inline by POST /v1/batches
@@ -46,16 +53,16 @@ class FleetConfig:
 
     engine_urls: list[str]
     model: str = "tiny"
-    period: float = 120.0             # seconds of one online "day"
+    period: float = 120.0  # seconds of one online "day"
     periods: float = 2.0
-    online_rate: float = 4.0          # mean online requests/s per replica
+    online_rate: float = 4.0  # mean online requests/s per replica
     amplitude: float = 0.8
     online_prompt: str = "Tell me about the sea and the tides. " * 3
     online_max_tokens: int = 48
     batch_prompt: str = "Summarise this report: " + "tide data " * 40
     batch_max_tokens: int = 128
-    max_inflight: int = 12            # each worker's gate ceiling
-    interval: float = 5.0             # seconds per bin of the fill series and the correlation
+    max_inflight: int = 12  # each worker's gate ceiling
+    interval: float = 5.0  # seconds per bin of the fill series and the correlation
 
     @property
     def duration(self) -> float:
@@ -72,8 +79,12 @@ def start_replicas(model_dir: Path, count: int, log_dir: Path, max_num_seqs: int
     """``count`` tiny engines started at once, replica ``i`` bound to core ``i`` (unbound, both would share core 0)."""
     options = EngineOptions(model=str(model_dir), served_model_name="tiny", max_num_seqs=max_num_seqs)
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
-        futures = [pool.submit(start_engine, options, log_path=log_dir / f"engine-{i}.log",
-                               env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}) for i in range(count)]
+        futures = [
+            pool.submit(
+                start_engine, options, log_path=log_dir / f"engine-{i}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}
+            )
+            for i in range(count)
+        ]
         concurrent.futures.wait(futures)
     failed = [f.exception() for f in futures if f.exception()]
     if failed:
@@ -123,8 +134,9 @@ def run_mode(cfg: FleetConfig, settings: Settings, mode: str, home: Path) -> dic
     """One run: ``placement`` (a worker per replica) or ``pinning`` (one worker, on replica 0)."""
     urls = cfg.engine_urls
     workers = len(urls) if mode == "placement" else 1
-    stack = TidalStack(settings, urls[0], home, gate_mode="aimd", max_inflight=cfg.max_inflight,
-                       extra_env={"TIDAL_NODE": node_name(0)})
+    stack = TidalStack(
+        settings, urls[0], home, gate_mode="aimd", max_inflight=cfg.max_inflight, extra_env={"TIDAL_NODE": node_name(0)}
+    )
     extra: list[subprocess.Popen] = []
     stop = threading.Event()
     topper = threading.Thread(target=_top_up, args=(stack, cfg, stop), daemon=True)
@@ -165,34 +177,43 @@ def measure(cfg: FleetConfig, stack: TidalStack) -> dict:
         rates = [cfg.rate_fn(i)(mid) for mid, _ in series]
         fill = [v for _, v in series]
         batch_tokens = engine_stats.delta(samplers[i].readings, "generation_tokens") - sum(x.tokens for x in ok)
-        replicas.append({
-            "url": url, "online": online.summarize(samples[i], elapsed),
-            "batch_items": after_ok[i] - before_ok[i] - len(ok),
-            "batch_tokens_per_s": batch_tokens / elapsed,
-            "fill_vs_online_rate_r": pearson(fill, rates),
-            "series": [{"t": mid, "online_rate": r, "batch_tokens_per_s": v} for (mid, v), r in zip(series, rates)],
-        })
-    return {"seconds": elapsed, "batch_tokens_per_s": sum(r["batch_tokens_per_s"] for r in replicas),
-            "tidal_items_completed": after_items.items - before_items.items,
-            "tidal_output_tokens_per_s": (after_items.output_tokens - before_items.output_tokens) / elapsed,
-            "replicas": replicas}
+        replicas.append(
+            {
+                "url": url,
+                "online": online.summarize(samples[i], elapsed),
+                "batch_items": after_ok[i] - before_ok[i] - len(ok),
+                "batch_tokens_per_s": batch_tokens / elapsed,
+                "fill_vs_online_rate_r": pearson(fill, rates),
+                "series": [{"t": mid, "online_rate": r, "batch_tokens_per_s": v} for (mid, v), r in zip(series, rates)],
+            }
+        )
+    return {
+        "seconds": elapsed,
+        "batch_tokens_per_s": sum(r["batch_tokens_per_s"] for r in replicas),
+        "tidal_items_completed": after_items.items - before_items.items,
+        "tidal_output_tokens_per_s": (after_items.output_tokens - before_items.output_tokens) / elapsed,
+        "replicas": replicas,
+    }
 
 
 async def _online_all(cfg: FleetConfig, times: list[list[float]]) -> list[list[online.OnlineSample]]:
-    runs = [online.run_online(url, cfg.model, ts, cfg.online_prompt, cfg.online_max_tokens)
-            for url, ts in zip(cfg.engine_urls, times)]
+    runs = [
+        online.run_online(url, cfg.model, ts, cfg.online_prompt, cfg.online_max_tokens)
+        for url, ts in zip(cfg.engine_urls, times)
+    ]
     return list(await asyncio.gather(*runs))
 
 
-def batch_series(readings: list[engine_stats.Reading], ok: list[online.OnlineSample], t0: float,
-                 interval: float, duration: float) -> list[tuple[float, float]]:
+def batch_series(
+    readings: list[engine_stats.Reading], ok: list[online.OnlineSample], t0: float, interval: float, duration: float
+) -> list[tuple[float, float]]:
     """(bin midpoint, batch tokens/s) per ``interval``: the engine's generated tokens in the bin minus the online
     requests' tokens, each request's spread evenly over its own life (first to last token)."""
     at = [r.at - t0 for r in readings]
     counter = [r.generation_tokens for r in readings]
     edges = [k * interval for k in range(int(duration // interval) + 1)]
     out = []
-    for lo, hi in zip(edges, edges[1:]):
+    for lo, hi in itertools.pairwise(edges):
         generated = _interp(at, counter, hi) - _interp(at, counter, lo)
         online_tokens = sum(x.tokens * _overlap(x, lo, hi) for x in ok)
         out.append(((lo + hi) / 2, (generated - online_tokens) / interval))
@@ -233,16 +254,26 @@ def summary(placement: dict, pinning: dict) -> dict:
     return {
         "harvest_tokens_per_s": {"placement": placement["batch_tokens_per_s"], "pinning": base},
         "placement_vs_pinning_pct": 100 * (placement["batch_tokens_per_s"] / base - 1) if base > 0 else None,
-        "batch_items_per_replica": {m: [round(r["batch_items"]) for r in run["replicas"]]
-                                    for m, run in (("placement", placement), ("pinning", pinning))},
-        "tidal_items_completed": {"placement": placement["tidal_items_completed"],
-                                  "pinning": pinning["tidal_items_completed"]},
-        "fill_vs_online_rate_r": {m: [r["fill_vs_online_rate_r"] for r in run["replicas"]]
-                                  for m, run in (("placement", placement), ("pinning", pinning))},
-        "online_ttft_p99": {m: [r["online"]["ttft_p99"] for r in run["replicas"]]
-                            for m, run in (("placement", placement), ("pinning", pinning))},
-        "online_errors": {m: sum(r["online"]["errors"] for r in run["replicas"])
-                          for m, run in (("placement", placement), ("pinning", pinning))},
+        "batch_items_per_replica": {
+            m: [round(r["batch_items"]) for r in run["replicas"]]
+            for m, run in (("placement", placement), ("pinning", pinning))
+        },
+        "tidal_items_completed": {
+            "placement": placement["tidal_items_completed"],
+            "pinning": pinning["tidal_items_completed"],
+        },
+        "fill_vs_online_rate_r": {
+            m: [r["fill_vs_online_rate_r"] for r in run["replicas"]]
+            for m, run in (("placement", placement), ("pinning", pinning))
+        },
+        "online_ttft_p99": {
+            m: [r["online"]["ttft_p99"] for r in run["replicas"]]
+            for m, run in (("placement", placement), ("pinning", pinning))
+        },
+        "online_errors": {
+            m: sum(r["online"]["errors"] for r in run["replicas"])
+            for m, run in (("placement", placement), ("pinning", pinning))
+        },
     }
 
 
@@ -266,24 +297,37 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(count, 1, figsize=(9, 2.8 * count), sharex=True, squeeze=False)
     for i, ax in enumerate(axes[:, 0]):
         series = runs["placement"]["replicas"][i]["series"]
-        ax.fill_between([p["t"] for p in series], [p["online_rate"] for p in series], color="tab:orange",
-                        alpha=0.25, label="online rate (req/s)")
+        ax.fill_between(
+            [p["t"] for p in series],
+            [p["online_rate"] for p in series],
+            color="tab:orange",
+            alpha=0.25,
+            label="online rate (req/s)",
+        )
         ax.set_ylabel(f"replica {i}\nonline req/s")
         right = ax.twinx()
         for mode, style in (("placement", "-"), ("pinning", "--")):
             pts = runs[mode]["replicas"][i]["series"]
             r = runs[mode]["replicas"][i]["fill_vs_online_rate_r"]
-            right.plot([p["t"] for p in pts], [max(0.0, p["batch_tokens_per_s"]) for p in pts], style,
-                       color="tab:blue", label=f"batch tok/s, {mode} (r={r:+.2f})" if r is not None else mode)
+            right.plot(
+                [p["t"] for p in pts],
+                [max(0.0, p["batch_tokens_per_s"]) for p in pts],
+                style,
+                color="tab:blue",
+                label=f"batch tok/s, {mode} (r={r:+.2f})" if r is not None else mode,
+            )
         right.set_ylabel("batch tokens/s")
         lines = ax.get_legend_handles_labels()
         more = right.get_legend_handles_labels()
         right.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("seconds into the run")
     s = results["summary"]
-    fig.suptitle(f"Fleet placement: harvest {s['harvest_tokens_per_s']['placement']:.0f} vs "
-                 f"{s['harvest_tokens_per_s']['pinning']:.0f} batch tok/s pinned "
-                 f"({s['placement_vs_pinning_pct']:+.0f}%)", fontsize=10)
+    fig.suptitle(
+        f"Fleet placement: harvest {s['harvest_tokens_per_s']['placement']:.0f} vs "
+        f"{s['harvest_tokens_per_s']['pinning']:.0f} batch tok/s pinned "
+        f"({s['placement_vs_pinning_pct']:+.0f}%)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -7,6 +7,7 @@ to vLLM at priority 0. Every scrape the gate makes is recorded with the raw
 reading it saw, so the trace shows what the engine reported and what the gate
 decided from it: how many scrapes it took to halve, how long to recover.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,12 +85,27 @@ class Trickle:
     nothing until in-flight requests drain below it.
     """
 
-    def __init__(self, engine_url: str, model: str, gate: Gate, *, prompt: str = BATCH_PROMPT,
-                 max_tokens: int = 64, priority: int = 100, tick: float = 0.05,
-                 on_poll: t.Callable[[float, int, int], None] | None = None, max_lanes: int = 64):
+    def __init__(
+        self,
+        engine_url: str,
+        model: str,
+        gate: Gate,
+        *,
+        prompt: str = BATCH_PROMPT,
+        max_tokens: int = 64,
+        priority: int = 100,
+        tick: float = 0.05,
+        on_poll: t.Callable[[float, int, int], None] | None = None,
+        max_lanes: int = 64,
+    ):
         self.url = f"{engine_url}/v1/chat/completions"
-        self.body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "priority": priority,
-                     "messages": [{"role": "user", "content": prompt}]}
+        self.body = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "priority": priority,
+            "messages": [{"role": "user", "content": prompt}],
+        }
         self.gate = gate
         self.tick = tick
         self.on_poll = on_poll
@@ -154,8 +170,13 @@ def burst(engine_url: str, model: str, n: int, prompt: str, max_tokens: int, t0:
     1.2-2.7 s), and the gate would be tested on its fail-safe instead of on
     the engine's queue and KV, which is what this burst is meant to fill.
     """
-    body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "priority": 0,
-            "messages": [{"role": "user", "content": prompt}]}
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "priority": 0,
+        "messages": [{"role": "user", "content": prompt}],
+    }
 
     def one(session: requests.Session) -> BurstRequest:
         start = time.time() - t0
@@ -191,9 +212,14 @@ class GateTrace:
         """The first scrape from the burst on whose raw reading shows pressure the gate acts on."""
         previous = None
         for s in self.scrapes:
-            if s.at >= self.burst_start and s.kv_usage is not None and (
-                s.kv_usage > self.kv_high or s.online_waiting >= self.online_waiting_tolerance + 0.5
-                or (previous is not None and s.preemptions_total > previous)
+            if (
+                s.at >= self.burst_start
+                and s.kv_usage is not None
+                and (
+                    s.kv_usage > self.kv_high
+                    or s.online_waiting >= self.online_waiting_tolerance + 0.5
+                    or (previous is not None and s.preemptions_total > previous)
+                )
             ):
                 return s
             if s.preemptions_total is not None:
@@ -206,8 +232,10 @@ class GateTrace:
         after = [s for s in self.scrapes if s.at >= self.burst_start]
         halved = next((s for s in after if s.decision == HALVE), None)
         seen = self.pressure_seen()
-        recovered = next((s for s in self.scrapes if s.at >= self.burst_end and pre_target is not None
-                          and s.target >= pre_target), None)
+        recovered = next(
+            (s for s in self.scrapes if s.at >= self.burst_end and pre_target is not None and s.target >= pre_target),
+            None,
+        )
         latencies = [b.end - b.start for b in self.burst if b.error is None]
         return {
             "scrapes": len(self.scrapes),
@@ -248,17 +276,31 @@ def run(cfg: GateTraceConfig, settings: Settings) -> GateTrace:
             obs = parse_metrics(session.last_text or "", now, gate.stale_seconds, inflight)
         except MetricsError:
             obs = None
-        scrapes.append(Scrape(
-            at=now - t0, target=target, decision=st.decision, batch_inflight=inflight,
-            kv_usage=obs and obs.kv_usage, kv_ewma=st.kv_ewma, waiting=obs and obs.waiting,
-            online_waiting=obs and obs.online_waiting, online_waiting_ewma=st.waiting_ewma,
-            running=obs and obs.running, preemptions_total=obs and obs.preemptions_total,
-        ))
+        scrapes.append(
+            Scrape(
+                at=now - t0,
+                target=target,
+                decision=st.decision,
+                batch_inflight=inflight,
+                kv_usage=obs and obs.kv_usage,
+                kv_ewma=st.kv_ewma,
+                waiting=obs and obs.waiting,
+                online_waiting=obs and obs.online_waiting,
+                online_waiting_ewma=st.waiting_ewma,
+                running=obs and obs.running,
+                preemptions_total=obs and obs.preemptions_total,
+            )
+        )
 
-    burster = threading.Timer(cfg.burst_at, lambda: fired.extend(
-        burst(cfg.engine_url, cfg.model, cfg.burst_requests, cfg.burst_prompt, cfg.burst_max_tokens, t0)))
-    with Trickle(cfg.engine_url, cfg.model, gate, prompt=cfg.batch_prompt, max_tokens=cfg.batch_max_tokens,
-                 on_poll=record) as trickle:
+    burster = threading.Timer(
+        cfg.burst_at,
+        lambda: fired.extend(
+            burst(cfg.engine_url, cfg.model, cfg.burst_requests, cfg.burst_prompt, cfg.burst_max_tokens, t0)
+        ),
+    )
+    with Trickle(
+        cfg.engine_url, cfg.model, gate, prompt=cfg.batch_prompt, max_tokens=cfg.batch_max_tokens, on_poll=record
+    ) as trickle:
         burster.start()
         time.sleep(max(0.0, t0 + cfg.duration - time.time()))
         burster.join()
@@ -266,9 +308,16 @@ def run(cfg: GateTraceConfig, settings: Settings) -> GateTrace:
     for s in scrapes:
         s.online_outstanding = sum(1 for b in fired if b.start <= s.at < b.end)
     return GateTrace(
-        config=cfg, scrapes=scrapes, burst_start=burst_start, burst_end=max((b.end for b in fired), default=burst_start),
-        burst=fired, batch_completed=trickle.completed, batch_errors=trickle.errors,
-        kv_high=settings.kv_high, kv_low=settings.kv_low, online_waiting_tolerance=settings.online_waiting_tolerance,
+        config=cfg,
+        scrapes=scrapes,
+        burst_start=burst_start,
+        burst_end=max((b.end for b in fired), default=burst_start),
+        burst=fired,
+        batch_completed=trickle.completed,
+        batch_errors=trickle.errors,
+        kv_high=settings.kv_high,
+        kv_low=settings.kv_low,
+        online_waiting_tolerance=settings.online_waiting_tolerance,
     )
 
 
@@ -276,10 +325,17 @@ def write(trace: GateTrace, out_dir: Path, extra: dict | None = None) -> Path:
     """``gate_trace.json`` and ``gate_burst.png`` under ``out_dir``; returns the JSON's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gate_trace.json"
-    path.write_text(json.dumps({
-        **(extra or {}), "config": dataclasses.asdict(trace.config), "summary": trace.summary(),
-        "scrapes": [dataclasses.asdict(s) for s in trace.scrapes],
-    }, indent=2))
+    path.write_text(
+        json.dumps(
+            {
+                **(extra or {}),
+                "config": dataclasses.asdict(trace.config),
+                "summary": trace.summary(),
+                "scrapes": [dataclasses.asdict(s) for s in trace.scrapes],
+            },
+            indent=2,
+        )
+    )
     plot(trace, out_dir / "gate_burst.png")
     return path
 
@@ -298,8 +354,13 @@ def plot(trace: GateTrace, path: Path) -> None:
     top.set_title("AIMD gate under an online burst (one point per scrape)")
     load = top.twinx()
     load.plot(xs, [s.online_outstanding for s in trace.scrapes], color="tab:red", label="online outstanding")
-    load.plot(xs, [s.online_waiting if s.online_waiting is not None else float("nan") for s in trace.scrapes],
-              "--", color="tab:purple", label="online waiting (engine)")
+    load.plot(
+        xs,
+        [s.online_waiting if s.online_waiting is not None else float("nan") for s in trace.scrapes],
+        "--",
+        color="tab:purple",
+        label="online waiting (engine)",
+    )
     load.set_ylabel("online requests")
     handles = top.get_legend_handles_labels()[0] + load.get_legend_handles_labels()[0]
     top.legend(handles, [h.get_label() for h in handles], loc="upper right", fontsize=8)

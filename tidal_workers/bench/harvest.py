@@ -7,6 +7,7 @@
 Harvest = batch generation tokens/s in (c) / ceiling tokens/s. Latency inflation = (c) / (b)
 for online TTFT, TBT and end-to-end percentiles.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import httpx
 
-from tidal_workers.bench import engine_stats, online
+from tidal_workers.bench import engine_stats
+from tidal_workers.bench import online
 from tidal_workers.bench.stack import TidalStack
-
 
 RESOLUTION_S = 0.001  # below this a client-side latency is scheduling noise on a shared 2-core machine
 
@@ -34,15 +35,15 @@ class HarvestConfig:
     engine_url: str
     model: str
     duration: float = 30.0
-    online_rate: float = 4.0          # requests/s (mean, for diurnal)
-    trace: str = "flat"               # flat | diurnal
+    online_rate: float = 4.0  # requests/s (mean, for diurnal)
+    trace: str = "flat"  # flat | diurnal
     diurnal_period: float = 30.0
     online_prompt: str = "Tell me about the sea and the tides. " * 3
     online_max_tokens: int = 48
     batch_prompt: str = "Summarise this report: " + "tide data " * 40  # about 420 tokens on the local models
     batch_max_tokens: int = 128
-    ceiling_concurrency: int = 12     # = the worker's gate ceiling: the most batch work Tidal may have in flight
-    budget_tokens: int = 2048         # the engine's max_num_batched_tokens
+    ceiling_concurrency: int = 12  # = the worker's gate ceiling: the most batch work Tidal may have in flight
+    budget_tokens: int = 2048  # the engine's max_num_batched_tokens
     plugin_metrics_url: str | None = None  # TidalScheduler's endpoint, when the engine runs it
 
     def rate_fn(self) -> t.Callable[[float], float]:
@@ -54,14 +55,18 @@ class HarvestConfig:
 def report_prompt(num_bytes: int) -> str:
     """A batch prompt of ``num_bytes`` bytes, the default's text repeated (one token per byte on the local models)."""
     head = "Summarise this report: "
-    return head + ("tide data " * (num_bytes // 10 + 1))[:max(num_bytes - len(head), 0)]
+    return head + ("tide data " * (num_bytes // 10 + 1))[: max(num_bytes - len(head), 0)]
 
 
 def batch_body(cfg: HarvestConfig, n: int, priority: int | None = None) -> dict:
     """The n-th batch request. Its number comes first, so no two share a prefix: otherwise vLLM's prefix
     cache would serve every prefill after the first and the batch would cost only its decodes."""
-    body = {"model": cfg.model, "max_tokens": cfg.batch_max_tokens, "ignore_eos": True,
-            "messages": [{"role": "user", "content": f"[{n}] {cfg.batch_prompt}"}]}
+    body = {
+        "model": cfg.model,
+        "max_tokens": cfg.batch_max_tokens,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": f"[{n}] {cfg.batch_prompt}"}],
+    }
     if priority is not None:
         body["priority"] = priority
     return body
@@ -74,11 +79,11 @@ async def _closed_loop(cfg: HarvestConfig, lanes: int, duration: float) -> int:
     sent = itertools.count()
     done = 0
     async with httpx.AsyncClient(timeout=300) as client:
+
         async def lane() -> None:
             nonlocal done
             while time.monotonic() < deadline:
-                resp = await client.post(f"{cfg.engine_url}/v1/chat/completions",
-                                         json=batch_body(cfg, next(sent), 100))
+                resp = await client.post(f"{cfg.engine_url}/v1/chat/completions", json=batch_body(cfg, next(sent), 100))
                 resp.raise_for_status()
                 done += 1
 
@@ -87,9 +92,12 @@ async def _closed_loop(cfg: HarvestConfig, lanes: int, duration: float) -> int:
 
 
 def _engine_side(readings: list[engine_stats.Reading], cfg: HarvestConfig) -> dict:
-    return {"load_average_1m": os.getloadavg()[0],  # the machine is shared: how busy it was
-            "fill": engine_stats.budget_fill(readings, cfg.budget_tokens),
-            "generation_rate": engine_stats.generation_rate(readings), **engine_stats.step_rate(readings)}
+    return {
+        "load_average_1m": os.getloadavg()[0],  # the machine is shared: how busy it was
+        "fill": engine_stats.budget_fill(readings, cfg.budget_tokens),
+        "generation_rate": engine_stats.generation_rate(readings),
+        **engine_stats.step_rate(readings),
+    }
 
 
 def warm_up(cfg: HarvestConfig, seconds: float = 10.0) -> None:
@@ -111,8 +119,12 @@ def measure_ceiling(cfg: HarvestConfig) -> dict:
         done = asyncio.run(_closed_loop(cfg, cfg.ceiling_concurrency, cfg.duration))
         elapsed = time.monotonic() - started
     engine_stats.wait_idle(cfg.engine_url)
-    return {"batch_tokens_per_s": engine_stats.delta(s.readings, "generation_tokens") / elapsed,
-            "requests_completed": done, "seconds": elapsed, **_engine_side(s.readings, cfg)}
+    return {
+        "batch_tokens_per_s": engine_stats.delta(s.readings, "generation_tokens") / elapsed,
+        "requests_completed": done,
+        "seconds": elapsed,
+        **_engine_side(s.readings, cfg),
+    }
 
 
 def measure_online(cfg: HarvestConfig, stack: TidalStack | None = None) -> dict:
@@ -127,8 +139,9 @@ def measure_online(cfg: HarvestConfig, stack: TidalStack | None = None) -> dict:
     plugin_before = engine_stats.read_plugin(cfg.plugin_metrics_url) if cfg.plugin_metrics_url else None
     with engine_stats.Sampler(cfg.engine_url, also=stack.gate if stack else None) as s:
         started = time.monotonic()
-        samples = asyncio.run(online.run_online(cfg.engine_url, cfg.model, times, cfg.online_prompt,
-                                                cfg.online_max_tokens))
+        samples = asyncio.run(
+            online.run_online(cfg.engine_url, cfg.model, times, cfg.online_prompt, cfg.online_max_tokens)
+        )
         elapsed = time.monotonic() - started
     result = online.summarize(samples, elapsed)
     generated = engine_stats.delta(s.readings, "generation_tokens")
@@ -192,16 +205,24 @@ def summary(co: dict, base: dict, ceiling: float | None) -> dict:
         "harvest_pct": 100 * co["batch_tokens_per_s"] / ceiling if ceiling else None,
         "batch_tokens_per_s": co["batch_tokens_per_s"],
         "tidal_items_x_max_tokens_per_s": co.get("tidal_items_x_max_tokens_per_s"),
-        "online_tokens_per_s": co["tokens_per_s"], "online_errors": co["errors"],
-        "worker_cpu_cores": co.get("worker_cpu_cores"), "gate_target_mean": co.get("gate_target_mean"),
+        "online_tokens_per_s": co["tokens_per_s"],
+        "online_errors": co["errors"],
+        "worker_cpu_cores": co.get("worker_cpu_cores"),
+        "gate_target_mean": co.get("gate_target_mean"),
         "gate_inflight_mean": co.get("gate_inflight_mean"),
         "load_average_1m": co.get("load_average_1m"),
         "inflation": inflation(co, base),
     }
     if "plugin" in co:
-        out["plugin"] = {k: co["plugin"].get(k) for k in (
-            "tidal_sched_model_r2", "tidal_sched_slack_fill_ratio", "tidal_sched_batch_cap_tokens",
-            "tidal_sched_evictions_total")}
+        out["plugin"] = {
+            k: co["plugin"].get(k)
+            for k in (
+                "tidal_sched_model_r2",
+                "tidal_sched_slack_fill_ratio",
+                "tidal_sched_batch_cap_tokens",
+                "tidal_sched_evictions_total",
+            )
+        }
     return out
 
 
@@ -241,9 +262,14 @@ def plot(results: dict, out_dir: Path) -> None:
     for name, run in runs.items():
         if run.get("generation_rate") and ceiling:
             xs, ys = zip(*run["generation_rate"])
-            smooth = [sum(ys[max(0, i - 2):i + 1]) / len(ys[max(0, i - 2):i + 1]) for i in range(len(ys))]
-            ax.plot(xs, [100 * y / ceiling for y in smooth], label=name, lw=1.8 if name.startswith("coserved") else 0.9,
-                    ls="-" if not name.startswith("baseline") else ":")
+            smooth = [sum(ys[max(0, i - 2) : i + 1]) / len(ys[max(0, i - 2) : i + 1]) for i in range(len(ys))]
+            ax.plot(
+                xs,
+                [100 * y / ceiling for y in smooth],
+                label=name,
+                lw=1.8 if name.startswith("coserved") else 0.9,
+                ls="-" if not name.startswith("baseline") else ":",
+            )
     ax.axhline(100, color="grey", lw=0.6)
     ax.set_xlabel("seconds into the phase")
     ax.set_ylabel("generated tokens/s, % of the offline ceiling")

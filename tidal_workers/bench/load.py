@@ -7,6 +7,7 @@ moment a request is sent. Each poller thread keeps one keep-alive connection,
 as a client SDK would. With no URL, a private `tidal serve` (gunicorn, SQLite
 in a temp TIDAL_HOME, its own Redis DB) is started and stopped here.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,23 +42,29 @@ class LoadConfig:
     url: str
     key: str
     duration: float = 60.0
-    rate: float = 200.0      # GET /v1/batches/{id} per second
-    uploads: int = 2         # concurrent uploaders, each: upload a file, create a batch from it, once a second
+    rate: float = 200.0  # GET /v1/batches/{id} per second
+    uploads: int = 2  # concurrent uploaders, each: upload a file, create a batch from it, once a second
     upload_lines: int = 200  # requests per uploaded file
-    pollers: int = 16        # threads (and keep-alive connections) sharing the polling schedule
+    pollers: int = 16  # threads (and keep-alive connections) sharing the polling schedule
 
 
 @dataclasses.dataclass
 class Kind:
     """Samples of one request kind."""
+
     latencies: list[float] = dataclasses.field(default_factory=list)
     errors: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self, duration: float) -> dict:
-        return {"requests": len(self.latencies) + len(self.errors), "errors": len(self.errors),
-                "rate_per_s": round(len(self.latencies) / duration, 1),
-                "p50_ms": _ms(percentile(self.latencies, 0.5)), "p99_ms": _ms(percentile(self.latencies, 0.99)),
-                "max_ms": _ms(max(self.latencies, default=None)), "first_errors": self.errors[:5]}
+        return {
+            "requests": len(self.latencies) + len(self.errors),
+            "errors": len(self.errors),
+            "rate_per_s": round(len(self.latencies) / duration, 1),
+            "p50_ms": _ms(percentile(self.latencies, 0.5)),
+            "p99_ms": _ms(percentile(self.latencies, 0.99)),
+            "max_ms": _ms(max(self.latencies, default=None)),
+            "first_errors": self.errors[:5],
+        }
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -65,9 +72,22 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def batch_input(lines: int, tag: str) -> bytes:
-    return b"".join(json.dumps({"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": {
-        "model": "tiny", "messages": [{"role": "user", "content": f"Say something about the number {i}."}],
-        "max_tokens": 16}}).encode() + b"\n" for i in range(lines))
+    return b"".join(
+        json.dumps(
+            {
+                "custom_id": f"{tag}-{i}",
+                "method": "POST",
+                "url": CHAT,
+                "body": {
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": f"Say something about the number {i}."}],
+                    "max_tokens": 16,
+                },
+            }
+        ).encode()
+        + b"\n"
+        for i in range(lines)
+    )
 
 
 class _Client:
@@ -79,13 +99,20 @@ class _Client:
     def upload_and_create(self, tag: str) -> tuple[tuple[float, int, str], tuple[float, int, str]]:
         """One upload and one batch creation: ((seconds, status, body) of each)."""
         t0 = time.perf_counter()
-        up = self.session.post(self.cfg.url + "/v1/files", data={"purpose": "batch"},
-                               files={"file": (f"{tag}.jsonl", batch_input(self.cfg.upload_lines, tag))}, timeout=60)
+        up = self.session.post(
+            self.cfg.url + "/v1/files",
+            data={"purpose": "batch"},
+            files={"file": (f"{tag}.jsonl", batch_input(self.cfg.upload_lines, tag))},
+            timeout=60,
+        )
         t1 = time.perf_counter()
         if up.status_code != 200:
             return (t1 - t0, up.status_code, up.text[:200]), (0.0, 0, "not created: upload failed")
-        created = self.session.post(self.cfg.url + "/v1/batches", timeout=60, json={
-            "input_file_id": up.json()["id"], "endpoint": CHAT, "completion_window": "24h"})
+        created = self.session.post(
+            self.cfg.url + "/v1/batches",
+            timeout=60,
+            json={"input_file_id": up.json()["id"], "endpoint": CHAT, "completion_window": "24h"},
+        )
         t2 = time.perf_counter()
         return (t1 - t0, 200, ""), (t2 - t1, created.status_code, created.text[:200])
 
@@ -161,10 +188,14 @@ def run_load(cfg: LoadConfig) -> dict:
         th.join(cfg.duration + 120)
     elapsed = max(time.perf_counter() - start, 1e-9)
     summary = {name: kind.summary(elapsed) for name, kind in kinds.items()}
-    return {"params": dataclasses.asdict(cfg) | {"key": "***"}, "elapsed_s": round(elapsed, 1),
-            "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
-            "errors": sum(s["errors"] for s in summary.values()), "kinds": summary,
-            "server_get_batch_within": _server_buckets(cfg.url)}
+    return {
+        "params": dataclasses.asdict(cfg) | {"key": "***"},
+        "elapsed_s": round(elapsed, 1),
+        "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
+        "errors": sum(s["errors"] for s in summary.values()),
+        "kinds": summary,
+        "server_get_batch_within": _server_buckets(cfg.url),
+    }
 
 
 def _server_buckets(url: str) -> dict[str, float] | None:
@@ -181,12 +212,18 @@ def _server_buckets(url: str) -> dict[str, float] | None:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 labels = sample.labels
-                if (sample.name == "tidal_api_request_seconds_bucket" and labels.get("method") == "GET"
-                        and labels.get("route") == "/v1/batches/<path:batch_id>" and labels.get("status") == "200"):
+                if (
+                    sample.name == "tidal_api_request_seconds_bucket"
+                    and labels.get("method") == "GET"
+                    and labels.get("route") == "/v1/batches/<path:batch_id>"
+                    and labels.get("status") == "200"
+                ):
                     buckets[labels["le"]] = sample.value
         if buckets.get("+Inf"):
-            return {f"{float(le) * 1000:g}ms" if le != "+Inf" else "all": round(100 * n / buckets["+Inf"], 2)
-                    for le, n in buckets.items()}
+            return {
+                f"{float(le) * 1000:g}ms" if le != "+Inf" else "all": round(100 * n / buckets["+Inf"], 2)
+                for le, n in buckets.items()
+            }
     return None
 
 
@@ -197,24 +234,37 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def served_api(redis_url: str, workers: int = 2, threads: int | None = None,
-               log_dir: Path | None = None) -> t.Iterator[tuple[str, str]]:
+def served_api(
+    redis_url: str, workers: int = 2, threads: int | None = None, log_dir: Path | None = None
+) -> t.Iterator[tuple[str, str]]:
     """A private `tidal serve` on a loopback port: yields (url, key); stopped, and its Redis DB flushed, on exit."""
     key = "load-" + secrets.token_hex(16)
     port = _free_port()
     queue_url = redis_url.rsplit("/", 1)[0] + f"/{LOAD_REDIS_DB}"
     with tempfile.TemporaryDirectory(prefix="tidal-load-") as home:
-        env = {"TIDAL_HOME": home, "TIDAL_DATABASE_URL": "", "TIDAL_BLOB_DIR": "", "TIDAL_REDIS_URL": queue_url,
-               "TIDAL_BROKER_URL": "", "TIDAL_ENV": "prod", "TIDAL_API_KEYS": f"load:{key}",
-               "TIDAL_BIND": f"127.0.0.1:{port}", "TIDAL_API_WORKERS": str(workers)}
+        env = {
+            "TIDAL_HOME": home,
+            "TIDAL_DATABASE_URL": "",
+            "TIDAL_BLOB_DIR": "",
+            "TIDAL_REDIS_URL": queue_url,
+            "TIDAL_BROKER_URL": "",
+            "TIDAL_ENV": "prod",
+            "TIDAL_API_KEYS": f"load:{key}",
+            "TIDAL_BIND": f"127.0.0.1:{port}",
+            "TIDAL_API_WORKERS": str(workers),
+        }
         if threads:
             env["TIDAL_API_THREADS"] = str(threads)
         log_path = Path(log_dir or home) / "serve.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "serve"],
-                                    env=child_environ(**env), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tidal_api.cli", "serve"],
+                env=child_environ(**env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 url = f"http://127.0.0.1:{port}"
                 _wait_ready(url, proc, log_path)

@@ -5,6 +5,7 @@ server answers, so queueing shows up as latency instead of being hidden by a
 closed loop. Each request streams, so time-to-first-token (TTFT) and the gaps
 between tokens (TBT) are measured from the client's side.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,8 @@ import httpx
 
 @dataclasses.dataclass
 class OnlineSample:
-    start: float          # seconds since the run began
-    ttft: float | None    # None: the request failed
+    start: float  # seconds since the run began
+    ttft: float | None  # None: the request failed
     tbts: list[float]
     tokens: int
     error: str | None = None
@@ -67,8 +68,9 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, t0: float) -> On
                 # Every chunk with a choice is a step that produced a token for this request; its text
                 # may be empty (the tiny model's random bytes are held back until they decode).
                 choices = chunk.get("choices") or []
-                if not choices or set(choices[0].get("delta") or {}) == {"role", "content"} and not \
-                        choices[0]["delta"]["content"]:
+                if not choices or (
+                    set(choices[0].get("delta") or {}) == {"role", "content"} and not choices[0]["delta"]["content"]
+                ):
                     continue  # no choice (the usage chunk), or the role-only header sent with the first token
                 now = time.perf_counter()
                 if last is None:
@@ -83,12 +85,20 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, t0: float) -> On
 
 def request_body(model: str, prompt: str, max_tokens: int) -> dict:
     """A streaming chat request at priority 0 that reports its usage and generates exactly ``max_tokens``."""
-    return {"model": model, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": max_tokens,
-            "ignore_eos": True, "priority": 0, "messages": [{"role": "user", "content": prompt}]}
+    return {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "priority": 0,
+        "messages": [{"role": "user", "content": prompt}],
+    }
 
 
-async def run_online(engine_url: str, model: str, times: list[float], prompt: str,
-                     max_tokens: int, timeout: float = 120.0) -> list[OnlineSample]:
+async def run_online(
+    engine_url: str, model: str, times: list[float], prompt: str, max_tokens: int, timeout: float = 120.0
+) -> list[OnlineSample]:
     """Fire one streaming request at each arrival time; return every sample."""
     body = request_body(model, prompt, max_tokens)
     url = f"{engine_url}/v1/chat/completions"
@@ -123,8 +133,12 @@ def summarize(samples: list[OnlineSample], duration: float) -> dict:
     return {
         "requests": len(samples),
         "errors": len(samples) - len(ok),
-        "ttft_p50": percentile(ttfts, 0.5), "ttft_p99": percentile(ttfts, 0.99),
-        "tbt_p50": percentile(tbts, 0.5), "tbt_p90": percentile(tbts, 0.9), "tbt_p99": percentile(tbts, 0.99),
-        "e2e_p50": percentile(e2es, 0.5), "e2e_p99": percentile(e2es, 0.99),
+        "ttft_p50": percentile(ttfts, 0.5),
+        "ttft_p99": percentile(ttfts, 0.99),
+        "tbt_p50": percentile(tbts, 0.5),
+        "tbt_p90": percentile(tbts, 0.9),
+        "tbt_p99": percentile(tbts, 0.99),
+        "e2e_p50": percentile(e2es, 0.5),
+        "e2e_p99": percentile(e2es, 0.99),
         "tokens_per_s": sum(s.tokens for s in ok) / duration if duration else 0.0,
     }

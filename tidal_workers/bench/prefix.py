@@ -13,6 +13,7 @@ blocks another one left in the cache. The effect needs a working set larger
 than the KV pool: when every group's prefix fits, any order hits after each
 group's first request.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -25,7 +26,8 @@ import requests
 
 from tidal_workers.bench import engine_stats
 from tidal_workers.ingest import ordered
-from tidal_workers.validate import ParsedLine, parse_line
+from tidal_workers.validate import ParsedLine
+from tidal_workers.validate import parse_line
 
 ENDPOINT = "/v1/completions"
 
@@ -46,13 +48,19 @@ class PrefixConfig:
 def batch_lines(cfg: PrefixConfig, salt: str) -> list[str]:
     """The batch's input file: ``items`` requests over ``groups`` shared prefixes, in shuffled order."""
     rng = random.Random(f"{cfg.seed}-{salt}")
-    prefixes = [f"{salt} group {g}: " + "".join(rng.choice("abcdefghij klmnop") for _ in range(cfg.prefix_chars))
-                for g in range(cfg.groups)]
+    prefixes = [
+        f"{salt} group {g}: " + "".join(rng.choice("abcdefghij klmnop") for _ in range(cfg.prefix_chars))
+        for g in range(cfg.groups)
+    ]
     lines = []
     for i in range(cfg.items):
         suffix = "".join(rng.choice("qrstuvwxyz") for _ in range(cfg.suffix_chars))
-        body = {"model": cfg.model, "prompt": prefixes[i % cfg.groups][:cfg.prefix_chars] + f" item {i} {suffix}",
-                "max_tokens": cfg.max_tokens, "temperature": 0}
+        body = {
+            "model": cfg.model,
+            "prompt": prefixes[i % cfg.groups][: cfg.prefix_chars] + f" item {i} {suffix}",
+            "max_tokens": cfg.max_tokens,
+            "temperature": 0,
+        }
         lines.append(json.dumps({"custom_id": f"{salt}-{i}", "method": "POST", "url": ENDPOINT, "body": body}))
     rng.shuffle(lines)
     return lines
@@ -66,6 +74,7 @@ def parsed(lines: list[str]) -> list[ParsedLine]:
 
 def send_all(cfg: PrefixConfig, order: list[ParsedLine]) -> dict:
     """Send ``order`` with at most ``inflight`` outstanding, in order; the engine's prefix-cache deltas."""
+
     def post(p: ParsedLine) -> int:
         body = {**json.loads(p.body), "priority": 100}
         return requests.post(cfg.engine_url + p.url, json=body, timeout=300).status_code
@@ -79,13 +88,22 @@ def send_all(cfg: PrefixConfig, order: list[ParsedLine]) -> dict:
     after = engine_stats.read(cfg.engine_url)
     queries = after.prefix_queries - before.prefix_queries
     hits = after.prefix_hits - before.prefix_hits
-    return {"requests": len(order), "errors": sum(s != 200 for s in statuses), "seconds": round(seconds, 2),
-            "prefix_queries": queries, "prefix_hits": hits, "hit_rate": round(hits / queries, 4) if queries else None}
+    return {
+        "requests": len(order),
+        "errors": sum(s != 200 for s in statuses),
+        "seconds": round(seconds, 2),
+        "prefix_queries": queries,
+        "prefix_hits": hits,
+        "hit_rate": round(hits / queries, 4) if queries else None,
+    }
 
 
 def run(cfg: PrefixConfig) -> dict:
     """(a) Tidal's claim order (ingest's prefix sort) and (b) the file's shuffled order, on fresh prefixes each."""
     claim_order = ordered(parsed(batch_lines(cfg, "a")))
     shuffled = parsed(batch_lines(cfg, "b"))
-    return {"params": dataclasses.asdict(cfg), "claim_order": send_all(cfg, claim_order),
-            "shuffled": send_all(cfg, shuffled)}
+    return {
+        "params": dataclasses.asdict(cfg),
+        "claim_order": send_all(cfg, claim_order),
+        "shuffled": send_all(cfg, shuffled),
+    }

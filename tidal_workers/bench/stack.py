@@ -4,6 +4,7 @@ Batches go in through the real API code (the Flask app in-process), and the
 worker is the same command production runs, so a benchmark measures Tidal
 itself rather than a shortcut around it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,13 +18,16 @@ from pathlib import Path
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import func, select
+from sqlalchemy import func
+from sqlalchemy import select
 
 from config import Settings
-from config.settings import child_environ, env_name
+from config.settings import child_environ
+from config.settings import env_name
 from tidal_engine.serve import free_port
 from tidal_workers.runtime import Runtime
-from tidal_workers.store import Item, ItemStatus
+from tidal_workers.store import Item
+from tidal_workers.store import ItemStatus
 
 BENCH_REDIS_DB = 14
 
@@ -35,12 +39,28 @@ class Progress:
 
 
 class TidalStack:
-    def __init__(self, base: Settings, engine_url: str, home: Path, *, gate_mode: str = "aimd",
-                 max_inflight: int = 16, extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        base: Settings,
+        engine_url: str,
+        home: Path,
+        *,
+        gate_mode: str = "aimd",
+        max_inflight: int = 16,
+        extra_env: dict[str, str] | None = None,
+    ):
         redis_url = base.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
-        self.settings = base.replace(home=str(home), database_url="", blob_dir="", redis_url=redis_url,
-                                     broker_url="", vllm_url=engine_url, env="dev", node="bench-node",
-                                     max_inflight=max_inflight)
+        self.settings = base.replace(
+            home=str(home),
+            database_url="",
+            blob_dir="",
+            redis_url=redis_url,
+            broker_url="",
+            vllm_url=engine_url,
+            env="dev",
+            node="bench-node",
+            max_inflight=max_inflight,
+        )
         self.rt = Runtime(self.settings)
         self.rt.redis.flushdb()
         self.rt.store.migrate()
@@ -52,33 +72,68 @@ class TidalStack:
         home.mkdir(parents=True, exist_ok=True)
         self.log = open(home / "worker.log", "ab")
         self.metrics_port = free_port()  # several stacks may share the host
-        self.worker = self.spawn_worker(engine_url, "bench-node", gate_mode=gate_mode, max_inflight=max_inflight,
-                                        metrics_port=self.metrics_port, extra_env=extra_env)
+        self.worker = self.spawn_worker(
+            engine_url,
+            "bench-node",
+            gate_mode=gate_mode,
+            max_inflight=max_inflight,
+            metrics_port=self.metrics_port,
+            extra_env=extra_env,
+        )
         self.batch_ids: list[str] = []
 
-    def spawn_worker(self, engine_url: str, node: str, *, gate_mode: str = "aimd", max_inflight: int = 16,
-                     metrics_port: int = 0, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    def spawn_worker(
+        self,
+        engine_url: str,
+        node: str,
+        *,
+        gate_mode: str = "aimd",
+        max_inflight: int = 16,
+        metrics_port: int = 0,
+        extra_env: dict[str, str] | None = None,
+    ) -> subprocess.Popen:
         """A `tidal worker` process on this stack's store and Redis DB, feeding ``engine_url`` as ``node``."""
         s = self.settings
-        env = {env_name("home"): s.home, env_name("database_url"): "", env_name("blob_dir"): "",
-               env_name("redis_url"): s.redis_url, env_name("broker_url"): "", env_name("vllm_url"): engine_url,
-               env_name("env"): "dev", env_name("gate_mode"): gate_mode, env_name("max_inflight"): str(max_inflight),
-               env_name("initial_inflight"): str(max_inflight), env_name("node"): node,
-               env_name("worker_threads"): str(max(16, max_inflight + 4)),
-               env_name("worker_metrics_port"): str(metrics_port), **(extra_env or {})}
-        return subprocess.Popen([sys.executable, "-m", "tidal_api.cli", "worker"], env=child_environ(**env),
-                                stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {
+            env_name("home"): s.home,
+            env_name("database_url"): "",
+            env_name("blob_dir"): "",
+            env_name("redis_url"): s.redis_url,
+            env_name("broker_url"): "",
+            env_name("vllm_url"): engine_url,
+            env_name("env"): "dev",
+            env_name("gate_mode"): gate_mode,
+            env_name("max_inflight"): str(max_inflight),
+            env_name("initial_inflight"): str(max_inflight),
+            env_name("node"): node,
+            env_name("worker_threads"): str(max(16, max_inflight + 4)),
+            env_name("worker_metrics_port"): str(metrics_port),
+            **(extra_env or {}),
+        }
+        return subprocess.Popen(
+            [sys.executable, "-m", "tidal_api.cli", "worker"],
+            env=child_environ(**env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def submit(self, bodies: list[dict], endpoint: str = "/v1/chat/completions") -> str:
         """Upload one request line per body and create a batch of them through the API; returns its id."""
-        lines = (json.dumps({"custom_id": f"r{i}", "method": "POST", "url": endpoint, "body": body})
-                 for i, body in enumerate(bodies))
+        lines = (
+            json.dumps({"custom_id": f"r{i}", "method": "POST", "url": endpoint, "body": body})
+            for i, body in enumerate(bodies)
+        )
         data = ("\n".join(lines) + "\n").encode()
-        up = self.client.post("/v1/files", headers=self.headers,
-                              data={"purpose": "batch", "file": (io.BytesIO(data), "bench.jsonl")})
+        up = self.client.post(
+            "/v1/files", headers=self.headers, data={"purpose": "batch", "file": (io.BytesIO(data), "bench.jsonl")}
+        )
         assert up.status_code == 200, up.get_data(as_text=True)
-        created = self.client.post("/v1/batches", headers=self.headers, json={
-            "input_file_id": up.get_json()["id"], "endpoint": endpoint, "completion_window": "24h"})
+        created = self.client.post(
+            "/v1/batches",
+            headers=self.headers,
+            json={"input_file_id": up.get_json()["id"], "endpoint": endpoint, "completion_window": "24h"},
+        )
         assert created.status_code == 200, created.get_data(as_text=True)
         self.batch_ids.append(created.get_json()["id"])
         return self.batch_ids[-1]
@@ -89,15 +144,22 @@ class TidalStack:
     def progress(self) -> Progress:
         """Items completed so far and the output tokens the engine reported for them (from SQL)."""
         with self.rt.store.sessions() as s:
-            count, tokens = s.execute(select(func.count(), func.coalesce(func.sum(Item.output_tokens), 0))
-                                      .where(Item.status == ItemStatus.completed.value)).one()
+            count, tokens = s.execute(
+                select(func.count(), func.coalesce(func.sum(Item.output_tokens), 0)).where(
+                    Item.status == ItemStatus.completed.value
+                )
+            ).one()
         return Progress(int(count), int(tokens))
 
     def gate(self) -> dict[str, float]:
         """The worker's gate as it exports it: ``tidal_gate_target`` and ``tidal_gate_inflight``."""
         text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2.0).text
-        return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-                if s.name in ("tidal_gate_target", "tidal_gate_inflight")}
+        return {
+            s.name: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name in ("tidal_gate_target", "tidal_gate_inflight")
+        }
 
     def worker_cpu_seconds(self) -> float:
         """CPU time the worker process has used (user + system): its share of the machine's cores."""
@@ -140,7 +202,7 @@ class TidalStack:
         self.rt.redis.flushdb()
         self.rt.close()
 
-    def __enter__(self) -> "TidalStack":
+    def __enter__(self) -> TidalStack:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -26,6 +26,7 @@ Waiting counts are whole requests: comparing the rounded count keeps an EWMA
 that decays geometrically toward zero from holding a tolerance of 0 breached
 for ever after a burst ends.
 """
+
 from __future__ import annotations
 
 import dataclasses

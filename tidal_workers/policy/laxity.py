@@ -7,6 +7,7 @@ While a batch drains at its observed rate the two time terms cancel and its
 laxity is constant, so a healthy batch never escalates however much of its
 window has passed; only a falling rate (or the deadline itself) moves it.
 """
+
 from __future__ import annotations
 
 import dataclasses

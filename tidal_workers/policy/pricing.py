@@ -6,6 +6,7 @@ as the default (``settings.price_table``); batch work is billed at
 input and reasoning tokens part of the output, as in OpenAI's usage objects;
 the table has no separate cached rate, so they bill at the full rate.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,5 @@
 """Engine and session handling for SQLite (WAL) and PostgreSQL."""
+
 from __future__ import annotations
 
 import contextlib
@@ -6,12 +7,17 @@ import hashlib
 import time
 import typing as t
 
-from sqlalchemy import create_engine, event, select
+from sqlalchemy import create_engine
+from sqlalchemy import event
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
+from sqlalchemy.orm import sessionmaker
 
 from config import Settings
-from tidal_workers.store.models import ApiKey, Base, Tenant
+from tidal_workers.store.models import ApiKey
+from tidal_workers.store.models import Base
+from tidal_workers.store.models import Tenant
 
 
 def make_engine(url: str) -> Engine:

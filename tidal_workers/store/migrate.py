@@ -1,4 +1,5 @@
 """Alembic, driven from code: `Store.migrate()` and `tidal db upgrade` both land here."""
+
 from __future__ import annotations
 
 from pathlib import Path

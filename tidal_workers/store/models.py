@@ -1,11 +1,22 @@
 """Tables. Times are integer Unix seconds, as on OpenAI's wire."""
+
 from __future__ import annotations
 
 import enum
 import secrets
 
-from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import JSON
+from sqlalchemy import BigInteger
+from sqlalchemy import Boolean
+from sqlalchemy import ForeignKey
+from sqlalchemy import Index
+from sqlalchemy import Integer
+from sqlalchemy import String
+from sqlalchemy import Text
+from sqlalchemy import UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.orm import Mapped
+from sqlalchemy.orm import mapped_column
 
 
 class Base(DeclarativeBase):
@@ -33,11 +44,11 @@ class BatchStatus(str, enum.Enum):
 
 
 class ItemStatus(str, enum.Enum):
-    pending = "pending"      # queued or in flight: only a terminal write changes it
+    pending = "pending"  # queued or in flight: only a terminal write changes it
     completed = "completed"  # engine answered 2xx: an output-file line
-    failed = "failed"        # engine 4xx or retry budget spent: an error-file line
+    failed = "failed"  # engine 4xx or retry budget spent: an error-file line
     cancelled = "cancelled"  # batch cancelled before it ran: batch_cancelled line
-    expired = "expired"      # window ran out before it ran: batch_expired line
+    expired = "expired"  # window ran out before it ran: batch_expired line
 
 
 class Tenant(Base):
@@ -115,11 +126,11 @@ class Item(Base):
     __tablename__ = "items"
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"))
-    line: Mapped[int] = mapped_column(Integer)       # 1-based line in the input file
-    ordinal: Mapped[int] = mapped_column(Integer)    # claim order inside the batch (prefix groups)
+    line: Mapped[int] = mapped_column(Integer)  # 1-based line in the input file
+    ordinal: Mapped[int] = mapped_column(Integer)  # claim order inside the batch (prefix groups)
     custom_id: Mapped[str] = mapped_column(String(512))
     url: Mapped[str] = mapped_column(String(64))
-    body: Mapped[str] = mapped_column(Text)          # the request body as JSON text
+    body: Mapped[str] = mapped_column(Text)  # the request body as JSON text
     status: Mapped[str] = mapped_column(String(16), default=ItemStatus.pending.value)
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # attempt whose result was written
     response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)

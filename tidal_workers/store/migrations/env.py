@@ -1,4 +1,5 @@
 """Alembic environment: the engine comes from the caller (see migrate.py), never from a file."""
+
 from alembic import context
 
 from tidal_workers.store.models import Base
