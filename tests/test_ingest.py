@@ -37,7 +37,7 @@ def _line(custom_id: str, model: str = "tiny", content: str = "hi") -> bytes:
 
 
 def _state(rt, batch_id):
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         b = s.get(Batch, batch_id)
         n = s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == batch_id))
     return b, n
@@ -69,7 +69,7 @@ def test_model_not_in_the_configured_list_fails_the_batch(rt):
 
 def test_input_deleted_before_ingest(rt):
     batch_id = validating_batch(rt, _line("1"))
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         f = s.get(File, s.get(Batch, batch_id).input_file_id)
         rt.blobs.delete(f.blob)
     ingest_batch(rt, batch_id)
@@ -79,7 +79,7 @@ def test_input_deleted_before_ingest(rt):
 
 def test_a_batch_no_longer_validating_is_left_alone(rt):
     batch_id = validating_batch(rt, _line("1"))
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         s.get(Batch, batch_id).status = "cancelled"
     ingest_batch(rt, batch_id)
     b, n = _state(rt, batch_id)
@@ -92,7 +92,7 @@ def test_fifty_thousand_lines(rt):
     ingest_batch(rt, batch_id)
     b, n = _state(rt, batch_id)
     assert (b.status, b.total, n) == ("in_progress", 50_000, 50_000) and rt.queue.queued(batch_id) == 50_000
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         ordinals = s.scalars(select(Item.ordinal).where(Item.batch_id == batch_id).order_by(Item.line).limit(8)).all()
     # grouped by prompt: line 1 ("prompt 0") first, line 8 ("prompt 0" again) right after the other 7142 of its group
     assert ordinals[0] == 0 and ordinals[7] == 1

@@ -24,7 +24,7 @@ DAY2 = DAY1 + 86_400
 @pytest.fixture
 def billed(rt):
     """Two tenants' batches; completed items carry usage, failed ones must not be billed."""
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         for tenant in ("acme", "globex"):
             s.add(
                 File(

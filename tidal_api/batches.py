@@ -111,7 +111,7 @@ def create():
 
     rt = _rt()
     now = int(time.time())
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         source = owned_file(s, input_file_id, param="input_file_id")
         if source.purpose != "batch":
             raise invalid_value(
@@ -133,26 +133,26 @@ def create():
         ingest_batch(rt, batch.id)
     else:
         request_ingest(rt, batch.id)  # a broker that is down leaves the batch `validating`, and reconcile resends
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         return jsonify(serialize.batch_object(s.get(Batch, batch.id), rt.settings))
 
 
 @bp.get("/<path:batch_id>")
 def retrieve(batch_id: str):
-    with _rt().store.sessions() as s:
+    with _rt().store.read() as s:
         return jsonify(serialize.batch_object(_owned_batch(s, batch_id), _rt().settings))
 
 
 @bp.post("/<path:batch_id>/cancel")
 def cancel(batch_id: str):
     rt = _rt()
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         status = _owned_batch(s, batch_id).status
     if status in NOT_CANCELLABLE:
         raise APIError(409, f"Cannot cancel a batch with status '{status}'.", code="batch_not_cancellable")
     if status not in ALREADY_CANCELLED:
         cancel_batch(rt, batch_id)
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         return jsonify(serialize.batch_object(s.get(Batch, batch_id), rt.settings))
 
 
@@ -161,7 +161,7 @@ def list_batches():
     limit = int_arg(request.args, "limit", 20, 1, 100)
     after = request.args.get("after")
     stmt = select(Batch).where(Batch.tenant_id == current_tenant())
-    with _rt().store.sessions() as s:
+    with _rt().store.read() as s:
         rows, has_more = keyset_page(
             s,
             stmt,

@@ -99,7 +99,7 @@ def upload():
             code="too_many_lines",
         )
     now = int(time.time())
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         f = File(
             tenant_id=current_tenant(),
             filename=_clean_filename(upload_.filename),
@@ -125,7 +125,7 @@ def list_files():
             raise invalid_value("purpose", f"Invalid value for 'purpose': '{purpose[:64]}'.")
         stmt = stmt.where(File.purpose == purpose)
     after = request.args.get("after")
-    with _rt().store.sessions() as s:
+    with _rt().store.read() as s:
         rows, has_more = keyset_page(
             s,
             stmt,
@@ -141,13 +141,13 @@ def list_files():
 
 @bp.get("/<path:file_id>")
 def retrieve(file_id: str):
-    with _rt().store.sessions() as s:
+    with _rt().store.read() as s:
         return jsonify(serialize.file_object(owned_file(s, file_id)))
 
 
 @bp.get("/<path:file_id>/content")
 def content(file_id: str):
-    with _rt().store.sessions() as s:
+    with _rt().store.read() as s:
         f = owned_file(s, file_id)
     return Response(
         _rt().blobs.iter_chunks(f.blob), mimetype="application/octet-stream", headers={"Content-Length": str(f.bytes)}
@@ -157,7 +157,7 @@ def content(file_id: str):
 @bp.delete("/<path:file_id>")
 def delete(file_id: str):
     rt = _rt()
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         f = owned_file(s, file_id)
         f.deleted = True
     rt.blobs.delete(f.blob)

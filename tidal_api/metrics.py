@@ -46,7 +46,7 @@ class StoreCollector:
         self.store = store
 
     def collect(self):
-        with self.store.sessions() as s:
+        with self.store.read() as s:
             by_status = dict(s.execute(select(Batch.status, func.count()).group_by(Batch.status)).all())
             done, tokens = s.execute(
                 select(

@@ -22,7 +22,7 @@ CANCELLABLE = (BatchStatus.validating.value, BatchStatus.in_progress.value)
 
 def cancel_batch(rt, batch_id: str) -> None:
     """Move ``batch_id`` to cancelling (if it is validating or in progress), drop its queue, maybe finalize."""
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         s.execute(
             update(Batch)
             .where(Batch.id == batch_id, Batch.status.in_(CANCELLABLE))

@@ -32,7 +32,7 @@ def _pending(session, batch_id: str):
 
 def enqueue_batch(rt, batch_id: str) -> int:
     """Push every pending item of ``batch_id`` if it is in progress; returns how many were queued."""
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         batch = s.execute(
             select(Batch.status, Batch.priority, Batch.expires_at).where(Batch.id == batch_id)
         ).one_or_none()
@@ -48,7 +48,7 @@ def rebuild(rt) -> int:
     raced a rebuild) are dropped. Returns the number of items queued.
     """
     started = time.time()
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         open_ids = set(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.in_progress.value)))
     for stale in set(rt.queue.queued_batches()) - open_ids:
         rt.queue.drop_batch(stale)

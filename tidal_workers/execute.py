@@ -38,7 +38,7 @@ class Transient(Exception):
 
 
 def _load(rt, item_id: int):
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         return s.execute(
             select(Item.batch_id, Item.url, Item.body, Item.status).where(Item.id == item_id)
         ).one_or_none()
@@ -46,7 +46,7 @@ def _load(rt, item_id: int):
 
 def _batch_now(rt, batch_id: str):
     """The batch's status and priority as of this submission (escalation and cancel reach queued items)."""
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         return s.execute(select(Batch.status, Batch.priority).where(Batch.id == batch_id)).one()
 
 

@@ -101,7 +101,7 @@ def _settle(rt, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: It
     now = int(time.time())
     written: list[str] = []
     try:
-        with rt.store.session() as s:
+        with rt.store.transaction() as s:
             if not _move(s, batch_id, frm, to, now):
                 return False
             if pending_as is not None:
@@ -129,7 +129,7 @@ def _settle(rt, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: It
 
 def complete(rt, batch_id: str) -> bool:
     """in_progress → finalizing (visible while the files are written) → completed."""
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         if not _move(s, batch_id, BatchStatus.in_progress, BatchStatus.finalizing, int(time.time())):
             return False
     return finish_finalizing(rt, batch_id)
@@ -148,7 +148,7 @@ def expire(rt, batch_id: str) -> bool:
 
 def maybe_finalize(rt, batch_id: str) -> bool:
     """Finalize ``batch_id`` if its work is over: all items done, or cancelling with nothing in flight."""
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         row = s.execute(
             select(Batch.status, Batch.total, Batch.completed, Batch.failed).where(Batch.id == batch_id)
         ).one_or_none()

@@ -63,7 +63,7 @@ def _claim(session, batch_id: str, **values) -> bool:
 
 def ingest_batch(rt, batch_id: str) -> None:
     """Validate the batch's file; then either fail the batch with its line errors, or insert its items and queue them."""
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         batch = s.get(Batch, batch_id)
         if batch is None or batch.status != BatchStatus.validating.value:
             return
@@ -85,7 +85,7 @@ def ingest_batch(rt, batch_id: str) -> None:
 
     now = int(time.time())
     if errors:
-        with rt.store.session() as s:
+        with rt.store.transaction() as s:
             _claim(
                 s,
                 batch_id,
@@ -96,7 +96,7 @@ def ingest_batch(rt, batch_id: str) -> None:
             )
         return
 
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         if not _claim(
             s, batch_id, status=BatchStatus.in_progress.value, in_progress_at=now, model=model, total=len(result.items)
         ):

@@ -64,7 +64,7 @@ class BatchCollector:
         self.store = store
 
     def collect(self):
-        with self.store.sessions() as s:
+        with self.store.read() as s:
             rows = s.execute(
                 select(Batch.id, Batch.priority, Batch.laxity_seconds, Batch.observed_rate).where(
                     Batch.status == BatchStatus.in_progress.value

@@ -95,14 +95,14 @@ def _row(key: str, model: str | None, agg: t.Sequence[int], settings: Settings) 
 
 def per_batch(store: Store, settings: Settings, filters: Filters) -> list[Row]:
     q = _completed_items(filters).add_columns(Batch.id, Batch.model).group_by(Batch.id, Batch.model).order_by(Batch.id)
-    with store.sessions() as s:
+    with store.read() as s:
         return [_row(r[5], r[6], r, settings) for r in s.execute(q)]
 
 
 def per_day(store: Store, settings: Settings, filters: Filters) -> list[Row]:
     day = (Item.finished_at / DAY).label("day")  # integer division on SQLite and PostgreSQL alike
     q = _completed_items(filters).add_columns(day, Batch.model).group_by(day, Batch.model).order_by(day)
-    with store.sessions() as s:
+    with store.read() as s:
         rows = []
         for r in s.execute(q):
             date = dt.datetime.fromtimestamp(int(r[5]) * DAY, dt.UTC).date().isoformat()

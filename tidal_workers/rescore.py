@@ -83,7 +83,7 @@ def rescore(rt, now: float | None = None) -> list[Rescored]:
     """One pass over every in-progress batch; returns what it computed, batch by batch."""
     now = time.time() if now is None else now
     s = rt.settings
-    with rt.store.sessions() as session:
+    with rt.store.read() as session:
         rows = session.execute(
             select(Batch.id, Batch.expires_at, Batch.total, Batch.completed, Batch.failed)
             .where(Batch.status == BatchStatus.in_progress.value)
@@ -109,7 +109,7 @@ def rescore(rt, now: float | None = None) -> list[Rescored]:
                 urgent.append(row.id)
             out.append(Rescored(row.id, priority, lax if math.isfinite(lax) else None, rate, u, moved))
         p.execute()
-    with rt.store.session() as session:
+    with rt.store.transaction() as session:
         for r in out:
             session.execute(
                 update(Batch)

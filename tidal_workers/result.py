@@ -42,7 +42,7 @@ def record(rt, item_id: int, batch_id: str, lease: str, outcome: Outcome) -> boo
     now = int(time.time())
     completed = outcome.status is ItemStatus.completed
     usage = outcome.usage
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         # Lock the batch row first, as finalize does, so the two never deadlock on PostgreSQL.
         s.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
         written = (

@@ -25,7 +25,7 @@ from tidal_workers.store.models import BatchStatus
 def expire_due(rt, now: float | None = None) -> list[str]:
     """Expire every in-progress batch past its expires_at; returns the ids this call expired."""
     now = time.time() if now is None else now
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         due = list(
             s.scalars(select(Batch.id).where(Batch.status == BatchStatus.in_progress.value, Batch.expires_at <= now))
         )
@@ -46,7 +46,7 @@ def reconcile(rt, now: float | None = None) -> int:
     now = time.time() if now is None else now
     queued = rebuild(rt)
     stuck_since = now - rt.settings.reconcile_seconds
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         unvalidated = list(
             s.scalars(
                 select(Batch.id).where(

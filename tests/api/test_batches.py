@@ -27,7 +27,7 @@ def _create(client, file_id, **kw):
 
 
 def _set_status(rt, batch_id, status):
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         s.execute(update(Batch).where(Batch.id == batch_id).values(status=status))
 
 
@@ -64,7 +64,7 @@ def test_create_validates_inline_and_stores_items_in_prefix_order(acme, batch_fi
         "observed_rate": None,
         "cost": {"batch_usd": 0.0, "online_usd": 0.0, "saved_usd": 0.0},
     }
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         items = s.scalars(select(Item).where(Item.batch_id == b.id).order_by(Item.ordinal)).all()
     assert [i.custom_id for i in items] == ["b", "d", "c", "a"]  # by prompt prefix: the shared ones adjacent
     assert [i.line for i in items] == [2, 4, 3, 1] and {i.status for i in items} == {"pending"}
@@ -90,7 +90,7 @@ def test_invalid_file_fails_the_batch_with_line_errors_and_queues_nothing(acme, 
         ("missing_required_parameter", 6, "method"),
     ]
     assert all(e.message for e in b.errors.data)
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         assert s.scalars(select(Item).where(Item.batch_id == b.id)).all() == []
 
 
@@ -205,7 +205,7 @@ def test_cancel_is_idempotent(acme, batch_file, rt, status):
 def test_cancel_running_batch_goes_through_cancel_batch(acme, batch_file, rt):
     b = _create(acme, batch_file([request_line("1"), request_line("2")]))
     cancelled = acme.batches.cancel(b.id)
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         stored = s.get(Batch, b.id)
     # the answer is the batch as tidal_workers.cancel.cancel_batch left it in SQL
     assert cancelled.status == stored.status and cancelled.cancelling_at == stored.cancelling_at

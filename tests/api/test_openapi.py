@@ -54,7 +54,7 @@ def test_every_documented_response_happens_and_matches_its_schema(doc, live_api,
     create = {"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h"}
     bid = http.post("/v1/batches", json=create).json()["id"]
     done = http.post("/v1/batches", json=create).json()["id"]
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         s.execute(update(Batch).where(Batch.id == done).values(status="completed"))
 
     calls = {

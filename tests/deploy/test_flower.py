@@ -62,7 +62,7 @@ def test_flower_shows_a_finished_item_task(rt, settings, live_api, children, tmp
         what="Flower to record the three item tasks",
     )
 
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         item_ids = sorted(s.scalars(select(Item.id).where(Item.batch_id == batch_id)))
     assert sorted(tasks) == [f"item-{i}#1" for i in item_ids]  # task id: the item id and its attempt
     task_id = f"item-{item_ids[0]}#1"

@@ -128,7 +128,7 @@ def test_another_tenants_batch_is_byte_identical_to_an_unknown_one(live_api, rt)
     foreign = [call(url, method, path, **kw) for method, path, kw in probes]
     assert all(r.status_code == 404 for r in foreign), [r.text for r in foreign]
     assert call(url, "GET", f"/v1/batches/{theirs}", "globex-key").json()["status"] == "in_progress"
-    with rt.store.session() as s:  # batches cannot be deleted through the API: make the id unknown in SQL
+    with rt.store.transaction() as s:  # batches cannot be deleted through the API: make the id unknown in SQL
         s.execute(delete(Item).where(Item.batch_id == theirs))
         s.execute(delete(Batch).where(Batch.id == theirs))
     for (method, path, kw), before in zip(probes, foreign):
@@ -142,7 +142,7 @@ def _every_stored_value(rt) -> list:
 
 def test_keys_are_stored_only_as_sha256_digests(live_api, rt):
     create_batch(live_api.url, "acme-key")  # a store with files, batches and items in it, too
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         stored = {k.key_hash: k.tenant_id for k in s.scalars(sa.select(ApiKey))}
     assert stored == {
         hashlib.sha256(k.encode()).hexdigest(): t

@@ -96,7 +96,7 @@ class Client:
 
     def batch_with_status(self, status: str) -> str:
         r = self.batch_of(GOOD)
-        with self.rt.store.session() as s:
+        with self.rt.store.transaction() as s:
             s.execute(update(Batch).where(Batch.id == r.json()["id"]).values(status=status))
         return r.json()["id"]
 
@@ -395,7 +395,7 @@ def test_bad_input(case: Case, live_api, rt):
     files_after, batches_after = c.visible()
     assert files_after == c.files, "an upload became visible that the case did not mean to store"
     assert batches_after == c.batches, "a batch became visible that the case did not mean to create"
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         if case.kind != "request":  # a failed batch holds no item and queued nothing; an accepted one all of them
             items = s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == body["id"]))
             assert items == (0 if case.kind == "ingest" else 2)

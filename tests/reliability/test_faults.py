@@ -91,7 +91,7 @@ def procs():
 
 
 def reruns(rt, batch_id: str) -> int:
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         return s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == batch_id, Item.attempts > 1))
 
 

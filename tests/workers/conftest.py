@@ -59,7 +59,7 @@ def make_batch(rt):
         k = next(counter)
         now = int(time.time())
         window = rt.settings.completion_window_seconds if expires_in is None else expires_in
-        with rt.store.session() as s:
+        with rt.store.transaction() as s:
             f = File(tenant_id=tenant, filename="in.jsonl", purpose="batch", bytes=0, created_at=now, blob="none")
             s.add(f)
             s.flush()

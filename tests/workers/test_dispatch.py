@@ -39,7 +39,7 @@ def test_batch_runs_to_completed_with_openai_lines_usage_and_priority(rt, make_b
     assert {body["priority"] for body in stub.requests} == {37}
     # Flower names each run by its item and attempt
     assert sorted(started) == sorted(f"item-{i}#1" for i in item_ids(rt, batch))
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         assert set(s.scalars(select(Item.input_tokens).where(Item.batch_id == batch))) == {7}
 
 

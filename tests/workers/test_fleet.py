@@ -29,7 +29,7 @@ def engines():
 
 def share(rt, batch_id: str, engines) -> list[int]:
     """Items of the batch each engine was sent (the stub identifies a request by its custom_id)."""
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         ids = set(s.scalars(select(Item.custom_id).where(Item.batch_id == batch_id)))
     return [len({r["messages"][0]["content"] for r in e.requests} & ids) for e in engines]
 

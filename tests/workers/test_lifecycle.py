@@ -44,7 +44,7 @@ def test_stale_attempt_is_dropped_and_first_write_wins(rt, make_batch, stub):
     b, out, err = settled(rt, batch)
     assert (b.completed, b.failed, err) == (1, 0, [])
     assert out[0]["response"]["request_id"] != "late"
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         assert s.get(Item, new.item_id).attempts == 2
 
 
@@ -77,7 +77,7 @@ def test_cancel_mid_batch_keeps_what_finished_and_cancels_the_rest(rt, make_batc
 
 def test_racing_finalizers_elect_exactly_one(rt, make_batch):
     batch = make_batch(3, enqueue=False)
-    with rt.store.session() as s:  # every item done, as if the last worker died before finalizing
+    with rt.store.transaction() as s:  # every item done, as if the last worker died before finalizing
         s.execute(
             update(Item)
             .where(Item.batch_id == batch)
@@ -89,13 +89,13 @@ def test_racing_finalizers_elect_exactly_one(rt, make_batch):
     assert won.count(True) == 1
     _b, out, err = settled(rt, batch)
     assert len(out) == 3 and err == []
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         assert s.scalar(select(func.count()).select_from(File).where(File.purpose == "batch_output")) == 1
 
 
 def test_reconcile_finishes_what_a_dead_finalizer_left(rt, make_batch, settings):
     done, stuck, cancelling = make_batch(1), make_batch(1), make_batch(2)
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         s.execute(
             update(Item)
             .where(Item.batch_id.in_([done, stuck]))
@@ -119,7 +119,7 @@ def test_reconcile_finishes_what_a_dead_finalizer_left(rt, make_batch, settings)
 def test_priority_sent_is_the_batch_priority_at_submission(rt, make_batch, stub):
     batch = make_batch(1, priority=100)
     (claim,) = rt.queue.claim(NODE, 1, 30)
-    with rt.store.session() as s:  # escalated after the claim, before the POST
+    with rt.store.transaction() as s:  # escalated after the claim, before the POST
         s.execute(update(Batch).where(Batch.id == batch).values(priority=3))
     assert execute_item(rt, claim.item_id, claim.lease) == "completed"
     assert [body["priority"] for body in stub.requests] == [3]

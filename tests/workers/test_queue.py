@@ -91,7 +91,7 @@ def test_drop_batch_forgets_queued_items_and_abandons_leased_ones(rt, make_batch
 def test_rebuild_from_sql_requeues_pending_items_not_leased(rt, make_batch):
     batch = make_batch(4, enqueue=False)
     ids = item_ids(rt, batch)
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         s.execute(update(Item).where(Item.id == ids[0]).values(status=ItemStatus.completed.value))
     assert rebuild(rt) == 3 and rt.queue.is_built()
     (leased,) = rt.queue.claim(NODE, 1, 30)

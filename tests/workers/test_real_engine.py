@@ -28,7 +28,7 @@ def test_batch_completes_on_the_real_engine(rt, make_batch, worker, tiny_engine)
     body = out[0]["response"]["body"]
     assert out[0]["response"]["status_code"] == 200 and body["object"] == "chat.completion"
     assert body["model"] == tiny_engine.model and body["usage"]["completion_tokens"] >= 1
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         usage = s.execute(select(Item.input_tokens, Item.output_tokens).where(Item.batch_id == batch)).all()
     assert all(i > 0 and o > 0 for i, o in usage)
     assert b.input_tokens == sum(i for i, _ in usage) and b.output_tokens == sum(o for _, o in usage)

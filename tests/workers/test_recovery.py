@@ -41,7 +41,7 @@ def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
         b, out, err = settled(rt, batch)
     assert (b.completed, b.failed, err) == (24, 0, [])
     assert_exactly_once(rt, batch, out, err)
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         rerun = s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == batch, Item.attempts > 1))
     assert rerun >= 1  # the killed worker's in-flight items ran again, as attempt 2
     assert rt.queue.inflight("node-a") == 0

@@ -31,7 +31,7 @@ def settings(settings):
 
 
 def set_counts(rt, batch_id: str, **values) -> None:
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         s.execute(update(Batch).where(Batch.id == batch_id).values(**values))
 
 

@@ -33,19 +33,19 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 
 
 def batch_row(rt, batch_id: str) -> Batch:
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         return s.get(Batch, batch_id)
 
 
 def item_ids(rt, batch_id: str) -> list[int]:
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         return list(s.scalars(select(Item.id).where(Item.batch_id == batch_id).order_by(Item.line)))
 
 
 def file_lines(rt, file_id: str | None) -> list[dict]:
     if file_id is None:
         return []
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         f = s.get(File, file_id)
         assert f.purpose == "batch_output"
         raw = rt.blobs.path(f.blob).read_bytes()
@@ -63,7 +63,7 @@ def settled(rt, batch_id: str, statuses=("completed",), timeout: float = 30.0):
 
 def assert_exactly_once(rt, batch_id: str, out: list[dict], err: list[dict]) -> None:
     ids = [line["custom_id"] for line in out + err]
-    with rt.store.sessions() as s:
+    with rt.store.read() as s:
         expected = set(s.scalars(select(Item.custom_id).where(Item.batch_id == batch_id)))
     assert len(ids) == len(set(ids)), "a custom_id appears twice"
     assert set(ids) == expected, "a custom_id is missing"
@@ -95,7 +95,7 @@ def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions") ->
     """acme's batch over a stored input file, still `validating`, as POST /v1/batches leaves it before ingest."""
     blob, size, _ = rt.blobs.write_stream(io.BytesIO(data))
     now = int(time.time())
-    with rt.store.session() as s:
+    with rt.store.transaction() as s:
         f = File(tenant_id="acme", filename="in.jsonl", purpose="batch", bytes=size, created_at=now, blob=blob)
         s.add(f)
         s.flush()

@@ -109,7 +109,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 def _pending(stack: TidalStack) -> int:
-    with stack.rt.store.sessions() as s:
+    with stack.rt.store.read() as s:
         return int(s.scalar(select(func.count()).where(Item.status == ItemStatus.pending.value)))
 
 

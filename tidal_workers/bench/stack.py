@@ -143,7 +143,7 @@ class TidalStack:
 
     def progress(self) -> Progress:
         """Items completed so far and the output tokens the engine reported for them (from SQL)."""
-        with self.rt.store.sessions() as s:
+        with self.rt.store.read() as s:
             count, tokens = s.execute(
                 select(func.count(), func.coalesce(func.sum(Item.output_tokens), 0)).where(
                     Item.status == ItemStatus.completed.value

@@ -56,7 +56,7 @@ class Store:
     @contextlib.contextmanager
     def session(self) -> t.Iterator[Session]:
         """A session committed on success and rolled back on error."""
-        with self.sessions() as session:
+        with self.read() as session:
             try:
                 yield session
                 session.commit()
@@ -73,7 +73,7 @@ class Store:
     def sync_keys(self) -> None:
         """Store the configured keys (hashed) and their tenants."""
         now = int(time.time())
-        with self.session() as s:
+        with self.transaction() as s:
             for tenant, key in self.settings.configured_keys:
                 if s.get(Tenant, tenant) is None:
                     s.add(Tenant(id=tenant, created_at=now))
@@ -87,7 +87,7 @@ class Store:
                     s.delete(dev)
 
     def tenant_for_key(self, key: str) -> str | None:
-        with self.sessions() as s:
+        with self.read() as s:
             row = s.execute(select(ApiKey.tenant_id).where(ApiKey.key_hash == hash_key(key))).first()
             return row[0] if row else None
 
