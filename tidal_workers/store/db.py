@@ -51,18 +51,24 @@ class Store:
 
             Path(settings.home).mkdir(parents=True, exist_ok=True)
         self.engine = make_engine(settings.sqlalchemy_url)
-        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextlib.contextmanager
-    def session(self) -> t.Iterator[Session]:
-        """A session committed on success and rolled back on error."""
-        with self.read() as session:
+    def transaction(self) -> t.Iterator[Session]:
+        """A session whose work is committed when the block ends, and rolled back if it raises."""
+        with self._sessions() as session:
             try:
                 yield session
                 session.commit()
             except BaseException:
                 session.rollback()
                 raise
+
+    @contextlib.contextmanager
+    def read(self) -> t.Iterator[Session]:
+        """A session for reading: closed, never committed, at the end (what it loaded stays readable)."""
+        with self._sessions() as session:
+            yield session
 
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision."""
