@@ -8,6 +8,7 @@ GPU host the same call with ``cpu=False`` and a real model name runs the stock
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import signal
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import typing as t
 from pathlib import Path
 
 import requests
@@ -109,6 +111,25 @@ def scheduler_env(settings: Settings) -> dict[str, str]:
     }
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> t.Callable[[], None]:
+    """A ``preexec_fn`` for a supervised child: the kernel sends it SIGTERM when this process dies, even by SIGKILL.
+
+    The child then runs its own shutdown (vLLM stops its engine core, gunicorn its workers). If this process
+    died between the fork and the call taking effect, the child ends at once rather than run unsupervised.
+    """
+    parent = os.getpid()
+
+    def in_child() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
 class EngineStartError(RuntimeError):
     pass
 
@@ -138,6 +159,7 @@ def start_engine(
         stdin=subprocess.DEVNULL,
         env=child_environ(**OFFLINE_ENV, **(env or {})),
         start_new_session=True,
+        preexec_fn=die_with_parent(),
     )
     log.close()
     engine = Engine(f"http://{options.host}:{port}", process, log_path, 0.0)

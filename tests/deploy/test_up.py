@@ -150,6 +150,37 @@ def test_up_runs_a_batch_and_ctrl_c_stops_every_process(up):
     assert "stopping" in log and "did not stop" not in log and "Traceback" not in log, log
 
 
+def _started(up) -> dict[str, int]:
+    """The children `tidal up` reports, once its API answers."""
+    wait_for(lambda: _api_ready(up.base_url) or up.poll() is not None, 60, "the API")
+    assert up.poll() is None, up.out_path.read_text()
+    log = up.out_path.read_text()
+    return {name: int(pid) for name, pid in re.findall(r"^\s+(\w+)\s+pid (\d+)", log, re.M)}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_supervisors_stop_signal_stops_every_process(up, sig):
+    """systemd, a container runtime or `timeout` send SIGTERM; a closed terminal sends SIGHUP."""
+    started = _started(up)
+    family = descendants(up.pid)
+    assert set(started.values()) <= family
+    up.send_signal(sig)
+    assert up.wait(GRACE_S) == 0, up.out_path.read_text()
+    still = [pid for pid in family if alive(pid)]
+    assert still == [], f"left running after {sig.name}: {still}\n{up.out_path.read_text()}"
+    assert f"{sig.name}: stopping" in up.out_path.read_text()
+
+
+def test_children_die_with_a_killed_supervisor(up):
+    """kill -9 of `tidal up` runs none of its code: the kernel's parent-death signal stops each child."""
+    started = _started(up)
+    family = descendants(up.pid)
+    up.kill()
+    up.wait(GRACE_S)
+    wait_for(lambda: not any(alive(pid) for pid in family), GRACE_S, "every child of the killed `tidal up` to exit")
+    assert set(started) == {"redis", "api", "worker", "beat"}
+
+
 def test_up_without_redis_or_redis_server_says_how_to_fix_it(tmp_path):
     env = tidal_env(home=tmp_path / "home", redis_url=f"redis://127.0.0.1:{free_port()}/0", api_keys="a:k")
     env["PATH"] = str(tmp_path)  # no redis-server to start

@@ -2,7 +2,10 @@
 
 API (gunicorn), one worker, one beat and optionally Flower, each the same
 `tidal ...` command docker-compose.yml runs, supervised here: if one exits the
-rest are stopped, and Ctrl-C stops them all.
+rest are stopped. SIGINT (Ctrl-C), SIGTERM and SIGHUP stop them all, so any
+supervisor (systemd, a container runtime, ``timeout``, a closed terminal) can
+stop the stack; if ``tidal up`` itself is killed with SIGKILL, the kernel sends
+each child SIGTERM (``PR_SET_PDEATHSIG``), and each shuts its own children down.
 """
 
 from __future__ import annotations
@@ -22,6 +25,20 @@ import requests
 from config import Settings
 from config import load_settings
 from config.settings import child_environ
+from tidal_engine.serve import die_with_parent
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stop(Exception):
+    """A stop signal arrived; the stack is stopped in reverse start order."""
+
+
+def _stop_on(signum: int, _frame: object) -> None:
+    # While the stack is being stopped, a second signal must not cut that short.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stop(signal.Signals(signum).name)
 
 
 class Supervisor:
@@ -34,7 +51,14 @@ class Supervisor:
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")
-        proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
         self.children.append((name, proc))
         click.echo(f"  {name:<7} pid {proc.pid:<7} log {self.log_dir / (name + '.log')}")
         return proc
@@ -120,7 +144,9 @@ def wait_for_api(base_url: str, sup: Supervisor, timeout: float = 60.0) -> None:
 @click.option("--flower/--no-flower", default=False, help="Also run the Flower UI.")
 @click.option("--demo", is_flag=True, help="Start the tiny local engine and follow a sample batch to completion.")
 def up(flower: bool, demo: bool) -> None:
-    """Run the whole Tidal stack on this machine until Ctrl-C."""
+    """Run the whole Tidal stack on this machine until Ctrl-C (or SIGTERM / SIGHUP)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop_on)
     settings = load_settings()
     tidal = [sys.executable, "-m", "tidal_api.cli"]
     log_dir = Path(settings.home) / "logs"
@@ -129,18 +155,19 @@ def up(flower: bool, demo: bool) -> None:
     if not settings.api_keys and settings.env != "dev":
         click.echo("no TIDAL_API_KEYS configured: running in dev mode with the key tidal-dev-key")
         overrides["TIDAL_ENV"] = "dev"
-    engine = None
-    if demo:
-        from tidal_engine.serve import start_tiny
-
-        click.echo("starting the tiny local vLLM engine (about 30 s) ...")
-        engine = start_tiny(settings, log_path=log_dir / "vllm.log")
-        overrides["TIDAL_VLLM_URL"] = engine.url
     sup = Supervisor(child_environ(**overrides), log_dir)
+    engine = None
     click.echo(f"tidal up: home {settings.home}")
     try:
+        if demo:
+            from tidal_engine.serve import start_tiny
+
+            click.echo("starting the tiny local vLLM engine (about 30 s) ...")
+            engine = start_tiny(settings, log_path=log_dir / "vllm.log")
+            sup.env["TIDAL_VLLM_URL"] = engine.url
         ensure_redis(settings, sup)
-        subprocess.run(tidal + ["db", "upgrade"], env=sup.env, check=True)
+        # subprocess.run kills the migration if a stop signal interrupts the wait.
+        subprocess.run(tidal + ["db", "upgrade"], env=sup.env, check=True, preexec_fn=die_with_parent())
         sup.start("api", tidal + ["serve"])
         sup.start("worker", tidal + ["worker"])
         sup.start("beat", tidal + ["beat"])
@@ -148,7 +175,7 @@ def up(flower: bool, demo: bool) -> None:
             sup.start("flower", tidal + ["flower", "--address", "127.0.0.1"])
         base_url = f"http://{settings.bind}"
         wait_for_api(base_url, sup)
-        click.echo(f"API on {base_url}/v1  (Ctrl-C stops everything)")
+        click.echo(f"API on {base_url}/v1  (Ctrl-C or SIGTERM stops everything)")
         if demo:
             from tidal_api.cli.demo import run_demo
 
@@ -158,8 +185,8 @@ def up(flower: bool, demo: bool) -> None:
             time.sleep(0.5)
         click.echo(f"{exited[0]} exited with status {exited[1]}: stopping the rest")
         raise SystemExit(1)
-    except KeyboardInterrupt:
-        click.echo("\nstopping ...")
+    except Stop as stop:
+        click.echo(f"\n{stop}: stopping ...")
     finally:
         sup.stop()
         if engine is not None:
