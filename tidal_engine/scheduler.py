@@ -116,7 +116,7 @@ class TidalScheduler(Scheduler):
         self.kv_capacity_tokens = self.kv_cache_config.num_blocks * self.block_size
         self.tidal_metrics = SchedulerMetrics()
         if s.sched_metrics_port:
-            self.tidal_metrics.serve(s.sched_metrics_port)
+            self.tidal_metrics.serve(s.sched_metrics_port, s.sched_metrics_host)
         self.last_plan: StepPlan | None = None
         self._cached_tokens: dict[str, int] = {}  # req_id -> prefix-cache hit at its last admission
         self._step_started: float | None = None
