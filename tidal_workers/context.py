@@ -74,10 +74,10 @@ class ContextStep(bootsteps.StartStopStep):
 
     def __init__(self, w, **kwargs):
         super().__init__(w, **kwargs)
-        w.app.tidal_context = WorkerContext(Runtime(w.app.tidal_settings), LeaseBook())
-
-    def start(self, w):
-        prepare_storage(w.app.tidal_context.rt, "worker")  # a worker that cannot see the API's files must not run
+        rt = Runtime(w.app.tidal_settings)
+        # Before anything starts: a worker that cannot see the API's files must not run at all.
+        prepare_storage(rt, "worker")
+        w.app.tidal_context = WorkerContext(rt, LeaseBook())
 
     def shutdown(self, w):
         w.app.tidal_context.rt.close()
