@@ -97,11 +97,11 @@ class Blobs(abc.ABC):
 
     def write_lines(self, lines: t.Iterable[bytes]) -> Written:
         """Write a blob line by line (finalize's output files)."""
-        return self.write_stream(IterReader(lines))
+        return self.write_stream(_buffered(IterReader(lines)))
 
     def open(self, name: str) -> t.BinaryIO:
         """The blob as a buffered binary stream (iterating it yields lines); close it when done."""
-        return t.cast(t.BinaryIO, io.BufferedReader(IterReader(self.iter_chunks(name)), CHUNK))
+        return _buffered(IterReader(self.iter_chunks(name)))
 
     def read_bytes(self, name: str) -> bytes:
         """The whole blob: only for small ones (the sentinel, tests)."""
@@ -138,6 +138,10 @@ class IterReader(io.RawIOBase):
         if close is not None:
             close()  # a generator's finally (an S3 body's close) runs now, not at garbage collection
         super().close()
+
+
+def _buffered(raw: IterReader) -> t.BinaryIO:
+    return t.cast(t.BinaryIO, io.BufferedReader(raw, CHUNK))
 
 
 def open_blobs(settings: Settings) -> Blobs:

@@ -47,7 +47,7 @@ class Sentinel:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, raw: str) -> Sentinel:
+    def from_json(cls, raw: str | bytes) -> Sentinel:
         return cls(**json.loads(raw))
 
 
