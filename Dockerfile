@@ -8,7 +8,9 @@ COPY config ./config
 COPY tidal_api ./tidal_api
 COPY tidal_workers ./tidal_workers
 COPY tidal_engine ./tidal_engine
-RUN pip install --no-cache-dir . && useradd --create-home tidal
+# /blobs is the file volume (TIDAL_BLOB_DIR in compose): a fresh named volume takes this directory's owner,
+# so the `tidal` user can write uploads and outputs there.
+RUN pip install --no-cache-dir ".[s3]" && useradd --create-home tidal && mkdir /blobs && chown tidal:tidal /blobs
 USER tidal
 ENV TIDAL_HOME=/home/tidal/.tidal
 EXPOSE 8080 5555

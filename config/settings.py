@@ -38,7 +38,27 @@ class Settings:
         "",
         "SQLAlchemy URL of the store. Empty: SQLite (WAL mode) at `$TIDAL_HOME/tidal.db`. Example: `postgresql+psycopg2://user@host/db`.",
     )
-    blob_dir: str = _setting("", "Directory holding file bytes. Empty: `$TIDAL_HOME/blobs`.")
+    blob_dir: str = _setting("", "Directory holding file bytes (`TIDAL_STORAGE=local`). Empty: `$TIDAL_HOME/blobs`.")
+    storage: str = _setting(
+        "local",
+        "Where file bytes live: `local` (the directory `TIDAL_BLOB_DIR`: one host, or one directory every host mounts) or `s3` (S3-compatible object storage, `TIDAL_S3_*`, the `s3` extra). Every process checks at start that it sees the same storage as the rest of the fleet.",
+    )
+    s3_bucket: str = _setting("", "`TIDAL_STORAGE=s3`: the bucket (created beforehand; Tidal never creates it).")
+    s3_prefix: str = _setting("tidal/", "`TIDAL_STORAGE=s3`: key prefix of every object Tidal writes in the bucket.")
+    s3_endpoint_url: str = _setting(
+        "",
+        "`TIDAL_STORAGE=s3`: URL of an S3-compatible service (MinIO, Ceph RGW, ...; path-style addressing). Empty: AWS S3.",
+    )
+    s3_region: str = _setting("us-east-1", "`TIDAL_STORAGE=s3`: the bucket's region.")
+    s3_access_key_id: str = _setting(
+        "",
+        "`TIDAL_STORAGE=s3`: access key. Empty: boto3's default credential chain (AWS_* variables, ~/.aws, an instance role).",
+    )
+    s3_secret_access_key: str = _setting("", "`TIDAL_STORAGE=s3`: secret key, with `TIDAL_S3_ACCESS_KEY_ID`.")
+    s3_part_bytes: int = _setting(
+        8 * 1024 * 1024,
+        "`TIDAL_STORAGE=s3`: part size of multipart uploads (at least S3's 5 MiB); each upload holds one part in memory.",
+    )
     redis_url: str = _setting(
         "redis://127.0.0.1:6379/0", "Redis for the item queue, leases and beat's lock. Holds only what SQL can rebuild."
     )
@@ -131,6 +151,10 @@ class Settings:
     )
     sched_metrics_port: int = _setting(
         0, "TidalScheduler: port of its Prometheus endpoint in the engine-core process; 0 turns it off."
+    )
+    sched_metrics_host: str = _setting(
+        "127.0.0.1",
+        "TidalScheduler: address its Prometheus endpoint binds (`0.0.0.0` where Prometheus runs elsewhere).",
     )
 
     # --- SLA: laxity, escalation, floor ------------------------------------

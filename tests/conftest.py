@@ -226,6 +226,15 @@ def tiny_engine(tmp_path_factory):
     yield from _serve_tiny(tmp_path_factory, tidal_scheduler=False)
 
 
+@pytest.fixture(scope="session")
+def tiny_plugin_engine(tmp_path_factory):
+    """`tiny_engine`'s server with TidalScheduler loaded at its defaults and its metrics endpoint on."""
+    from tidal_engine.serve import free_port
+
+    settings = load_settings().replace(sched_metrics_port=free_port())
+    yield from _serve_tiny(tmp_path_factory, tidal_scheduler=True, settings=settings)
+
+
 # The TBT SLO the plugin tests give TidalScheduler on the dense model: the default 200 ms is a 7B model's on
 # a GPU, where a full 2,048-token step fits it; the dense model's full step takes about 200 ms on one core,
 # so 100 ms (budget 80 ms with the default guard) is what binds here as 200 ms binds there.

@@ -22,6 +22,12 @@ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null |
   echo "installing docker-compose (Debian package)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose) >/dev/null
 }
+# promtool checks and unit-tests the alert rules, and a real Prometheus scrapes a short run
+# (tests/monitoring): Debian's `prometheus` package ships both.
+command -v promtool >/dev/null && command -v prometheus >/dev/null || {
+  echo "installing prometheus and promtool (Debian package)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null
+}
 for _ in $(seq 30); do
   redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -q && break
   sleep 1

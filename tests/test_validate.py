@@ -30,7 +30,8 @@ def run(tmp_path, lines, *, endpoint=CHAT, settings=SETTINGS, raw: bytes | None 
         if raw is not None
         else b"".join((x if isinstance(x, str) else json.dumps(x)).encode() + b"\n" for x in lines)
     )
-    return validate_file(path, endpoint, settings)
+    with open(path, "rb") as f:
+        return validate_file(f, endpoint, settings)
 
 
 def codes(result):

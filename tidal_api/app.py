@@ -1,4 +1,4 @@
-"""The Flask app factory: one Runtime per app, /v1/files and /v1/batches, OpenAI errors, /metrics."""
+"""The Flask app factory: one Runtime per app, /v1/files and /v1/batches, OpenAI errors, /metrics, /health, /ready."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from flask import Flask
 
 from config import Settings
 from config import load_settings
+from tidal_workers.blobs.sentinel import prepare_storage
 from tidal_workers.runtime import Runtime
 
 #: Room for multipart boundaries and the `purpose` field above the largest upload.
@@ -18,12 +19,15 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
         runtime = Runtime(settings or load_settings())
         runtime.store.migrate()
         runtime.store.sync_keys()
+        prepare_storage(runtime, "api")  # refuses to serve on storage the workers cannot see
         # gunicorn preloads the app and then forks: no worker may inherit the master's pooled connections.
         runtime.store.engine.dispose()
+        del runtime.blobs  # nor its storage client's: each process opens its own
 
     from tidal_api import batches
     from tidal_api import errors
     from tidal_api import files
+    from tidal_api import health
     from tidal_api import metrics
     from tidal_api import openapi
 
@@ -34,6 +38,6 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app.extensions["tidal"] = runtime
     errors.init_app(app)
     metrics.init_app(app)  # GET /metrics and the request-latency histogram
-    for blueprint in (files.bp, batches.bp, openapi.bp):
+    for blueprint in (files.bp, batches.bp, openapi.bp, health.bp):
         app.register_blueprint(blueprint)
     return app

@@ -29,7 +29,7 @@ from tidal_workers.ingest import request_ingest
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 NOT_CANCELLABLE = (BatchStatus.completed.value, BatchStatus.failed.value, BatchStatus.expired.value)

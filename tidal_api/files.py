@@ -1,4 +1,4 @@
-"""/v1/files: upload (streamed to the blob directory), list, retrieve, content, delete."""
+"""/v1/files: upload (streamed to the blob storage), list, retrieve, content, delete."""
 
 from __future__ import annotations
 
@@ -52,14 +52,6 @@ def _clean_filename(name: str | None) -> str:
     return name[:MAX_FILENAME] or "upload"
 
 
-def _line_count(blob_path, size: int, newlines: int) -> int:
-    if size == 0:
-        return 0
-    with open(blob_path, "rb") as fh:
-        fh.seek(-1, 2)
-        return newlines + (fh.read(1) != b"\n")
-
-
 @bp.post("")
 def upload():
     if request.mimetype != "multipart/form-data":
@@ -81,7 +73,7 @@ def upload():
     if purpose == "batch":
         limit = min(limit, settings.max_file_bytes)
     try:
-        blob, size, newlines = rt.blobs.write_stream(upload_.stream, limit)
+        blob, size, lines = rt.blobs.write_stream(upload_.stream, limit)
     except TooLarge:
         raise APIError(
             413,
@@ -89,7 +81,6 @@ def upload():
             param="file",
             code="file_too_large",
         ) from None
-    lines = _line_count(rt.blobs.path(blob), size, newlines)
     if purpose == "batch" and lines > settings.max_file_lines:
         rt.blobs.delete(blob)
         raise APIError(

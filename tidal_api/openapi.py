@@ -51,6 +51,13 @@ BATCH_STATUSES = [
 
 SCHEMAS: dict[str, t.Any] = {
     "Error": _obj({"error": _obj({"message": STR, "type": STR, "param": STR_OR_NULL, "code": STR_OR_NULL})}),
+    "Health": _obj({"status": {"const": "ok"}}),
+    "Readiness": _obj(
+        {
+            "status": {"enum": ["ready", "not_ready"]},
+            "checks": _obj(dict.fromkeys(("sql", "redis", "storage"), STR), description="`ok`, or why not."),
+        }
+    ),
     "File": _obj(
         {
             "id": STR,
@@ -206,6 +213,23 @@ DOCUMENT: dict[str, t.Any] = {
                         "description": "Prometheus text exposition format.",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
                     }
+                },
+            }
+        },
+        "/health": {
+            "get": {
+                "summary": "Liveness: the API process answers.",
+                "security": [],
+                "responses": {"200": _json("Health", "Alive.")},
+            }
+        },
+        "/ready": {
+            "get": {
+                "summary": "Readiness: SQL, Redis and the file storage answer.",
+                "security": [],
+                "responses": {
+                    "200": _json("Readiness", "Ready: every check is `ok`."),
+                    "503": _json("Readiness", "Not ready: the failing checks say why."),
                 },
             }
         },

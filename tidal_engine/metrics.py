@@ -32,6 +32,12 @@ class SchedulerMetrics:
             "Batch tokens scheduled / batch cap X, over steps with online traffic in which batch work waited.",
             registry=r,
         )
+        self.slack_offered_tokens = Counter(
+            "tidal_sched_slack_offered_tokens",
+            "Batch-cap tokens offered while online traffic was present and batch work waited (the fill ratio's "
+            "denominator: 1 - rate(starved) / rate(offered) is the fill over any window).",
+            registry=r,
+        )
         self.starved_slack_tokens = Counter(
             "tidal_sched_starved_slack_tokens",
             "Batch-cap tokens left unused while online traffic was present and batch work waited.",

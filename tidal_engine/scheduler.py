@@ -116,7 +116,7 @@ class TidalScheduler(Scheduler):
         self.kv_capacity_tokens = self.kv_cache_config.num_blocks * self.block_size
         self.tidal_metrics = SchedulerMetrics()
         if s.sched_metrics_port:
-            self.tidal_metrics.serve(s.sched_metrics_port)
+            self.tidal_metrics.serve(s.sched_metrics_port, s.sched_metrics_host)
         self.last_plan: StepPlan | None = None
         self._cached_tokens: dict[str, int] = {}  # req_id -> prefix-cache hit at its last admission
         self._step_started: float | None = None
@@ -239,6 +239,7 @@ class TidalScheduler(Scheduler):
         if plan.batch_waited:
             self._fill[0] += min(plan.batch_scheduled, plan.batch_cap)
             self._fill[1] += plan.batch_cap
+            self.tidal_metrics.slack_offered_tokens.inc(plan.batch_cap)
             self.tidal_metrics.starved_slack_tokens.inc(max(plan.batch_cap - plan.batch_scheduled, 0))
             if self._fill[1]:
                 self.tidal_metrics.slack_fill_ratio.set(self._fill[0] / self._fill[1])

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import typing as t
 
 from celery import Celery
 from celery import bootsteps
 
+from tidal_workers.blobs.sentinel import prepare_storage
+from tidal_workers.health import Check
+from tidal_workers.health import dependency_checks
+from tidal_workers.health import engine_answers
 from tidal_workers.runtime import Runtime
 
 
@@ -54,6 +59,14 @@ class LeaseBook:
 class WorkerContext:
     rt: Runtime
     leases: LeaseBook
+    # The engine preflight's verdict, which /ready reports. Until a preflight replaces it with its own last
+    # result, the co-located engine's /health answering stands in for it.
+    preflight: t.Callable[[], Check] | None = None
+
+    def ready_checks(self) -> list[Check]:
+        """What the worker's /ready reports: its dependencies, then its engine preflight."""
+        preflight = self.preflight() if self.preflight else engine_answers(self.rt.settings)
+        return [*dependency_checks(self.rt), preflight]
 
 
 class ContextStep(bootsteps.StartStopStep):
@@ -61,7 +74,10 @@ class ContextStep(bootsteps.StartStopStep):
 
     def __init__(self, w, **kwargs):
         super().__init__(w, **kwargs)
-        w.app.tidal_context = WorkerContext(Runtime(w.app.tidal_settings), LeaseBook())
+        rt = Runtime(w.app.tidal_settings)
+        # Before anything starts: a worker that cannot see the API's files must not run at all.
+        prepare_storage(rt, "worker")
+        w.app.tidal_context = WorkerContext(rt, LeaseBook())
 
     def shutdown(self, w):
         w.app.tidal_context.rt.close()

@@ -70,7 +70,7 @@ def _write_file(rt, session, batch: Batch, kind: str, rows: t.Iterable[Item], no
             count += 1
             yield line(item)
 
-    name, size = rt.blobs.write_lines(lines())
+    name, size, _ = rt.blobs.write_lines(lines())
     if not count:  # OpenAI leaves output_file_id / error_file_id null when there is nothing to put in them
         rt.blobs.delete(name)
         return None

@@ -18,6 +18,7 @@ from kombu.exceptions import OperationalError
 from sqlalchemy import insert
 from sqlalchemy import update
 
+from tidal_workers.blobs import BlobNotFound
 from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
@@ -69,13 +70,14 @@ def ingest_batch(rt, batch_id: str) -> None:
             return
         endpoint = batch.endpoint
         source = s.get(File, batch.input_file_id)
-        path = None if source is None or source.deleted else rt.blobs.path(source.blob)
+        blob = None if source is None or source.deleted else source.blob
 
     try:
-        if path is None:
-            raise FileNotFoundError(batch_id)
-        result = validate_file(path, endpoint, rt.settings)
-    except FileNotFoundError:
+        if blob is None:
+            raise BlobNotFound(batch_id)
+        with rt.blobs.open(blob) as f:
+            result = validate_file(f, endpoint, rt.settings)
+    except BlobNotFound:
         errors = [
             LineError("file_not_found", None, "The input file was deleted before it was validated.", "input_file_id")
         ]

@@ -28,6 +28,11 @@ key                             type    content
 ``tidal:built``                 STRING  time of the last rebuild from SQL; its absence
                                         tells a worker that Redis lost its data.
 ``tidal:redbeat:*``             (many)  RedBeat's schedule entries and its beat lock.
+``tidal:storage:sentinel``      STRING  the fleet's storage sentinel (JSON: blob name,
+                                        contents, writer, location), set by the first
+                                        process to start; every later one must read that
+                                        blob (``blobs.sentinel``). Lost = the next process
+                                        to start records its own.
 ==============================  ======  ==================================================
 
 Celery's broker keys (``<worker>.dq2``, ``tidal.ops``, ``_kombu.*``) share the DB.
@@ -47,6 +52,7 @@ NODES = NS + "nodes"
 BUILT = NS + "built"
 URGENT = NS + "urgent"
 REDBEAT_PREFIX = NS + "redbeat:"
+STORAGE_SENTINEL = NS + "storage:sentinel"
 
 BATCH_PREFIX = NS + "batch:"
 READY_PREFIX, READY_SUFFIX = NS + "b:", ":ready"

@@ -1,5 +1,5 @@
 """Prometheus gauges of the Redis queue (items waiting are not Celery messages, so Flower cannot see them)
-and of each open batch's SLA state (priority, laxity, observed rate, as the last re-score wrote them).
+and of each open batch's SLA state (priority, laxity, observed rate, as the last re-score wrote them) and progress.
 
 Collectors read Redis and SQL at scrape time, so the numbers are never older than
 the scrape and nothing has to keep gauges up to date. ``MetricsStep`` serves
@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 
 from celery import bootsteps
-from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY
 from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import select
 
+from tidal_workers.health import serve_http
+from tidal_workers.health import worker_http_app
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 
@@ -66,9 +67,15 @@ class BatchCollector:
     def collect(self):
         with self.store.read() as s:
             rows = s.execute(
-                select(Batch.id, Batch.priority, Batch.laxity_seconds, Batch.observed_rate).where(
-                    Batch.status == BatchStatus.in_progress.value
-                )
+                select(
+                    Batch.id,
+                    Batch.priority,
+                    Batch.laxity_seconds,
+                    Batch.observed_rate,
+                    Batch.total,
+                    Batch.completed,
+                    Batch.failed,
+                ).where(Batch.status == BatchStatus.in_progress.value)
             ).all()
         for name, doc, column in self.GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["batch"])
@@ -77,6 +84,15 @@ class BatchCollector:
                 if value is not None:
                     family.add_metric([row.id], value)
             yield family
+        done = GaugeMetricFamily(
+            "tidal_batch_done_ratio",
+            "Share of the batch's requests settled (completed or failed), 0..1.",
+            labels=["batch"],
+        )
+        for row in rows:
+            if row.total:
+                done.add_metric([row.id], (row.completed + row.failed) / row.total)
+        yield done
 
     def describe(self):
         return []
@@ -98,7 +114,8 @@ def worker_registry(rt) -> CollectorRegistry:
 
 
 class MetricsStep(bootsteps.StartStopStep):
-    """Serves ``worker_registry`` over HTTP while the worker runs (one server per worker process)."""
+    """Serves ``worker_registry`` over HTTP while the worker runs (one server per worker process), with
+    ``/health`` and ``/ready`` beside it."""
 
     requires = ("tidal_workers.context:ContextStep",)
 
@@ -107,16 +124,16 @@ class MetricsStep(bootsteps.StartStopStep):
         self.server = None
 
     def start(self, w):
-        rt = w.app.tidal_context.rt
-        port = rt.settings.worker_metrics_port
+        ctx = w.app.tidal_context
+        port = ctx.rt.settings.worker_metrics_port
         if not port:
             return
         try:
-            self.server, _thread = start_http_server(port, registry=worker_registry(rt))
+            self.server = serve_http(worker_http_app(worker_registry(ctx.rt), ctx.ready_checks), port)
         except OSError as exc:  # a second worker on this host: it runs, unscraped, rather than not at all
             log.warning("worker metrics not served: port %d: %s", port, exc)
             return
-        log.info("worker metrics on :%d/metrics", port)
+        log.info("worker metrics on :%d/metrics, liveness on /health, readiness on /ready", port)
 
     def stop(self, w):
         if self.server is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import prometheus_client
 from sqlalchemy import select
 from sqlalchemy import update
 
@@ -20,6 +21,14 @@ from tidal_workers.queue import parse_lease
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
+
+HARVESTED = prometheus_client.Counter(
+    "tidal_node_batch_tokens",
+    "Billed tokens of batch items this worker completed (the node's harvest), by kind (input, output).",
+    ["kind"],
+)
+for _kind in ("input", "output"):
+    HARVESTED.labels(_kind)  # export both series from the start, at 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +89,9 @@ def record(rt, item_id: int, batch_id: str, lease: str, outcome: Outcome) -> boo
             )
         elif written:
             s.execute(update(Batch).where(Batch.id == batch_id).values(failed=Batch.failed + 1))
+    if written and completed:
+        HARVESTED.labels("input").inc(usage.input_tokens)
+        HARVESTED.labels("output").inc(usage.output_tokens)
     rt.queue.complete(item_id, lease)
     maybe_finalize(rt, batch_id)
     return written

@@ -12,6 +12,8 @@ import functools
 import redis
 
 from config import Settings
+from tidal_workers.blobs import Blobs
+from tidal_workers.blobs import open_blobs
 from tidal_workers.store import Store
 
 
@@ -28,10 +30,8 @@ class Runtime:
         return redis.Redis.from_url(self.settings.redis_url, decode_responses=True, health_check_interval=10)
 
     @functools.cached_property
-    def blobs(self):
-        from tidal_workers.blobs import BlobStore
-
-        return BlobStore(self.settings.blob_path)
+    def blobs(self) -> Blobs:
+        return open_blobs(self.settings)
 
     @functools.cached_property
     def queue(self):

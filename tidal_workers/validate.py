@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing as t
-from pathlib import Path
 
 from config import Settings
 
@@ -87,8 +86,8 @@ def _text(value: t.Any, depth: int = 0) -> str:
         return ""
     if isinstance(value, list):
         return "".join(_text(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return _text(value.get("text"), depth + 1)
+    if isinstance(value, dict):  # a content part ({"text"}) or a Responses input message ({"content"})
+        return _text(value.get("text", value.get("content")), depth + 1)
     return f"{value} "  # token ids
 
 
@@ -96,8 +95,8 @@ def prefix_key(body: dict) -> str:
     messages = body.get("messages")
     if isinstance(messages, list):
         text = "".join(_text(m.get("content")) for m in messages if isinstance(m, dict))
-    else:
-        text = _text(body.get("prompt", body.get("input")))
+    else:  # completions' prompt; embeddings' and Responses' input, after Responses' instructions
+        text = _text(body.get("instructions")) + _text(body.get("prompt", body.get("input")))
     return text[:PREFIX_CHARS]
 
 
@@ -127,6 +126,10 @@ def parse_line(number: int, text: str, endpoint: str) -> ParsedLine | LineError:
         return LineError("invalid_request", number, "body must be a JSON object.", "body")
     if body.get("stream") is True:
         return LineError("streaming_unsupported", number, "Streaming is not supported in the Batch API.", "body.stream")
+    if body.get("background") is True:  # a Responses request that would answer "queued" and finish elsewhere
+        return LineError(
+            "invalid_request", number, "Background responses are not supported in the Batch API.", "body.background"
+        )
     model = body.get("model")
     if model is None:
         return LineError("invalid_request", number, "Model parameter is required.", "body.model")
@@ -137,8 +140,8 @@ def parse_line(number: int, text: str, endpoint: str) -> ParsedLine | LineError:
     return ParsedLine(number, custom_id, url, _dumps(body), model, prefix_key(body))
 
 
-def validate_file(path: Path, endpoint: str, settings: Settings) -> Validation:
-    """Validate every line of ``path``; the result holds the requests or the errors (never both kinds used)."""
+def validate_file(f: t.BinaryIO, endpoint: str, settings: Settings) -> Validation:
+    """Validate every line of the open file ``f``; the result holds the requests or the errors (never both kinds used)."""
     result = Validation(items=[], errors=[], model=None)
 
     def fail(err: LineError) -> None:
@@ -149,67 +152,66 @@ def validate_file(path: Path, endpoint: str, settings: Settings) -> Validation:
     allowed = frozenset(settings.model_list)
     seen: set[str] = set()
     requests = 0
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            if number == 1 and raw.startswith(_BOM):
-                raw = raw[len(_BOM) :]
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                fail(LineError("invalid_encoding", number, "The file is not valid UTF-8 text.", None))
-                break  # a file in another encoding would fail on every line
-            if not text.strip():
-                continue
-            requests += 1
-            if requests == settings.max_file_lines + 1:
-                fail(
-                    LineError(
-                        "too_many_lines",
-                        number,
-                        f"A batch input file may hold at most {settings.max_file_lines} requests.",
-                        None,
-                    )
+    for number, raw in enumerate(f, 1):
+        if number == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM) :]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            fail(LineError("invalid_encoding", number, "The file is not valid UTF-8 text.", None))
+            break  # a file in another encoding would fail on every line
+        if not text.strip():
+            continue
+        requests += 1
+        if requests == settings.max_file_lines + 1:
+            fail(
+                LineError(
+                    "too_many_lines",
+                    number,
+                    f"A batch input file may hold at most {settings.max_file_lines} requests.",
+                    None,
                 )
-            parsed = parse_line(number, text, endpoint)
-            if isinstance(parsed, LineError):
-                fail(parsed)
-                continue
-            if allowed and parsed.model not in allowed:
-                fail(
-                    LineError(
-                        "model_not_found",
-                        number,
-                        f"The provided model '{_short(parsed.model)}' is not supported by the Batch API.",
-                        "body.model",
-                    )
+            )
+        parsed = parse_line(number, text, endpoint)
+        if isinstance(parsed, LineError):
+            fail(parsed)
+            continue
+        if allowed and parsed.model not in allowed:
+            fail(
+                LineError(
+                    "model_not_found",
+                    number,
+                    f"The provided model '{_short(parsed.model)}' is not supported by the Batch API.",
+                    "body.model",
                 )
-                continue
-            if result.model is None:
-                result.model = parsed.model
-            elif parsed.model != result.model:
-                fail(
-                    LineError(
-                        "mismatched_model",
-                        number,
-                        f"The model '{_short(parsed.model)}' differs from '{_short(result.model)}' of "
-                        "earlier requests; all requests in a batch must use the same model.",
-                        "body.model",
-                    )
+            )
+            continue
+        if result.model is None:
+            result.model = parsed.model
+        elif parsed.model != result.model:
+            fail(
+                LineError(
+                    "mismatched_model",
+                    number,
+                    f"The model '{_short(parsed.model)}' differs from '{_short(result.model)}' of "
+                    "earlier requests; all requests in a batch must use the same model.",
+                    "body.model",
                 )
-                continue
-            if parsed.custom_id in seen:
-                fail(
-                    LineError(
-                        "duplicate_custom_id",
-                        number,
-                        f"The custom_id '{_short(parsed.custom_id)}' is used by an earlier request; "
-                        "custom_id must be unique within a batch.",
-                        "custom_id",
-                    )
+            )
+            continue
+        if parsed.custom_id in seen:
+            fail(
+                LineError(
+                    "duplicate_custom_id",
+                    number,
+                    f"The custom_id '{_short(parsed.custom_id)}' is used by an earlier request; "
+                    "custom_id must be unique within a batch.",
+                    "custom_id",
                 )
-                continue
-            seen.add(parsed.custom_id)
-            result.items.append(parsed)
+            )
+            continue
+        seen.add(parsed.custom_id)
+        result.items.append(parsed)
     if requests == 0 and result.error_count == 0:
         fail(LineError("empty_file", None, "The batch input file holds no requests.", None))
     return result

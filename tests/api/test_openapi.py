@@ -57,9 +57,20 @@ def test_every_documented_response_happens_and_matches_its_schema(doc, live_api,
     with rt.store.transaction() as s:
         s.execute(update(Batch).where(Batch.id == done).values(status="completed"))
 
+    def not_ready(client: httpx.Client) -> httpx.Response:
+        """/ready while the blob directory is gone (storage unreachable), then the directory back."""
+        rt.blobs.root.rename(rt.blobs.root.with_name("moved"))
+        try:
+            return client.get("/ready")
+        finally:
+            rt.blobs.root.with_name("moved").rename(rt.blobs.root)
+
     calls = {
         ("/openapi.json", "get", "200"): lambda: anon.get("/openapi.json"),
         ("/metrics", "get", "200"): lambda: anon.get("/metrics"),
+        ("/health", "get", "200"): lambda: anon.get("/health"),
+        ("/ready", "get", "200"): lambda: anon.get("/ready"),
+        ("/ready", "get", "503"): lambda: not_ready(anon),
         ("/v1/files", "post", "200"): upload,
         ("/v1/files", "post", "400"): lambda: upload(purpose="nope"),
         ("/v1/files", "post", "401"): lambda: anon.post("/v1/files", files={"file": ("a", b"x")}),

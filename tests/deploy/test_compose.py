@@ -40,17 +40,76 @@ def compose_config(*args: str) -> dict:
     return yaml.safe_load(out.stdout)
 
 
+ALL_PROFILES = ("--profile", "gpu", "--profile", "s3", "--profile", "monitoring")
+PROFILES = {"gpu": {"vllm", "worker"}, "s3": {"minio"}, "monitoring": {"prometheus", "grafana"}}
+
+
 def test_compose_file_is_valid_with_every_service():
-    cfg = compose_config("--profile", "gpu")
-    assert set(cfg["services"]) == {"redis", "postgres", "api", "beat", "flower", "vllm", "worker"}
-    for name in ("redis", "postgres", "api", "flower", "vllm", "worker"):
+    cfg = compose_config(*ALL_PROFILES)
+    assert set(cfg["services"]) == {"redis", "postgres", "api", "beat", "flower"}.union(*PROFILES.values())
+    for name in set(cfg["services"]) - {"beat", "grafana"}:
         assert "healthcheck" in cfg["services"][name], name
     assert cfg["services"]["beat"]["deploy"]["replicas"] == 1
 
 
-def test_gpu_services_sit_in_the_gpu_profile():
+def test_optional_services_sit_in_their_profiles():
+    services = compose_config(*ALL_PROFILES)["services"]
+    for profile, names in PROFILES.items():
+        assert {n for n, s in services.items() if profile in s.get("profiles", [])} == names, profile
+
+
+def test_health_checks_ask_readiness():
     services = compose_config("--profile", "gpu")["services"]
-    assert {n for n, s in services.items() if "gpu" in s.get("profiles", [])} == {"vllm", "worker"}
+    assert "http://127.0.0.1:8080/ready" in " ".join(services["api"]["healthcheck"]["test"])
+    assert "http://127.0.0.1:9187/ready" in " ".join(services["worker"]["healthcheck"]["test"])
+
+
+def test_every_tidal_process_shares_the_blob_volume():
+    """API, workers and beat check at start that they see one storage: on one host, the `blobs` volume."""
+    services = compose_config("--profile", "gpu")["services"]
+    for name in ("api", "beat", "worker"):
+        svc = services[name]
+        assert svc["environment"]["TIDAL_BLOB_DIR"] == "/blobs", name
+        assert any(v["source"] == "blobs" and v["target"] == "/blobs" for v in _volumes(svc)), name
+
+
+def test_image_creates_blobs_writable_for_the_tidal_user():
+    tidal_stage = (ROOT / "Dockerfile").read_text().split("FROM ", 2)[1]
+    assert "useradd --create-home tidal" in tidal_stage
+    assert "mkdir /blobs && chown tidal:tidal /blobs" in tidal_stage
+    assert tidal_stage.index("chown tidal:tidal /blobs") < tidal_stage.index("USER tidal")
+
+
+def test_monitoring_profile_scrapes_every_job_and_loads_the_shipped_files():
+    services = compose_config(*ALL_PROFILES)["services"]
+    mounts = {v["target"]: v["source"] for v in _volumes(services["prometheus"])}
+    assert Path(mounts["/etc/prometheus/prometheus.yml"]) == ROOT / "config/monitoring/prometheus.yml"
+    assert Path(mounts["/etc/prometheus/alerts.yml"]) == ROOT / "config/monitoring/alerts.yml"
+    scrape = yaml.safe_load((ROOT / "config/monitoring/prometheus.yml").read_text())
+    assert scrape["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    targets = {job["job_name"]: job["static_configs"][0]["targets"][0] for job in scrape["scrape_configs"]}
+    vllm_env = services["vllm"]["environment"]
+    assert targets == {
+        "tidal-api": "api:8080",
+        "tidal-worker": "worker:9187",
+        "vllm": "vllm:8000",
+        "tidal-scheduler": f"vllm:{vllm_env['TIDAL_SCHED_METRICS_PORT']}",
+    }
+    assert vllm_env["TIDAL_SCHED_METRICS_HOST"] == "0.0.0.0"
+    grafana = {v["target"]: Path(v["source"]) for v in _volumes(services["grafana"]) if v["type"] == "bind"}
+    assert grafana["/var/lib/grafana/dashboards"] == ROOT / "config/monitoring/grafana/dashboards"
+    assert (grafana["/etc/grafana/provisioning"] / "datasources/prometheus.yml").is_file()
+
+
+def _volumes(svc: dict) -> list[dict]:
+    """A service's volumes in long form (compose v1 prints short `src:dst[:mode]` strings, v2 long objects)."""
+    out = []
+    for v in svc.get("volumes", []):
+        if isinstance(v, str):
+            src, dst = v.split(":")[:2]
+            v = {"source": src, "target": dst, "type": "bind" if src.startswith("/") else "volume"}
+        out.append(v)
+    return out
 
 
 def test_every_tidal_command_is_one_the_tests_run():

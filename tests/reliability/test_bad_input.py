@@ -238,6 +238,7 @@ CASES = [
     ingest("wrong_url", jsonl(line("r1", url="/v1/embeddings")), "invalid_url"),
     ingest("wrong_method", jsonl(line("r1", method="GET")), "invalid_request"),
     ingest("stream_true", jsonl(line("r1", stream=True)), "streaming_unsupported"),
+    ingest("background_response", jsonl(line("r1", background=True)), "invalid_request"),
     ingest(
         "mixed_models",
         jsonl(line("r1"), {**line("r2"), "body": {**line()["body"], "model": "tiny-2"}}),
@@ -293,7 +294,7 @@ CASES = [
     ),
     request(
         "batch_unsupported_endpoint",
-        lambda c: c.create(input_file_id=c.upload(GOOD), endpoint="/v1/responses"),
+        lambda c: c.create(input_file_id=c.upload(GOOD), endpoint="/v1/moderations"),
         400,
         "invalid_value",
     ),

@@ -35,6 +35,7 @@ class StubEngine:
         self.requests: list[dict] = []  # bodies received, in order
         self.metrics = metrics_text()  # what GET /metrics answers; a test may replace it to steer a gate
         self.scrapes = 0  # GET /metrics answered so far: a gate pointed here is running
+        self.health = 200  # what GET /health answers; a test makes the engine look down by changing it
         self._faults: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -74,6 +75,11 @@ class StubEngine:
                 pass
 
             def do_GET(self):  # /metrics (an idle engine's unless scripted), for an AIMD gate pointed here
+                if self.path == "/health":  # vLLM's liveness: 200 and no body
+                    self.send_response(stub.health)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 raw = stub.metrics.encode()
                 stub.scrapes += 1
                 self.send_response(200 if self.path == "/metrics" else 404)

@@ -48,7 +48,7 @@ def file_lines(rt, file_id: str | None) -> list[dict]:
     with rt.store.read() as s:
         f = s.get(File, file_id)
         assert f.purpose == "batch_output"
-        raw = rt.blobs.path(f.blob).read_bytes()
+        raw = rt.blobs.read_bytes(f.blob)
     lines = [json.loads(x) for x in raw.decode().splitlines()]
     assert len(lines) == f.lines and len(raw) == f.bytes
     return lines

@@ -9,6 +9,7 @@ from tidal_api.cli import engine
 from tidal_api.cli import flower
 from tidal_api.cli import report
 from tidal_api.cli import serve
+from tidal_api.cli import storage
 from tidal_api.cli import up
 from tidal_api.cli import watch
 from tidal_api.cli import worker
@@ -19,7 +20,7 @@ def main() -> None:
     """Tidal: an OpenAI-compatible Batch API on the slack of live vLLM servers."""
 
 
-for module in (bench, config_cmd, db, engine, flower, report, serve, up, watch, worker):
+for module in (bench, config_cmd, db, engine, flower, report, serve, storage, up, watch, worker):
     for command in module.COMMANDS:
         main.add_command(command)
 

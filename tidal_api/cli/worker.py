@@ -34,9 +34,17 @@ def worker(loglevel: str, threads: int | None) -> None:
 @click.option("--loglevel", default="info", show_default=True)
 def beat(loglevel: str) -> None:
     """Run celery beat with RedBeat: several may run, only the lock holder fires."""
+    from tidal_workers.blobs.sentinel import prepare_storage
     from tidal_workers.celery_app import make_celery
+    from tidal_workers.runtime import Runtime
 
-    make_celery(load_settings()).start(["beat", "--scheduler=redbeat.RedBeatScheduler", f"--loglevel={loglevel}"])
+    settings = load_settings()
+    rt = Runtime(settings)
+    try:
+        prepare_storage(rt, "beat")  # like every Tidal process: only on the fleet's storage
+    finally:
+        rt.close()
+    make_celery(settings).start(["beat", "--scheduler=redbeat.RedBeatScheduler", f"--loglevel={loglevel}"])
 
 
 COMMANDS = [worker, beat]

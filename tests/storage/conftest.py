@@ -1,0 +1,74 @@
+"""Fixtures for the storage tests: a real S3-compatible server (moto's standalone server) on a free port.
+
+moto's server speaks the S3 protocol over HTTP; boto3 talks to it exactly as to AWS S3 or MinIO, with
+path-style URLs. It is started once per session and each test gets a bucket of its own. If it cannot start,
+the tests that need it fail with its log; they never skip.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+import requests
+from storage_helpers import CREDENTIALS
+from storage_helpers import with_s3
+
+from tidal_engine.serve import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))  # worker_helpers lives with the worker tests
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """The URL of a moto S3 server started for this session."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    server = Path(sys.executable).with_name("moto_server")
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"moto_server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                if requests.get(url + "/moto-api/", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"moto_server did not answer on {url} within 60 s: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture
+def s3_client(s3_endpoint):
+    return boto3.session.Session().client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", **CREDENTIALS)
+
+
+@pytest.fixture
+def bucket(s3_client) -> str:
+    name = f"tidal-{uuid.uuid4().hex[:12]}"
+    s3_client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def s3_settings(settings, s3_endpoint, bucket):
+    """The test's settings with TIDAL_STORAGE=s3 on this test's bucket."""
+    return with_s3(settings, s3_endpoint, bucket)

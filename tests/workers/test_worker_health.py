@@ -1,0 +1,44 @@
+"""A worker's /health and /ready, served beside its /metrics on TIDAL_WORKER_METRICS_PORT."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from worker_helpers import wait_for
+
+from tidal_engine.serve import free_port
+from tidal_workers.health import Check
+
+
+@pytest.fixture
+def settings(settings):
+    return settings.replace(worker_metrics_port=free_port())
+
+
+def test_worker_ready_follows_its_dependencies_and_its_engine_preflight(worker, celery_app, stub, settings):
+    base = f"http://127.0.0.1:{settings.worker_metrics_port}"
+
+    def ready() -> requests.Response:
+        return requests.get(base + "/ready", timeout=10)
+
+    with worker():
+        wait_for(lambda: requests.get(base + "/health", timeout=2).json() == {"status": "ok"}, what="/health")
+        r = ready()
+        assert r.status_code == 200, r.text
+        assert r.json() == {
+            "status": "ready",
+            "checks": {"sql": "ok", "redis": "ok", "storage": "ok", "preflight": "ok"},
+        }
+
+        stub.health = 503  # the engine is up but not healthy: the default preflight fails
+        r = ready()
+        assert r.status_code == 503
+        assert r.json()["checks"]["preflight"] == f"{stub.url}/health answered 503"
+
+        stub.health = 200
+        # The hook an engine preflight sets: its own verdict replaces the /health probe.
+        celery_app.tidal_context.preflight = lambda: Check("preflight", False, "engine does not serve model 'm'")
+        r = ready()
+        assert (r.status_code, r.json()["checks"]["preflight"]) == (503, "engine does not serve model 'm'")
+
+        assert "tidal_gate_target" in requests.get(base + "/metrics", timeout=10).text
