@@ -51,12 +51,18 @@ class Store:
 
             Path(settings.home).mkdir(parents=True, exist_ok=True)
         self.engine = make_engine(settings.sqlalchemy_url)
-        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextlib.contextmanager
-    def session(self) -> t.Iterator[Session]:
+    def read(self) -> t.Iterator[Session]:
+        """A session for reading: closed at the end, nothing in it is ever committed."""
+        with self._sessions() as session:
+            yield session
+
+    @contextlib.contextmanager
+    def transaction(self) -> t.Iterator[Session]:
         """A session committed on success and rolled back on error."""
-        with self.read() as session:
+        with self._sessions() as session:
             try:
                 yield session
                 session.commit()
