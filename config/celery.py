@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import typing as t
+
 from config.settings import Settings
 from tidal_workers import keys
 
 OPS_QUEUE = "tidal.ops"  # ingest and the sweeps; every worker consumes it besides its own worker-direct queue
 
 
-def _sweep(task: str, period: float) -> dict:
+def _sweep(task: str, period: float) -> dict[str, t.Any]:
     # `expires`: a sweep nobody ran within its period is dropped, not piled up behind a dead ops worker.
     return {"task": task, "schedule": period, "options": {"queue": OPS_QUEUE, "expires": period}}
 
 
-def celery_config(settings: Settings) -> dict:
+def celery_config(settings: Settings) -> dict[str, t.Any]:
     return {
         "broker_url": settings.celery_broker_url,
         "broker_connection_retry_on_startup": True,

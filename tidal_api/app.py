@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import typing as t
+
 from flask import Flask
+from flask import current_app
+from flask.json.provider import DefaultJSONProvider
 
 from config import Settings
 from config import load_settings
@@ -10,6 +14,11 @@ from tidal_workers.runtime import Runtime
 
 #: Room for multipart boundaries and the `purpose` field above the largest upload.
 MULTIPART_OVERHEAD = 64 * 1024
+
+
+def current_runtime() -> Runtime:
+    """The Runtime of the app serving this request (``create_app`` keeps it in ``app.extensions``)."""
+    return t.cast(Runtime, current_app.extensions["tidal"])
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:
@@ -30,7 +39,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app = Flask(__name__)
     # Past this werkzeug answers 413 before parsing; below it uploads spool to temporary files, never to memory.
     app.config["MAX_CONTENT_LENGTH"] = runtime.settings.max_upload_bytes + MULTIPART_OVERHEAD
-    app.json.sort_keys = False  # keep OpenAI's field order on the wire
+    t.cast(DefaultJSONProvider, app.json).sort_keys = False  # keep OpenAI's field order on the wire
     app.extensions["tidal"] = runtime
     errors.init_app(app)
     metrics.init_app(app)  # GET /metrics and the request-latency histogram

@@ -41,7 +41,7 @@ class BlobStore:
     def path(self, name: str) -> Path:
         return self.root / name
 
-    def write_stream(self, stream: t.BinaryIO, limit: int | None = None) -> tuple[str, int, int]:
+    def write_stream(self, stream: t.IO[bytes], limit: int | None = None) -> tuple[str, int, int]:
         """Copy ``stream`` to a new blob; return (name, bytes, newline count).
 
         The bytes go to a temporary name and are renamed into place only when

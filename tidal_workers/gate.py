@@ -87,7 +87,7 @@ def parse_metrics(text: str, now: float, stale_seconds: float, batch_inflight: i
         raise
     except Exception as exc:  # the parser raises ValueError, IndexError, ... on text that is not an exposition
         raise MetricsError(f"unparseable /metrics: {exc}") from exc
-    kv = values.get(KV_USAGE[0]) or values.get(KV_USAGE[1])
+    kv = values.get(KV_USAGE[0]) or values.get(KV_USAGE[1]) or []
     missing = ([] if kv else [KV_USAGE[0]]) + [name for name in (WAITING, RUNNING, PREEMPTIONS) if name not in values]
     if missing:
         raise MetricsError(f"/metrics lacks {', '.join(missing)}")

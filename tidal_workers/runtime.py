@@ -8,11 +8,18 @@ request contexts and lets a test build a runtime on its own Redis DB and databas
 from __future__ import annotations
 
 import functools
+import typing as t
 
 import redis
 
 from config import Settings
 from tidal_workers.store import Store
+
+if t.TYPE_CHECKING:
+    from celery import Celery
+
+    from tidal_workers.blobs import BlobStore
+    from tidal_workers.queue import Queue
 
 
 class Runtime:
@@ -28,19 +35,19 @@ class Runtime:
         return redis.Redis.from_url(self.settings.redis_url, decode_responses=True, health_check_interval=10)
 
     @functools.cached_property
-    def blobs(self):
+    def blobs(self) -> BlobStore:
         from tidal_workers.blobs import BlobStore
 
         return BlobStore(self.settings.blob_path)
 
     @functools.cached_property
-    def queue(self):
+    def queue(self) -> Queue:
         from tidal_workers.queue import Queue
 
         return Queue(self.redis)
 
     @functools.cached_property
-    def celery(self):
+    def celery(self) -> Celery:
         from tidal_workers.celery_app import make_celery
 
         return make_celery(self.settings)

@@ -29,7 +29,7 @@ class ParsedLine:
     custom_id: str
     url: str
     body: str  # the request body as compact JSON text
-    model: str | None
+    model: str
     prefix_key: str  # start of the prompt text; equal keys are claimed next to each other
 
 
