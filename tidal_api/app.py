@@ -5,7 +5,6 @@ from __future__ import annotations
 import typing as t
 
 from flask import Flask
-from flask import current_app
 from flask.json.provider import DefaultJSONProvider
 
 from config import Settings
@@ -14,11 +13,6 @@ from tidal_workers.runtime import Runtime
 
 #: Room for multipart boundaries and the `purpose` field above the largest upload.
 MULTIPART_OVERHEAD = 64 * 1024
-
-
-def current_runtime() -> Runtime:
-    """The Runtime of the app serving this request (``create_app`` keeps it in ``app.extensions``)."""
-    return t.cast(Runtime, current_app.extensions["tidal"])
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:

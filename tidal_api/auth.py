@@ -12,7 +12,7 @@ import typing as t
 from flask import g
 from flask import request
 
-from tidal_api.app import current_runtime
+from tidal_api.context import current_runtime
 from tidal_api.errors import APIError
 
 DEV_KEY = "tidal-dev-key"

@@ -13,9 +13,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tidal_api import serialize
-from tidal_api.app import current_runtime
 from tidal_api.auth import authenticate
 from tidal_api.auth import current_tenant
+from tidal_api.context import current_runtime
 from tidal_api.errors import APIError
 from tidal_api.errors import file_not_found
 from tidal_api.errors import invalid_value

@@ -25,7 +25,7 @@ from prometheus_client.core import Metric
 from sqlalchemy import func
 from sqlalchemy import select
 
-from tidal_api.app import current_runtime
+from tidal_api.context import current_runtime
 from tidal_workers.metrics import BatchCollector
 from tidal_workers.metrics import QueueCollector
 from tidal_workers.store import Batch

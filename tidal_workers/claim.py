@@ -23,6 +23,7 @@ from celery import bootsteps
 from celery.utils.nodenames import worker_direct
 from celery.worker.consumer import Consumer
 
+from tidal_workers import task_names
 from tidal_workers.context import WorkerContext
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
@@ -131,7 +132,7 @@ class ClaimStep(bootsteps.StartStopStep):
                 with app.producer_or_acquire() as producer:
                     for claim in claims:
                         app.send_task(
-                            "tidal.run_item",
+                            task_names.RUN_ITEM,
                             (claim.item_id, claim.lease),
                             task_id=claim.task_id,
                             queue=queue,

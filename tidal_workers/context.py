@@ -63,7 +63,7 @@ class ContextStep(bootsteps.StartStopStep):
 
     def __init__(self, w: WorkController, **kwargs: t.Any):
         super().__init__(w, **kwargs)
-        w.app.tidal_context = WorkerContext(Runtime(w.app.tidal_settings), LeaseBook())
+        w.app.tidal_context = WorkerContext(Runtime(w.app.tidal_settings, celery=w.app), LeaseBook())
 
     def shutdown(self, w: WorkController) -> None:
         w.app.tidal_context.rt.close()

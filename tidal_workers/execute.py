@@ -21,6 +21,7 @@ from celery import shared_task
 from sqlalchemy import Row
 from sqlalchemy import select
 
+from tidal_workers import task_names
 from tidal_workers.context import worker_context
 from tidal_workers.finalize import maybe_finalize
 from tidal_workers.policy.pricing import Usage
@@ -119,7 +120,7 @@ def execute_item(rt: Runtime, item_id: int, lease: str) -> str:
     return outcome.status.value if record(rt, item_id, row.batch_id, lease, outcome) else "dropped"
 
 
-@shared_task(name="tidal.run_item", bind=True)
+@shared_task(name=task_names.RUN_ITEM, bind=True)
 def run_item(self: Task, item_id: int, lease: str) -> str:
     ctx = worker_context(self.app)
     try:

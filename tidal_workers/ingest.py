@@ -20,6 +20,7 @@ from sqlalchemy import insert
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from tidal_workers import task_names
 from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.db import rows_updated
@@ -43,7 +44,7 @@ def request_ingest(rt: Runtime, batch_id: str) -> bool:
     batch has waited ``ingest_resend_seconds``.
     """
     try:
-        rt.celery.send_task("tidal.ingest", args=[batch_id], queue="tidal.ops")
+        rt.celery.send_task(task_names.INGEST, args=[batch_id], queue=task_names.OPS_QUEUE)
         return True
     except OperationalError as exc:
         log.warning(

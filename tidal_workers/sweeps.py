@@ -14,6 +14,7 @@ from celery import shared_task
 from sqlalchemy import select
 
 from tidal_workers import finalize
+from tidal_workers import task_names
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
 from tidal_workers.ingest import ingest_batch
@@ -79,27 +80,27 @@ def reconcile(rt: Runtime, now: float | None = None) -> int:
     return queued
 
 
-@shared_task(name="tidal.sweep.expire", bind=True)
+@shared_task(name=task_names.SWEEP_EXPIRE, bind=True)
 def expire_task(self: Task) -> int:
     return len(expire_due(worker_context(self.app).rt))
 
 
-@shared_task(name="tidal.sweep.reclaim", bind=True)
+@shared_task(name=task_names.SWEEP_RECLAIM, bind=True)
 def reclaim_task(self: Task) -> int:
     return reclaim(worker_context(self.app).rt)
 
 
-@shared_task(name="tidal.sweep.reconcile", bind=True)
+@shared_task(name=task_names.SWEEP_RECONCILE, bind=True)
 def reconcile_task(self: Task) -> int:
     return reconcile(worker_context(self.app).rt)
 
 
-@shared_task(name="tidal.sweep.rescore", bind=True)
+@shared_task(name=task_names.SWEEP_RESCORE, bind=True)
 def rescore_task(self: Task) -> int:
     """Laxity re-score of every open batch; returns how many batches changed score."""
     return sum(r.moved for r in rescore(worker_context(self.app).rt))
 
 
-@shared_task(name="tidal.ingest", bind=True)
+@shared_task(name=task_names.INGEST, bind=True)
 def ingest_task(self: Task, batch_id: str) -> None:
     ingest_batch(worker_context(self.app).rt, batch_id)
