@@ -163,8 +163,7 @@ class AimdGate:
 
 
 def make_gate(settings: Settings) -> Gate:
-    if settings.gate_mode == "aimd":
-        return AimdGate(settings)
+    """The gate ``TIDAL_GATE_MODE`` names (Settings admits only ``aimd`` and ``fixed``)."""
     if settings.gate_mode == "fixed":
         return FixedGate(settings.max_inflight)
-    raise ValueError(f"TIDAL_GATE_MODE must be 'aimd' or 'fixed', not {settings.gate_mode!r}")
+    return AimdGate(settings)
