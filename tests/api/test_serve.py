@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,11 @@ import pytest
 from config.settings import SettingsError
 from config.settings import env_name
 from tidal_api import create_app
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tidal_engine.serve import free_port
 
 
 def test_tidal_serve_runs_the_api_under_gunicorn(settings, rt, tmp_path):  # rt: an empty store
-    port = _free_port()
+    port = free_port()
     overrides = {
         "home": settings.home,
         "database_url": settings.database_url,

@@ -15,7 +15,7 @@ from config.settings import SettingsError
 from config.settings import documented_fields
 from tidal_api.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_docs_hold_the_current_settings_table():

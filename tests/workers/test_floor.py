@@ -6,10 +6,10 @@ import time
 
 import pytest
 from prometheus_client import REGISTRY
-from stub_engine import metrics_text
-from worker_helpers import batch_row
-from worker_helpers import item_ids
-from worker_helpers import settled
+from workers.stub_engine import metrics_text
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import item_ids
+from workers.worker_helpers import settled
 
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import LeaseBook

@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import func
 from sqlalchemy import select
 from sqlalchemy import update
-from worker_helpers import assert_exactly_once
-from worker_helpers import batch_row
-from worker_helpers import settled
-from worker_helpers import wait_for
+from workers.worker_helpers import assert_exactly_once
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import settled
+from workers.worker_helpers import wait_for
 
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.execute import execute_item

@@ -7,7 +7,7 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client import generate_latest
 from sqlalchemy import update
-from worker_helpers import item_ids
+from workers.worker_helpers import item_ids
 
 from tidal_workers import keys
 from tidal_workers.enqueue import rebuild
