@@ -393,9 +393,6 @@ class Queue:
     def batch_inflight(self, batch_id: str) -> int:
         return int(self._batch_inflight(keys=[keys.INFLIGHT], args=[batch_id, keys.ITEM_PREFIX]))
 
-    def queued(self, batch_id: str) -> int:
-        return int(self.redis.zcard(keys.ready(batch_id)))
-
     def queued_batches(self) -> list[str]:
         return t.cast(list[str], self.redis.zrange(keys.BATCHES, 0, -1))
 

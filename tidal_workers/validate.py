@@ -51,10 +51,6 @@ class Validation:
     model: str | None
     error_count: int = 0  # every error found, including those past MAX_REPORTED_ERRORS
 
-    @property
-    def ok(self) -> bool:
-        return self.error_count == 0
-
 
 def _reject_constant(name: str) -> t.NoReturn:
     raise ValueError(f"{name} is not JSON")  # NaN/Infinity would reach vLLM as invalid JSON
