@@ -1,23 +1,30 @@
-"""Celery's configuration, as a function of Settings (so tests and each process build their own)."""
+"""Celery's configuration, as a function of Settings (so tests and each process build their own).
+
+Like ``gunicorn.py``, this is a tool's configuration file: it may import the Tidal code it configures
+(the task and queue names, RedBeat's key prefix), unlike ``settings.py``, which imports nothing of Tidal.
+"""
 
 from __future__ import annotations
 
+import typing as t
+
+from celery import Celery
+
 from config.settings import Settings
 from tidal_workers import keys
+from tidal_workers import task_names
 
-OPS_QUEUE = "tidal.ops"  # ingest and the sweeps; every worker consumes it besides its own worker-direct queue
 
-
-def _sweep(task: str, period: float) -> dict:
+def _sweep(task: str, period: float) -> dict[str, t.Any]:
     # `expires`: a sweep nobody ran within its period is dropped, not piled up behind a dead ops worker.
-    return {"task": task, "schedule": period, "options": {"queue": OPS_QUEUE, "expires": period}}
+    return {"task": task, "schedule": period, "options": {"queue": task_names.OPS_QUEUE, "expires": period}}
 
 
-def celery_config(settings: Settings) -> dict:
+def celery_config(settings: Settings) -> dict[str, t.Any]:
     return {
         "broker_url": settings.celery_broker_url,
         "broker_connection_retry_on_startup": True,
-        "task_default_queue": OPS_QUEUE,
+        "task_default_queue": task_names.OPS_QUEUE,
         "task_ignore_result": True,
         "task_serializer": "json",
         "accept_content": ["json"],
@@ -37,9 +44,21 @@ def celery_config(settings: Settings) -> dict:
         "redbeat_lock_timeout": settings.beat_lock_seconds,
         "beat_max_loop_interval": min(5.0, max(0.5, settings.beat_lock_seconds / 4)),
         "beat_schedule": {
-            "tidal-expire": _sweep("tidal.sweep.expire", settings.expiry_seconds),
-            "tidal-reclaim": _sweep("tidal.sweep.reclaim", settings.reclaim_seconds),
-            "tidal-reconcile": _sweep("tidal.sweep.reconcile", settings.reconcile_seconds),
-            "tidal-rescore": _sweep("tidal.sweep.rescore", settings.rescore_seconds),
+            "tidal-expire": _sweep(task_names.SWEEP_EXPIRE, settings.expiry_seconds),
+            "tidal-reclaim": _sweep(task_names.SWEEP_RECLAIM, settings.reclaim_seconds),
+            "tidal-reconcile": _sweep(task_names.SWEEP_RECONCILE, settings.reconcile_seconds),
+            "tidal-rescore": _sweep(task_names.SWEEP_RESCORE, settings.rescore_seconds),
         },
     }
+
+
+def sending_app(settings: Settings) -> Celery:
+    """A Celery app that only sends: Tidal's configuration, no task registered, no worker step.
+
+    What the API process (and beat) build: sending needs only task names, so nothing of the
+    worker (claim thread, gate, task bodies) is imported. The worker's app
+    (``tidal_workers.celery_app.make_celery``) is this plus the tasks and the worker steps.
+    """
+    app = Celery("tidal", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app

@@ -1,6 +1,14 @@
 """gunicorn's configuration for `tidal serve`, taken from Settings (TIDAL_BIND, TIDAL_API_WORKERS, ...)."""
 
+from __future__ import annotations
+
+import typing as t
+
 from config import load_settings
+
+if t.TYPE_CHECKING:
+    from gunicorn.arbiter import Arbiter
+    from gunicorn.workers.base import Worker
 
 _settings = load_settings()
 
@@ -13,7 +21,7 @@ timeout = 120  # a large upload is still one request
 accesslog = "-"
 
 
-def child_exit(server, worker):
+def child_exit(server: Arbiter, worker: Worker) -> None:
     """Fold a dead worker's /metrics samples away (prometheus_client multiprocess mode)."""
     from tidal_api.metrics import multiprocess_mode
 

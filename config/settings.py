@@ -1,21 +1,40 @@
-"""Every Tidal setting, read once from ``TIDAL_*`` environment variables.
+"""Every Tidal setting, read once from ``TIDAL_*`` environment variables and checked once.
 
 Nothing else in Tidal reads ``os.environ``: code receives a :class:`Settings`
 (usually from :func:`load_settings`) and tests build one with overrides.
 Each field's ``doc`` metadata is the single description of that setting;
-``docs/configuration.md`` is checked against it by a test.
+``docs/configuration.md`` is checked against it by a test. Its bounds
+(``ge``/``gt``/``le``/``lt``/``choices`` metadata) and the checks across fields
+run whenever a Settings is built, so a process with a bad value stops at start-up
+with a :class:`SettingsError` that names each variable and its fix, instead of
+failing later in the request or task that first reads it. The values parsed from
+text (price table, API keys, model list) are parsed then, once, and kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
+import operator
 import os
 import socket
 import typing as t
 from pathlib import Path
+from types import MappingProxyType
 
 PREFIX = "TIDAL_"
+DEV_KEY = ("dev", "tidal-dev-key")  # (tenant, key) that exists only when TIDAL_ENV=dev
+
+
+class SettingsError(ValueError):
+    """One or more settings are invalid; each line names the variable, what is wrong and the fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"invalid Tidal settings (fix these variables, or unset them for their defaults):\n{lines}")
 
 
 def _setting(default: t.Any, doc: str, **kw: t.Any) -> t.Any:
@@ -72,85 +91,122 @@ class Settings:
         "", "Configured API keys as `tenant:key` pairs separated by commas. Stored hashed (SHA-256) at start-up."
     )
     bind: str = _setting("127.0.0.1:8080", "Address gunicorn binds for `tidal serve`.")
-    api_workers: int = _setting(2, "gunicorn worker processes for the API.")
-    api_threads: int = _setting(4, "Threads per gunicorn worker (gthread).")
+    api_workers: int = _setting(2, "gunicorn worker processes for the API.", ge=1)
+    api_threads: int = _setting(4, "Threads per gunicorn worker (gthread).", ge=1)
     max_file_bytes: int = _setting(
-        200 * 1024 * 1024, "Largest accepted upload for purpose `batch`, in bytes (OpenAI: 200 MB)."
+        200 * 1024 * 1024,
+        "Largest accepted upload for purpose `batch`, in bytes (OpenAI: 200 MB).",
+        ge=1,
     )
-    max_upload_bytes: int = _setting(512 * 1024 * 1024, "Largest accepted upload of any purpose, in bytes.")
-    max_file_lines: int = _setting(50_000, "Most request lines in a batch input file (OpenAI: 50,000).")
+    max_upload_bytes: int = _setting(512 * 1024 * 1024, "Largest accepted upload of any purpose, in bytes.", ge=1)
+    max_file_lines: int = _setting(50_000, "Most request lines in a batch input file (OpenAI: 50,000).", ge=1)
     models: str = _setting(
         "", "Comma-separated model names a batch may name; empty accepts any (then `model_not_found` never fires)."
     )
     sync_validate_bytes: int = _setting(
         1024 * 1024,
         "Input files up to this size are validated inside `POST /v1/batches`; larger ones by a Celery task.",
+        ge=0,
     )
     completion_window_seconds: int = _setting(
-        86_400, "Real length of the completion window. The wire value stays `24h`; tests shorten this."
+        86_400,
+        "Real length of the completion window. The wire value stays `24h`; tests shorten this.",
+        ge=1,
     )
-    file_expiry_seconds: int = _setting(30 * 86_400, "Lifetime of uploaded and output files (`expires_at`).")
+    file_expiry_seconds: int = _setting(30 * 86_400, "Lifetime of uploaded and output files (`expires_at`).", ge=1)
 
     # --- workers -----------------------------------------------------------
     node: str = _setting(
         lambda: socket.gethostname(), "Name of this GPU node; leases and in-flight counts are kept per node."
     )
     worker_threads: int = _setting(
-        16, "Threads in the worker's pool (HTTP calls to vLLM); an upper bound on in-flight items."
+        16,
+        "Threads in the worker's pool (HTTP calls to vLLM); an upper bound on in-flight items.",
+        ge=1,
     )
     max_inflight: int = _setting(
-        4, "Upper bound of the AIMD gate's in-flight target (4 for the CPU engine, 64 on a GPU)."
+        4,
+        "Upper bound of the AIMD gate's in-flight target (4 for the CPU engine, 64 on a GPU).",
+        ge=1,
     )
-    min_inflight: int = _setting(0, "Lower bound of the gate; the fail-safe closes it to this.")
-    initial_inflight: int = _setting(1, "Gate target when a worker starts.")
-    lease_seconds: float = _setting(30.0, "Lease on a claimed item; renewed every third of it while the request runs.")
+    min_inflight: int = _setting(0, "Lower bound of the gate; the fail-safe closes it to this.", ge=0)
+    initial_inflight: int = _setting(1, "Gate target when a worker starts.", ge=0)
+    lease_seconds: float = _setting(
+        30.0, "Lease on a claimed item; renewed every third of it while the request runs.", gt=0
+    )
     claim_idle_seconds: float = _setting(
-        0.1, "How long the claim loop sleeps when it claims nothing (a settled item on the node wakes it early)."
+        0.1,
+        "How long the claim loop sleeps when it claims nothing (a settled item on the node wakes it early).",
+        gt=0,
     )
-    request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.")
+    request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.", gt=0)
     retry_budget: int = _setting(
-        8, "Transient failures (connection, 5xx, 429) an item may suffer before it is written as failed."
+        8,
+        "Transient failures (connection, 5xx, 429) an item may suffer before it is written as failed.",
+        ge=0,
     )
-    retry_backoff_seconds: float = _setting(0.5, "First retry delay; doubles each time, capped at 30 s.")
+    retry_backoff_seconds: float = _setting(0.5, "First retry delay; doubles each time, capped at 30 s.", ge=0)
     worker_metrics_port: int = _setting(
         9187,
         "Port of the worker's Prometheus endpoint (gate target, queue depth by band, in-flight by node); 0 turns it off.",
+        ge=0,
+        le=65535,
     )
 
     # --- the AIMD gate ------------------------------------------------------
     gate_mode: str = _setting(
         "aimd",
         "`aimd`: the in-flight target follows the co-located vLLM's /metrics; `fixed`: it stays at `TIDAL_MAX_INFLIGHT`.",
+        choices=("aimd", "fixed"),
     )
-    scrape_seconds: float = _setting(1.0, "Period of the /metrics scrape and of the AIMD controller.")
-    ewma_alpha: float = _setting(0.5, "Smoothing of KV usage and waiting counts (1 = no smoothing).")
-    kv_high: float = _setting(0.85, "KV cache usage (EWMA) above which the target is halved.")
-    kv_low: float = _setting(0.70, "KV cache usage (EWMA) below which the target grows by one per period.")
+    scrape_seconds: float = _setting(1.0, "Period of the /metrics scrape and of the AIMD controller.", gt=0)
+    ewma_alpha: float = _setting(0.5, "Smoothing of KV usage and waiting counts (1 = no smoothing).", gt=0, le=1)
+    kv_high: float = _setting(0.85, "KV cache usage (EWMA) above which the target is halved.", ge=0, le=1)
+    kv_low: float = _setting(0.70, "KV cache usage (EWMA) below which the target grows by one per period.", ge=0, le=1)
     online_waiting_tolerance: float = _setting(
-        0.0, "Online requests waiting (EWMA) tolerated before the target is halved."
+        0.0,
+        "Online requests waiting (EWMA) tolerated before the target is halved.",
+        ge=0,
     )
-    metrics_stale_seconds: float = _setting(5.0, "A reading older than this closes the gate (fail-safe).")
+    metrics_stale_seconds: float = _setting(5.0, "A reading older than this closes the gate (fail-safe).", gt=0)
 
     # --- TidalScheduler (read inside vLLM's engine-core process) ----------
     sched_tbt_slo_ms: float = _setting(
-        200.0, "TidalScheduler: online time-between-tokens SLO in ms; the step budget is this times (1 - guard)."
+        200.0,
+        "TidalScheduler: online time-between-tokens SLO in ms; the step budget is this times (1 - guard).",
+        gt=0,
     )
-    sched_guard: float = _setting(0.2, "TidalScheduler: fraction of the TBT SLO kept free as a safety margin.")
+    sched_guard: float = _setting(
+        0.2, "TidalScheduler: fraction of the TBT SLO kept free as a safety margin.", ge=0, lt=1
+    )
     sched_r2_min: float = _setting(
-        0.85, "TidalScheduler: R² below which the latency model is not trusted and the static cap applies."
+        0.85,
+        "TidalScheduler: R² below which the latency model is not trusted and the static cap applies.",
+        ge=0,
+        le=1,
     )
     sched_static_cap_frac: float = _setting(
         0.25,
         "TidalScheduler: static batch cap as a fraction of max_num_batched_tokens, used while online traffic is present and the model is untrusted.",
+        ge=0,
+        le=1,
     )
-    sched_window: int = _setting(4000, "TidalScheduler: steps in the latency model's rolling least-squares window.")
-    sched_h_min: float = _setting(0.05, "TidalScheduler: lower clamp of the KV guardband H.")
-    sched_h_max: float = _setting(0.30, "TidalScheduler: upper clamp of the KV guardband H.")
+    sched_window: int = _setting(
+        4000, "TidalScheduler: steps in the latency model's rolling least-squares window.", ge=1
+    )
+    sched_h_min: float = _setting(0.05, "TidalScheduler: lower clamp of the KV guardband H.", ge=0, le=1)
+    sched_h_max: float = _setting(0.30, "TidalScheduler: upper clamp of the KV guardband H.", ge=0, le=1)
     sched_h_alpha: float = _setting(
-        0.05, "TidalScheduler: EWMA weight of each step's online KV demand in the guardband H."
+        0.05,
+        "TidalScheduler: EWMA weight of each step's online KV demand in the guardband H.",
+        gt=0,
+        le=1,
     )
     sched_metrics_port: int = _setting(
-        0, "TidalScheduler: port of its Prometheus endpoint in the engine-core process; 0 turns it off."
+        0,
+        "TidalScheduler: port of its Prometheus endpoint in the engine-core process; 0 turns it off.",
+        ge=0,
+        le=65535,
     )
     sched_metrics_host: str = _setting(
         "127.0.0.1",
@@ -158,40 +214,53 @@ class Settings:
     )
 
     # --- SLA: laxity, escalation, floor ------------------------------------
-    escalation_horizon_seconds: float = _setting(6 * 3600.0, "H: laxity below this starts raising a batch's priority.")
-    batch_priority_min: int = _setting(1, "Most urgent priority a batch may reach (vLLM priority; lower is sooner).")
+    escalation_horizon_seconds: float = _setting(
+        6 * 3600.0, "H: laxity below this starts raising a batch's priority.", gt=0
+    )
+    batch_priority_min: int = _setting(
+        1, "Most urgent priority a batch may reach (vLLM priority; lower is sooner).", ge=0, le=100
+    )
     sla_strict: bool = _setting(
         False, "Allow priority 0 (parity with online traffic) for a batch about to miss its window."
     )
     floor_urgency: float = _setting(
-        0.9, "Urgency past which the token-bucket floor admits a batch even when the gate is closed."
+        0.9,
+        "Urgency past which the token-bucket floor admits a batch even when the gate is closed.",
+        ge=0,
+        le=1,
     )
     rate_tau_seconds: float = _setting(
         900.0,
         "Time constant of a batch's observed-rate estimate: how fast its laxity (and ETA) follows a burst or a stall.",
+        gt=0,
     )
     floor_rate: float = _setting(
-        0.5, "Guaranteed items per second per urgent batch per node, past the gate; 0 turns the floor off."
+        0.5,
+        "Guaranteed items per second per urgent batch per node, past the gate; 0 turns the floor off.",
+        ge=0,
     )
-    rescore_seconds: float = _setting(5.0, "Period of beat's laxity re-score.")
-    reclaim_seconds: float = _setting(5.0, "Period of beat's expired-lease sweep.")
-    expiry_seconds: float = _setting(30.0, "Period of beat's expiry sweep.")
-    reconcile_seconds: float = _setting(60.0, "Period of beat's Redis-from-SQL reconcile.")
+    rescore_seconds: float = _setting(5.0, "Period of beat's laxity re-score.", gt=0)
+    reclaim_seconds: float = _setting(5.0, "Period of beat's expired-lease sweep.", gt=0)
+    expiry_seconds: float = _setting(30.0, "Period of beat's expiry sweep.", gt=0)
+    reconcile_seconds: float = _setting(60.0, "Period of beat's Redis-from-SQL reconcile.", gt=0)
     ingest_resend_seconds: float = _setting(
         300.0,
         "Reconcile sends `tidal.ingest` again for a batch still `validating` this long after creation (the broker may have been down).",
+        gt=0,
     )
-    beat_lock_seconds: int = _setting(20, "RedBeat lock timeout: how long a standby beat waits before taking over.")
+    beat_lock_seconds: int = _setting(
+        20, "RedBeat lock timeout: how long a standby beat waits before taking over.", ge=1
+    )
 
     # --- pricing -----------------------------------------------------------
     prices: str = _setting(
         '{"*": [0.15, 0.60]}',
         "JSON: model -> [online USD per 1M input tokens, per 1M output tokens]; `*` is the default.",
     )
-    batch_discount: float = _setting(0.5, "Batch price as a fraction of the online price.")
+    batch_discount: float = _setting(0.5, "Batch price as a fraction of the online price.", ge=0, le=1)
 
     # --- Flower ------------------------------------------------------------
-    flower_port: int = _setting(5555, "Port of the Flower UI started by `tidal up --flower`.")
+    flower_port: int = _setting(5555, "Port of the Flower UI started by `tidal up --flower`.", ge=1, le=65535)
     flower_basic_auth: str = _setting("", "`user:password` for Flower; required by docker-compose.")
 
     # --- derived -----------------------------------------------------------
@@ -212,30 +281,153 @@ class Settings:
         """TidalScheduler's step budget: the TBT SLO less its guard."""
         return self.sched_tbt_slo_ms / 1000.0 * (1.0 - self.sched_guard)
 
-    @property
-    def model_list(self) -> list[str]:
-        return [m.strip() for m in self.models.split(",") if m.strip()]
+    # Parsed once, when the Settings is built (``__post_init__`` checks them), then kept: cached_property
+    # writes the instance's __dict__ directly, which a frozen dataclass allows.
+    @functools.cached_property
+    def model_list(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self.models.split(",") if m.strip())
 
     @property
-    def price_table(self) -> dict[str, tuple[float, float]]:
-        return {k: (float(v[0]), float(v[1])) for k, v in json.loads(self.prices).items()}
+    def price_table(self) -> t.Mapping[str, tuple[float, float]]:
+        """model -> (online USD per 1M input tokens, per 1M output tokens), with a ``*`` row (read-only)."""
+        return MappingProxyType(self._prices)
 
-    @property
-    def configured_keys(self) -> list[tuple[str, str]]:
+    @functools.cached_property
+    def _prices(self) -> dict[str, tuple[float, float]]:
+        return _parse_prices(self.prices)
+
+    @functools.cached_property
+    def configured_keys(self) -> tuple[tuple[str, str], ...]:
         """(tenant, key) pairs from TIDAL_API_KEYS, plus the dev key in dev mode."""
-        pairs = []
-        for chunk in self.api_keys.split(","):
-            if chunk.strip():
-                tenant, _, key = chunk.strip().partition(":")
-                if not key:
-                    raise ValueError("TIDAL_API_KEYS entries must look like tenant:key")
-                pairs.append((tenant, key))
-        if self.env == "dev":
-            pairs.append(("dev", "tidal-dev-key"))
-        return pairs
+        pairs = _parse_keys(self.api_keys)
+        return (*pairs, DEV_KEY) if self.env == "dev" else pairs
 
     def replace(self, **changes: t.Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+    def __post_init__(self) -> None:
+        problems = _field_problems(self) + _cross_problems(self)
+        for name in ("_prices", "configured_keys"):
+            try:
+                getattr(self, name)  # parse now, and keep the result
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise SettingsError(problems)
+
+
+# --- checks ------------------------------------------------------------------
+_BOUNDS: dict[str, tuple[str, t.Callable[[float, float], bool]]] = {
+    "ge": ("at least", operator.ge),
+    "gt": ("above", operator.gt),
+    "le": ("at most", operator.le),
+    "lt": ("below", operator.lt),
+}
+
+
+def _field_problems(s: Settings) -> list[str]:
+    """Each field against its own ``ge``/``gt``/``le``/``lt``/``choices`` metadata."""
+    problems = []
+    for f in dataclasses.fields(s):
+        value, name = getattr(s, f.name), env_name(f.name)
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            problems.append(f"{name}={value!r}: must be one of {', '.join(choices)}.")
+        limits = [(key, f.metadata[key]) for key in _BOUNDS if key in f.metadata]
+        if not limits:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            problems.append(f"{name}={value!r}: must be a finite number.")
+            continue
+        if not all(_BOUNDS[key][1](value, bound) for key, bound in limits):
+            wanted = " and ".join(f"{_BOUNDS[key][0]} {bound:g}" for key, bound in limits)
+            problems.append(f"{name}={value!r}: must be {wanted} (default {f.default!r}).")
+    return problems
+
+
+def _cross_problems(s: Settings) -> list[str]:
+    """Checks that relate two settings, or need more than a number's bounds."""
+    problems = []
+    if s.kv_low > s.kv_high:
+        problems.append(
+            f"TIDAL_KV_LOW={s.kv_low} exceeds TIDAL_KV_HIGH={s.kv_high}: the gate grows below KV_LOW and halves "
+            "above KV_HIGH, so KV_LOW must not exceed KV_HIGH; lower TIDAL_KV_LOW or raise TIDAL_KV_HIGH."
+        )
+    if s.min_inflight > s.max_inflight:
+        problems.append(
+            f"TIDAL_MIN_INFLIGHT={s.min_inflight} exceeds TIDAL_MAX_INFLIGHT={s.max_inflight}: the gate's lower "
+            "bound must not exceed its upper bound."
+        )
+    if s.sched_h_min > s.sched_h_max:
+        problems.append(
+            f"TIDAL_SCHED_H_MIN={s.sched_h_min} exceeds TIDAL_SCHED_H_MAX={s.sched_h_max}: the guardband's lower "
+            "clamp must not exceed its upper clamp."
+        )
+    for field_name, schemes, example in (
+        ("redis_url", ("redis://", "rediss://", "unix://"), "redis://127.0.0.1:6379/0"),
+        ("vllm_url", ("http://", "https://"), "http://127.0.0.1:8000"),
+    ):
+        value = getattr(s, field_name)
+        if not value.startswith(schemes):
+            problems.append(f"{env_name(field_name)}={value!r}: must be a URL such as {example}.")
+    for field_name in ("database_url", "broker_url"):
+        value = getattr(s, field_name)
+        if value and "://" not in value:
+            problems.append(
+                f"{env_name(field_name)}={value!r}: must be a URL (scheme://...), or empty for the default."
+            )
+    if s.flower_basic_auth and ":" not in s.flower_basic_auth:
+        problems.append("TIDAL_FLOWER_BASIC_AUTH: must be user:password (or empty).")
+    return problems
+
+
+def _parse_prices(text: str) -> dict[str, tuple[float, float]]:
+    fix = 'set it to a JSON object such as {"*": [0.15, 0.60], "my-model": [1.0, 2.0]}'
+    try:
+        table = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"TIDAL_PRICES is not JSON ({exc}); {fix}.") from None
+    if not isinstance(table, dict):
+        raise ValueError(f"TIDAL_PRICES must be a JSON object of model -> [input, output] USD per 1M tokens; {fix}.")
+    prices = {}
+    for model, pair in table.items():
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(
+                isinstance(p, int | float) and not isinstance(p, bool) and math.isfinite(p) and p >= 0 for p in pair
+            )
+        ):
+            raise ValueError(
+                f"TIDAL_PRICES[{model!r}] = {json.dumps(pair)}: must be [input, output], two non-negative numbers "
+                "(USD per 1M tokens)."
+            )
+        prices[model] = (float(pair[0]), float(pair[1]))
+    if "*" not in prices:
+        raise ValueError(f'TIDAL_PRICES has no "*" row, the price of models it does not name; {fix}.')
+    return prices
+
+
+def _parse_keys(text: str) -> tuple[tuple[str, str], ...]:
+    pairs: list[tuple[str, str]] = []
+    for n, chunk in enumerate(text.split(","), 1):
+        entry = chunk.strip()
+        if not entry:
+            continue
+        tenant, _, key = entry.partition(":")
+        if not tenant or not key:
+            raise ValueError(
+                f"TIDAL_API_KEYS entry {n} is not tenant:key (a tenant name, a colon, then the key); "
+                "entries are separated by commas, e.g. acme:sk-1,globex:sk-2."
+            )
+        if len(tenant) > 64:
+            raise ValueError(f"TIDAL_API_KEYS entry {n}: the tenant name is longer than 64 characters.")
+        if key in {k for _, k in pairs}:
+            raise ValueError(
+                f"TIDAL_API_KEYS entry {n} repeats the key of an earlier entry; each key names one tenant."
+            )
+        pairs.append((tenant, key))
+    return tuple(pairs)
 
 
 def env_name(field_name: str) -> str:
@@ -253,24 +445,47 @@ def _coerce(raw: str, typ: t.Any) -> t.Any:
 
 
 def load_settings(environ: t.Mapping[str, str] | None = None, **overrides: t.Any) -> Settings:
-    """Build Settings from ``TIDAL_*`` variables (``os.environ`` by default), then overrides."""
+    """Build Settings from ``TIDAL_*`` variables (``os.environ`` by default), then overrides.
+
+    Raises :class:`SettingsError` listing every bad variable at once (one start-up shows them all).
+    """
     environ = os.environ if environ is None else environ
     values: dict[str, t.Any] = {}
+    problems = []
     for f in dataclasses.fields(Settings):
-        raw = environ.get(env_name(f.name))
+        name = env_name(f.name)
+        raw = environ.get(name)
         if raw is not None and raw != "":
-            values[f.name] = _coerce(raw, f.type)
+            try:
+                values[f.name] = _coerce(raw, f.type)
+            except ValueError:
+                kind = "an integer" if f.type in (int, "int") else "a number"
+                problems.append(f"{name}={raw!r}: must be {kind} (default {f.default!r}).")
     values.update(overrides)
+    if problems:
+        try:
+            Settings(**values)  # report the others too
+        except SettingsError as exc:
+            problems += exc.problems
+        raise SettingsError(problems)
     return Settings(**values)
 
 
-def documented_fields() -> list[tuple[str, str, str]]:
-    """(variable, default, doc) rows for docs/configuration.md."""
+def documented_fields() -> list[tuple[str, str, str, str]]:
+    """(variable, default, accepted values, doc) rows for docs/configuration.md."""
     rows = []
     for f in dataclasses.fields(Settings):
         default = f.default if f.default is not dataclasses.MISSING else "(computed)"
-        rows.append((env_name(f.name), str(default), f.metadata["doc"]))
+        rows.append((env_name(f.name), str(default), accepted(f), f.metadata["doc"]))
     return rows
+
+
+def accepted(f: dataclasses.Field[t.Any]) -> str:
+    """What a field's metadata admits, as the docs show it: ``≥ 1``, ``> 0, ≤ 1``, ``aimd, fixed``; else empty."""
+    if "choices" in f.metadata:
+        return ", ".join(f.metadata["choices"])
+    signs = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}
+    return ", ".join(f"{signs[key]} {f.metadata[key]:g}" for key in signs if key in f.metadata)
 
 
 def child_environ(**overrides: str) -> dict[str, str]:

@@ -2,7 +2,8 @@
 # The one command that runs Tidal's tests: `bash tests/run.sh [pytest args]`.
 # 1. starts Redis and PostgreSQL if either is down (this machine's own services);
 # 2. builds (or reuses) a cached virtualenv keyed by setup.cfg, with the CPU vLLM engine;
-# 3. runs the whole suite on SQLite, then every test that touches the store again on PostgreSQL.
+# 3. runs the static checks (ruff lint and format, mypy, the import contracts); any finding fails the run;
+# 4. runs the whole suite on SQLite, then every test that touches the store again on PostgreSQL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +53,14 @@ export PATH="$venv/bin:$PATH"
 
 # Home for the session-wide tiny model and engine cache (kept between runs).
 export TIDAL_HOME="${TIDAL_HOME:-$HOME/.cache/tidal/test-home}"
+
+# Static checks first: they take seconds, a test run takes many minutes. Caches live under ~/.cache/tidal
+# (mypy's is set in setup.cfg), never in the checkout.
+echo "== ruff, mypy, import contracts"
+ruff check .
+ruff format --check .
+mypy
+lint-imports --cache-dir "$HOME/.cache/tidal/import-linter"
 
 echo "== pytest on SQLite"
 TIDAL_DATABASE_URL= python -m pytest -q "$@"

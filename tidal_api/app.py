@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import typing as t
+
 from flask import Flask
+from flask.json.provider import DefaultJSONProvider
 
 from config import Settings
 from config import load_settings
@@ -34,7 +37,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     app = Flask(__name__)
     # Past this werkzeug answers 413 before parsing; below it uploads spool to temporary files, never to memory.
     app.config["MAX_CONTENT_LENGTH"] = runtime.settings.max_upload_bytes + MULTIPART_OVERHEAD
-    app.json.sort_keys = False  # keep OpenAI's field order on the wire
+    t.cast(DefaultJSONProvider, app.json).sort_keys = False  # keep OpenAI's field order on the wire
     app.extensions["tidal"] = runtime
     errors.init_app(app)
     metrics.init_app(app)  # GET /metrics and the request-latency histogram

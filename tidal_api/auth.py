@@ -7,10 +7,12 @@ which says nothing about the key.
 
 from __future__ import annotations
 
-from flask import current_app
+import typing as t
+
 from flask import g
 from flask import request
 
+from tidal_api.context import current_runtime
 from tidal_api.errors import APIError
 
 DEV_KEY = "tidal-dev-key"
@@ -26,7 +28,7 @@ def authenticate() -> None:
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
         raise APIError(401, _MISSING, code="missing_api_key")
-    rt = current_app.extensions["tidal"]
+    rt = current_runtime()
     tenant = rt.store.tenant_for_key(key)
     # The store may be shared with a dev-mode process that wrote the dev key back; production still refuses it.
     # (A plain == is fine here: the dev key is public.)
@@ -36,7 +38,7 @@ def authenticate() -> None:
 
 
 def current_tenant() -> str:
-    return g.tenant
+    return t.cast(str, g.tenant)
 
 
 def _redact(key: str) -> str:

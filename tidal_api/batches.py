@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import time
+import typing as t
 
 from flask import Blueprint
-from flask import current_app
+from flask import Response
 from flask import jsonify
 from flask import request
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from tidal_api import serialize
 from tidal_api.auth import authenticate
 from tidal_api.auth import current_tenant
+from tidal_api.context import current_runtime
 from tidal_api.errors import APIError
 from tidal_api.errors import batch_not_found
 from tidal_api.errors import invalid_type
@@ -39,18 +42,14 @@ bp = Blueprint("batches", __name__, url_prefix="/v1/batches")
 bp.before_request(authenticate)
 
 
-def _rt():
-    return current_app.extensions["tidal"]
-
-
-def _owned_batch(session, batch_id: str) -> Batch:
+def _owned_batch(session: Session, batch_id: str) -> Batch:
     b = session.get(Batch, batch_id) if can_name_a_row(batch_id) else None
     if b is None or b.tenant_id != current_tenant():
         raise batch_not_found(batch_id)
     return b
 
 
-def _json_body() -> dict:
+def _json_body() -> dict[str, t.Any]:
     try:
         body = request.get_json(force=True, silent=True)
     except RecursionError:  # nesting deeper than the parser's stack; not caught by silent=True
@@ -64,7 +63,7 @@ def _json_body() -> dict:
     return body
 
 
-def _required_str(body: dict, name: str) -> str:
+def _required_str(body: dict[str, t.Any], name: str) -> str:
     value = body.get(name)
     if value is None:
         raise missing(name)
@@ -73,7 +72,7 @@ def _required_str(body: dict, name: str) -> str:
     return value
 
 
-def _metadata(value) -> dict | None:
+def _metadata(value: object) -> dict[str, str] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -93,7 +92,7 @@ def _metadata(value) -> dict | None:
 
 
 @bp.post("")
-def create():
+def create() -> Response:
     body = _json_body()
     input_file_id = _required_str(body, "input_file_id")
     endpoint = _required_str(body, "endpoint")
@@ -109,7 +108,7 @@ def create():
         )
     metadata = _metadata(body.get("metadata"))
 
-    rt = _rt()
+    rt = current_runtime()
     now = int(time.time())
     with rt.store.transaction() as s:
         source = owned_file(s, input_file_id, param="input_file_id")
@@ -134,18 +133,18 @@ def create():
     else:
         request_ingest(rt, batch.id)  # a broker that is down leaves the batch `validating`, and reconcile resends
     with rt.store.read() as s:
-        return jsonify(serialize.batch_object(s.get(Batch, batch.id), rt.settings))
+        return jsonify(serialize.batch_object(s.get_one(Batch, batch.id), rt.settings))
 
 
 @bp.get("/<path:batch_id>")
-def retrieve(batch_id: str):
-    with _rt().store.read() as s:
-        return jsonify(serialize.batch_object(_owned_batch(s, batch_id), _rt().settings))
+def retrieve(batch_id: str) -> Response:
+    with current_runtime().store.read() as s:
+        return jsonify(serialize.batch_object(_owned_batch(s, batch_id), current_runtime().settings))
 
 
 @bp.post("/<path:batch_id>/cancel")
-def cancel(batch_id: str):
-    rt = _rt()
+def cancel(batch_id: str) -> Response:
+    rt = current_runtime()
     with rt.store.read() as s:
         status = _owned_batch(s, batch_id).status
     if status in NOT_CANCELLABLE:
@@ -153,15 +152,15 @@ def cancel(batch_id: str):
     if status not in ALREADY_CANCELLED:
         cancel_batch(rt, batch_id)
     with rt.store.read() as s:
-        return jsonify(serialize.batch_object(s.get(Batch, batch_id), rt.settings))
+        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings))
 
 
 @bp.get("")
-def list_batches():
+def list_batches() -> Response:
     limit = int_arg(request.args, "limit", 20, 1, 100)
     after = request.args.get("after")
     stmt = select(Batch).where(Batch.tenant_id == current_tenant())
-    with _rt().store.read() as s:
+    with current_runtime().store.read() as s:
         rows, has_more = keyset_page(
             s,
             stmt,
@@ -172,4 +171,4 @@ def list_batches():
             order="desc",
             not_found=batch_not_found(after or "", "after"),
         )
-    return jsonify(list_body([serialize.batch_object(b, _rt().settings) for b in rows], has_more))
+    return jsonify(list_body([serialize.batch_object(b, current_runtime().settings) for b in rows], has_more))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from flask import Flask
+from flask import Response
 from flask import jsonify
 from flask import request
 from werkzeug.exceptions import HTTPException
@@ -41,7 +42,7 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
@@ -66,11 +67,11 @@ def batch_not_found(batch_id: str, param: str = "batch_id") -> APIError:
     return APIError(404, f"No batch found with id '{batch_id}'.", param=param)
 
 
-def _render(err: APIError):
+def _render(err: APIError) -> tuple[Response, int]:
     return jsonify(err.body()), err.status
 
 
-def _http_error(exc: HTTPException):
+def _http_error(exc: HTTPException) -> tuple[Response, int, list[tuple[str, str]]]:
     status = exc.code or 500
     message = f"Invalid URL ({request.method} {request.path})" if status == 404 else (exc.description or exc.name)
     body, status = _render(APIError(status, message, code=_HTTP_CODES.get(status)))
@@ -79,7 +80,7 @@ def _http_error(exc: HTTPException):
     return body, status, headers
 
 
-def _unexpected(exc: Exception):
+def _unexpected(exc: Exception) -> tuple[Response, int]:
     log.exception("unhandled error")
     return _render(
         APIError(

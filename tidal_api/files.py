@@ -6,14 +6,15 @@ import time
 
 from flask import Blueprint
 from flask import Response
-from flask import current_app
 from flask import jsonify
 from flask import request
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from tidal_api import serialize
 from tidal_api.auth import authenticate
 from tidal_api.auth import current_tenant
+from tidal_api.context import current_runtime
 from tidal_api.errors import APIError
 from tidal_api.errors import file_not_found
 from tidal_api.errors import invalid_value
@@ -34,11 +35,7 @@ bp = Blueprint("files", __name__, url_prefix="/v1/files")
 bp.before_request(authenticate)
 
 
-def _rt():
-    return current_app.extensions["tidal"]
-
-
-def owned_file(session, file_id: str, param: str = "file_id") -> File:
+def owned_file(session: Session, file_id: str, param: str = "file_id") -> File:
     """The caller's live file, or the same 404 whatever the reason (unknown, deleted, not theirs)."""
     f = session.get(File, file_id) if can_name_a_row(file_id) else None
     if f is None or f.deleted or f.tenant_id != current_tenant():
@@ -53,10 +50,10 @@ def _clean_filename(name: str | None) -> str:
 
 
 @bp.post("")
-def upload():
+def upload() -> Response:
     if request.mimetype != "multipart/form-data":
         raise APIError(415, "Files must be uploaded as multipart/form-data.", code="unsupported_media_type")
-    rt, settings = _rt(), _rt().settings
+    rt, settings = current_runtime(), current_runtime().settings
     # request.files spools each part to a temporary file; the limit below is enforced while copying it.
     purpose = request.form.get("purpose")
     if not purpose:
@@ -107,7 +104,7 @@ def upload():
 
 
 @bp.get("")
-def list_files():
+def list_files() -> Response:
     limit = int_arg(request.args, "limit", 10_000, 1, 10_000)
     order = order_arg(request.args)
     stmt = select(File).where(File.tenant_id == current_tenant(), File.deleted.is_(False))
@@ -116,7 +113,7 @@ def list_files():
             raise invalid_value("purpose", f"Invalid value for 'purpose': '{purpose[:64]}'.")
         stmt = stmt.where(File.purpose == purpose)
     after = request.args.get("after")
-    with _rt().store.read() as s:
+    with current_runtime().store.read() as s:
         rows, has_more = keyset_page(
             s,
             stmt,
@@ -131,23 +128,25 @@ def list_files():
 
 
 @bp.get("/<path:file_id>")
-def retrieve(file_id: str):
-    with _rt().store.read() as s:
+def retrieve(file_id: str) -> Response:
+    with current_runtime().store.read() as s:
         return jsonify(serialize.file_object(owned_file(s, file_id)))
 
 
 @bp.get("/<path:file_id>/content")
-def content(file_id: str):
-    with _rt().store.read() as s:
+def content(file_id: str) -> Response:
+    with current_runtime().store.read() as s:
         f = owned_file(s, file_id)
     return Response(
-        _rt().blobs.iter_chunks(f.blob), mimetype="application/octet-stream", headers={"Content-Length": str(f.bytes)}
+        current_runtime().blobs.iter_chunks(f.blob),
+        mimetype="application/octet-stream",
+        headers={"Content-Length": str(f.bytes)},
     )
 
 
 @bp.delete("/<path:file_id>")
-def delete(file_id: str):
-    rt = _rt()
+def delete(file_id: str) -> Response:
+    rt = current_runtime()
     with rt.store.transaction() as s:
         f = owned_file(s, file_id)
         f.deleted = True

@@ -10,24 +10,27 @@ need no cross-process bookkeeping at all.
 from __future__ import annotations
 
 import time
+import typing as t
 
 import prometheus_client
 from flask import Blueprint
 from flask import Flask
 from flask import Response
-from flask import current_app
 from flask import g
 from flask import request
 from prometheus_client import multiprocess
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import Metric
 from sqlalchemy import func
 from sqlalchemy import select
 
+from tidal_api.context import current_runtime
 from tidal_workers.metrics import BatchCollector
 from tidal_workers.metrics import QueueCollector
 from tidal_workers.store import Batch
 from tidal_workers.store import BatchStatus
+from tidal_workers.store import Store
 
 REQUEST_SECONDS = prometheus_client.Histogram(
     "tidal_api_request_seconds",
@@ -42,10 +45,10 @@ bp = Blueprint("metrics", __name__)
 class StoreCollector:
     """Batches by status, completed items and harvested tokens, straight from SQL."""
 
-    def __init__(self, store):
+    def __init__(self, store: Store):
         self.store = store
 
-    def collect(self):
+    def collect(self) -> t.Iterator[Metric]:
         with self.store.read() as s:
             by_status = dict(s.execute(select(Batch.status, func.count()).group_by(Batch.status)).all())
             done, tokens = s.execute(
@@ -65,13 +68,13 @@ class StoreCollector:
             "tidal_harvested_tokens", "Input plus output tokens of completed batch items.", value=int(tokens)
         )
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []
 
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    rt = current_app.extensions["tidal"]
+    rt = current_runtime()
     registry = prometheus_client.CollectorRegistry()
     if multiprocess_mode():
         multiprocess.MultiProcessCollector(registry)
@@ -91,10 +94,10 @@ def multiprocess_mode() -> bool:
 class _LocalRequests:
     """One process (tests, the dev server): the request histogram from the default registry."""
 
-    def collect(self):
-        yield from REQUEST_SECONDS.collect()
+    def collect(self) -> t.Iterable[Metric]:
+        return REQUEST_SECONDS.collect()
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []
 
 

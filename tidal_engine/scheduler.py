@@ -162,9 +162,9 @@ class TidalScheduler(Scheduler):
         context = sum(r.num_computed_tokens for r in self.running)
         if not (online_running or online_waiting):
             mode, cap = Mode.NO_ONLINE, self.tau
-        elif self.latency.trusted(self.r2_min):
+        elif (fit := self.latency.trusted(self.r2_min)) is not None:
             mode = Mode.MODEL
-            cap = batch_cap(self.latency.fit, online_demand, context, self.budget_s, self.tau)
+            cap = batch_cap(fit, online_demand, context, self.budget_s, self.tau)
         else:
             mode, cap = Mode.STATIC, self.static_cap
         self.tidal_metrics.online_waiting.set(len(online_waiting))

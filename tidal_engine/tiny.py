@@ -20,7 +20,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import typing as t
 from pathlib import Path
+
+if t.TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+    from transformers import Qwen2ForCausalLM
 
 SEED = 1234
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -58,7 +63,7 @@ def model_dir(home: str | Path, shape: str = "tiny") -> Path:
     return Path(home) / "models" / shape
 
 
-def _tokenizer():
+def _tokenizer() -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer
     from tokenizers import decoders
     from tokenizers import models
@@ -83,7 +88,7 @@ def _tokenizer():
     )
 
 
-def _model(shape: Shape, vocab_size: int, special_ids: list[int]):
+def _model(shape: Shape, vocab_size: int, special_ids: list[int]) -> Qwen2ForCausalLM:
     import torch
     from transformers import Qwen2Config
     from transformers import Qwen2ForCausalLM

@@ -14,13 +14,14 @@ import time
 from sqlalchemy import update
 
 from tidal_workers.finalize import maybe_finalize
+from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 
 CANCELLABLE = (BatchStatus.validating.value, BatchStatus.in_progress.value)
 
 
-def cancel_batch(rt, batch_id: str) -> None:
+def cancel_batch(rt: Runtime, batch_id: str) -> None:
     """Move ``batch_id`` to cancelling (if it is validating or in progress), drop its queue, maybe finalize."""
     with rt.store.transaction() as s:
         s.execute(

@@ -1,4 +1,8 @@
-"""The Celery app: ``make_celery(settings)``, plus ``app`` for ``celery -A tidal_workers.celery_app``.
+"""The worker's Celery app: ``make_celery(settings)``, plus ``app`` for ``celery -A tidal_workers.celery_app``.
+
+Only worker processes (``tidal worker``, Flower) import this module: it registers the tasks and the
+worker steps (context, metrics, the claim thread). Processes that only send (the API, beat) build
+``config.celery.sending_app`` instead.
 
 Only claimed items become Celery messages (``tidal.run_item`` on the claiming
 worker's own queue); items waiting their turn stay in Redis sorted sets that
@@ -11,7 +15,7 @@ from celery import Celery
 
 from config import Settings
 from config import load_settings
-from config.celery import celery_config
+from config.celery import sending_app
 from tidal_workers import execute  # noqa: F401  (registers the shared tasks on every app)
 from tidal_workers import sweeps  # noqa: F401  (registers the shared tasks on every app)
 from tidal_workers.claim import ClaimStep
@@ -20,8 +24,7 @@ from tidal_workers.metrics import MetricsStep
 
 
 def make_celery(settings: Settings) -> Celery:
-    app = Celery("tidal", set_as_current=False)
-    app.conf.update(celery_config(settings))
+    app = sending_app(settings)
     app.tidal_settings = settings
     app.steps["worker"].add(ContextStep)
     app.steps["worker"].add(MetricsStep)

@@ -17,23 +17,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import typing as t
 
 from celery import bootsteps
 from celery.utils.nodenames import worker_direct
+from celery.worker.consumer import Consumer
 
+from tidal_workers import task_names
+from tidal_workers.context import WorkerContext
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
+from tidal_workers.gate import Gate
 from tidal_workers.gate import make_gate
 from tidal_workers.policy.laxity import TokenBucket
+from tidal_workers.queue import Claim
 from tidal_workers.sweeps import reclaim
 
 log = logging.getLogger(__name__)
+
+#: Publishes claims in order as run_item messages; returns those sent (it stops at the first failure).
+Send = t.Callable[[list[Claim]], list[Claim]]
 
 
 class ClaimLoop:
     """One node's claim loop; ``tick`` is one pass, ``run`` repeats it until stopped."""
 
-    def __init__(self, ctx, gate, send):
+    def __init__(self, ctx: WorkerContext, gate: Gate, send: Send):
         self.rt, self.leases, self.gate, self.send = ctx.rt, ctx.leases, gate, send
         self.settings = ctx.rt.settings
         self.stopping = threading.Event()
@@ -53,13 +62,13 @@ class ClaimLoop:
             rebuild(self.rt)
             self._started = True
 
-    def floor(self, now: float, inflight: int) -> list:
+    def floor(self, now: float, inflight: int) -> list[Claim]:
         """Claims the token buckets of urgent batches admit now, past the gate (never past the threads)."""
         s, q = self.settings, self.rt.queue
         if s.floor_rate <= 0:  # the floor is off
             return []
         self.buckets = {b: self.buckets.get(b) or TokenBucket(s.floor_rate) for b in sorted(q.urgent())}
-        claims: list = []
+        claims: list[Claim] = []
         for batch_id, bucket in self.buckets.items():
             while inflight + len(claims) < s.worker_threads and bucket.take(now):
                 claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds)
@@ -108,22 +117,22 @@ class ClaimStep(bootsteps.StartStopStep):
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
-    def __init__(self, c, **kwargs):
+    def __init__(self, c: Consumer, **kwargs: t.Any):
         super().__init__(c, **kwargs)
         self.loop: ClaimLoop | None = None
         self.thread: threading.Thread | None = None
 
-    def start(self, c):
+    def start(self, c: Consumer) -> None:
         app = c.app
         queue = worker_direct(c.hostname)
 
-        def send(claims):
-            sent = []
+        def send(claims: list[Claim]) -> list[Claim]:
+            sent: list[Claim] = []
             try:
                 with app.producer_or_acquire() as producer:
                     for claim in claims:
                         app.send_task(
-                            "tidal.run_item",
+                            task_names.RUN_ITEM,
                             (claim.item_id, claim.lease),
                             task_id=claim.task_id,
                             queue=queue,
@@ -139,13 +148,13 @@ class ClaimStep(bootsteps.StartStopStep):
         self.thread = threading.Thread(target=self.loop.run, name="tidal-claim", daemon=True)
         self.thread.start()
 
-    def stop(self, c):
-        if self.loop is not None:
+    def stop(self, c: Consumer) -> None:
+        if self.loop is not None and self.thread is not None:
             self.loop.stop()
             self.thread.join(10)
             self.loop = self.thread = None
 
     shutdown = stop
 
-    def info(self, c):
+    def info(self, c: Consumer) -> dict[str, dict[str, bool]]:
         return {"tidal_claim": {"running": self.thread is not None}}

@@ -13,6 +13,7 @@ import typing as t
 
 from celery import Celery
 from celery import bootsteps
+from celery.worker import WorkController
 
 from tidal_workers.blobs.sentinel import prepare_storage
 from tidal_workers.health import Check
@@ -24,7 +25,7 @@ from tidal_workers.runtime import Runtime
 class LeaseBook:
     """item_id -> lease of every item this process claimed and has not settled (thread-safe)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._leases: dict[int, str] = {}
         self._lock = threading.Lock()
         # Set when a task gives its lease up: there may be room under the gate's target again, and the
@@ -72,19 +73,20 @@ class WorkerContext:
 class ContextStep(bootsteps.StartStopStep):
     """Builds the process's WorkerContext before the consumer (and ClaimStep) starts; closes it at exit."""
 
-    def __init__(self, w, **kwargs):
+    def __init__(self, w: WorkController, **kwargs: t.Any):
         super().__init__(w, **kwargs)
-        rt = Runtime(w.app.tidal_settings)
+        rt = Runtime(w.app.tidal_settings, celery=w.app)
         # Before anything starts: a worker that cannot see the API's files must not run at all.
         prepare_storage(rt, "worker")
         w.app.tidal_context = WorkerContext(rt, LeaseBook())
 
-    def shutdown(self, w):
+    def shutdown(self, w: WorkController) -> None:
         w.app.tidal_context.rt.close()
 
 
 def worker_context(app: Celery) -> WorkerContext:
     try:
-        return app.tidal_context
+        context: WorkerContext = app.tidal_context
     except AttributeError:
         raise RuntimeError("Tidal tasks run only inside a worker of an app from make_celery()") from None
+    return context

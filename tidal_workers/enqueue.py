@@ -9,9 +9,12 @@ holding a lease is in flight and is left alone.
 from __future__ import annotations
 
 import time
+import typing as t
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 from tidal_workers.store.models import Item
@@ -20,7 +23,7 @@ from tidal_workers.store.models import ItemStatus
 ROWS = 5000
 
 
-def _pending(session, batch_id: str):
+def _pending(session: Session, batch_id: str) -> t.Iterator[tuple[int, int]]:
     rows = session.execute(
         select(Item.id, Item.ordinal)
         .where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
@@ -30,7 +33,7 @@ def _pending(session, batch_id: str):
     return ((item_id, ordinal) for item_id, ordinal in rows)
 
 
-def enqueue_batch(rt, batch_id: str) -> int:
+def enqueue_batch(rt: Runtime, batch_id: str) -> int:
     """Push every pending item of ``batch_id`` if it is in progress; returns how many were queued."""
     with rt.store.read() as s:
         batch = s.execute(
@@ -41,7 +44,7 @@ def enqueue_batch(rt, batch_id: str) -> int:
         return rt.queue.enqueue_batch(batch_id, batch.priority, batch.expires_at, _pending(s, batch_id))
 
 
-def rebuild(rt) -> int:
+def rebuild(rt: Runtime) -> int:
     """Rebuild the whole queue from SQL: every pending item of every in-progress batch not leased.
 
     Batches Redis still queues but SQL no longer has in progress (a cancel that

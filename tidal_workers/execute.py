@@ -13,16 +13,21 @@ from __future__ import annotations
 import json
 import logging
 import time
+import typing as t
 
 import requests
+from celery import Task
 from celery import shared_task
+from sqlalchemy import Row
 from sqlalchemy import select
 
+from tidal_workers import task_names
 from tidal_workers.context import worker_context
 from tidal_workers.finalize import maybe_finalize
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome
 from tidal_workers.result import record
+from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 from tidal_workers.store.models import Item
@@ -37,20 +42,20 @@ class Transient(Exception):
     """The engine may answer next time: a connection error, a timeout, a 5xx or a 429."""
 
 
-def _load(rt, item_id: int):
+def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str] | None:
     with rt.store.read() as s:
         return s.execute(
             select(Item.batch_id, Item.url, Item.body, Item.status).where(Item.id == item_id)
         ).one_or_none()
 
 
-def _batch_now(rt, batch_id: str):
+def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int]:
     """The batch's status and priority as of this submission (escalation and cancel reach queued items)."""
     with rt.store.read() as s:
         return s.execute(select(Batch.status, Batch.priority).where(Batch.id == batch_id)).one()
 
 
-def submit(rt, url: str, body: dict, priority: int) -> Outcome:
+def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outcome:
     """One POST to the engine; raises Transient for anything worth retrying."""
     try:
         resp = requests.post(
@@ -77,7 +82,7 @@ def submit(rt, url: str, body: dict, priority: int) -> Outcome:
     )
 
 
-def execute_item(rt, item_id: int, lease: str) -> str:
+def execute_item(rt: Runtime, item_id: int, lease: str) -> str:
     """Run one claimed item to its outcome; returns what happened (for Flower and tests)."""
     if not rt.queue.lease_current(item_id, lease):
         return "stale"
@@ -115,8 +120,8 @@ def execute_item(rt, item_id: int, lease: str) -> str:
     return outcome.status.value if record(rt, item_id, row.batch_id, lease, outcome) else "dropped"
 
 
-@shared_task(name="tidal.run_item", bind=True)
-def run_item(self, item_id: int, lease: str) -> str:
+@shared_task(name=task_names.RUN_ITEM, bind=True)
+def run_item(self: Task, item_id: int, lease: str) -> str:
     ctx = worker_context(self.app)
     try:
         return execute_item(ctx.rt, item_id, lease)

@@ -16,7 +16,10 @@ import typing as t
 
 from sqlalchemy import select
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
+from tidal_workers.runtime import Runtime
+from tidal_workers.store.db import rows_updated
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 from tidal_workers.store.models import File
@@ -49,22 +52,22 @@ def line(item: Item) -> bytes:
     ).encode()
 
 
-def _move(session, batch_id: str, frm: BatchStatus, to: BatchStatus, now: int) -> bool:
+def _move(session: Session, batch_id: str, frm: BatchStatus, to: BatchStatus, now: int) -> bool:
     """The election: True for the one caller whose conditional UPDATE moved the batch."""
-    return (
-        session.execute(
-            update(Batch)
-            .where(Batch.id == batch_id, Batch.status == frm.value)
-            .values(status=to.value, **{f"{to.value}_at": now})
-        ).rowcount
-        == 1
+    stmt = (
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.status == frm.value)
+        .values(status=to.value, **{f"{to.value}_at": now})
     )
+    return rows_updated(session, stmt) == 1
 
 
-def _write_file(rt, session, batch: Batch, kind: str, rows: t.Iterable[Item], now: int) -> File | None:
+def _write_file(
+    rt: Runtime, session: Session, batch: Batch, kind: str, rows: t.Iterable[Item], now: int
+) -> File | None:
     count = 0
 
-    def lines():
+    def lines() -> t.Iterator[bytes]:
         nonlocal count
         for item in rows:
             count += 1
@@ -89,14 +92,16 @@ def _write_file(rt, session, batch: Batch, kind: str, rows: t.Iterable[Item], no
     return f
 
 
-def _items(session, batch_id: str, completed: bool):
+def _items(session: Session, batch_id: str, completed: bool) -> t.Iterable[Item]:
     status = Item.status == ItemStatus.completed.value if completed else Item.status != ItemStatus.completed.value
     return session.scalars(
         select(Item).where(Item.batch_id == batch_id, status).order_by(Item.line).execution_options(yield_per=ROWS)
     )
 
 
-def _settle(rt, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: ItemStatus | None = None) -> bool:
+def _settle(
+    rt: Runtime, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: ItemStatus | None = None
+) -> bool:
     """Move frm → to and write both files in one transaction; False if another caller won."""
     now = int(time.time())
     written: list[str] = []
@@ -112,6 +117,7 @@ def _settle(rt, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: It
                     .values(status=pending_as.value, error_code=code, error_message=message, finished_at=now)
                 )
             batch = s.get(Batch, batch_id)
+            assert batch is not None  # the UPDATE above just moved it
             file_ids = {}
             for kind, completed in (("output", True), ("error", False)):
                 f = _write_file(rt, s, batch, kind, _items(s, batch_id, completed), now)
@@ -127,7 +133,7 @@ def _settle(rt, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: It
     return True
 
 
-def complete(rt, batch_id: str) -> bool:
+def complete(rt: Runtime, batch_id: str) -> bool:
     """in_progress → finalizing (visible while the files are written) → completed."""
     with rt.store.transaction() as s:
         if not _move(s, batch_id, BatchStatus.in_progress, BatchStatus.finalizing, int(time.time())):
@@ -135,18 +141,18 @@ def complete(rt, batch_id: str) -> bool:
     return finish_finalizing(rt, batch_id)
 
 
-def finish_finalizing(rt, batch_id: str) -> bool:
+def finish_finalizing(rt: Runtime, batch_id: str) -> bool:
     """finalizing → completed; also how the reconcile sweep finishes a finalizer that died."""
     return _settle(rt, batch_id, BatchStatus.finalizing, BatchStatus.completed)
 
 
-def expire(rt, batch_id: str) -> bool:
+def expire(rt: Runtime, batch_id: str) -> bool:
     """in_progress → expired: finished items keep their lines, the rest become batch_expired."""
     rt.queue.drop_batch(batch_id)
     return _settle(rt, batch_id, BatchStatus.in_progress, BatchStatus.expired, ItemStatus.expired)
 
 
-def maybe_finalize(rt, batch_id: str) -> bool:
+def maybe_finalize(rt: Runtime, batch_id: str) -> bool:
     """Finalize ``batch_id`` if its work is over: all items done, or cancelling with nothing in flight."""
     with rt.store.read() as s:
         row = s.execute(

@@ -17,7 +17,6 @@ import typing as t
 
 import prometheus_client
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from tidal_workers.policy.aimd import DECISIONS
 from tidal_workers.policy.aimd import FAILSAFE
@@ -25,6 +24,8 @@ from tidal_workers.policy.aimd import AimdConfig
 from tidal_workers.policy.aimd import AimdController
 from tidal_workers.policy.aimd import AimdState
 from tidal_workers.policy.aimd import Observation
+from tidal_workers.scrape import fetch
+from tidal_workers.scrape import samples
 
 if t.TYPE_CHECKING:
     from config import Settings
@@ -74,20 +75,19 @@ def parse_metrics(text: str, now: float, stale_seconds: float, batch_inflight: i
     values: dict[str, list[float]] = {}
     wanted = {*KV_USAGE, WAITING, RUNNING, PREEMPTIONS}
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name not in wanted:
-                    continue
-                if not math.isfinite(sample.value):
-                    raise MetricsError(f"{sample.name} is {sample.value}")
-                if sample.timestamp is not None and now - float(sample.timestamp) > stale_seconds:
-                    raise MetricsError(f"{sample.name} is stale ({now - float(sample.timestamp):.1f} s old)")
-                values.setdefault(sample.name, []).append(float(sample.value))
+        for sample in samples(text):
+            if sample.name not in wanted:
+                continue
+            if not math.isfinite(sample.value):
+                raise MetricsError(f"{sample.name} is {sample.value}")
+            if sample.timestamp is not None and now - float(sample.timestamp) > stale_seconds:
+                raise MetricsError(f"{sample.name} is stale ({now - float(sample.timestamp):.1f} s old)")
+            values.setdefault(sample.name, []).append(float(sample.value))
     except MetricsError:
         raise
     except Exception as exc:  # the parser raises ValueError, IndexError, ... on text that is not an exposition
         raise MetricsError(f"unparseable /metrics: {exc}") from exc
-    kv = values.get(KV_USAGE[0]) or values.get(KV_USAGE[1])
+    kv = values.get(KV_USAGE[0]) or values.get(KV_USAGE[1]) or []
     missing = ([] if kv else [KV_USAGE[0]]) + [name for name in (WAITING, RUNNING, PREEMPTIONS) if name not in values]
     if missing:
         raise MetricsError(f"/metrics lacks {', '.join(missing)}")
@@ -130,14 +130,13 @@ class AimdGate:
 
     def _scrape(self) -> str:
         try:
-            resp = self.session.get(self.url, timeout=self.period / 2)
+            return fetch(self.url, self.period / 2, self.session)
         except requests.Timeout as exc:
             raise MetricsError(f"{self.url} did not answer within {self.period / 2:g} s") from exc
+        except requests.HTTPError as exc:
+            raise MetricsError(str(exc)) from exc
         except requests.RequestException as exc:
             raise MetricsError(f"{self.url} unreachable: {exc.__class__.__name__}") from exc
-        if resp.status_code != 200:
-            raise MetricsError(f"{self.url} answered HTTP {resp.status_code}")
-        return resp.text
 
     def _export(self, before: AimdState, obs: Observation, why: str) -> None:
         """Metrics every step; a log line per change of target, and one when failures begin."""
@@ -163,8 +162,7 @@ class AimdGate:
 
 
 def make_gate(settings: Settings) -> Gate:
-    if settings.gate_mode == "aimd":
-        return AimdGate(settings)
+    """The gate ``TIDAL_GATE_MODE`` names (Settings admits only ``aimd`` and ``fixed``)."""
     if settings.gate_mode == "fixed":
         return FixedGate(settings.max_inflight)
-    raise ValueError(f"TIDAL_GATE_MODE must be 'aimd' or 'fixed', not {settings.gate_mode!r}")
+    return AimdGate(settings)

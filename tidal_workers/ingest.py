@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import logging
 import time
+import typing as t
 
 from kombu.exceptions import OperationalError
 from sqlalchemy import insert
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
+from tidal_workers import task_names
 from tidal_workers.blobs import BlobNotFound
 from tidal_workers.enqueue import enqueue_batch
+from tidal_workers.runtime import Runtime
+from tidal_workers.store.db import rows_updated
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 from tidal_workers.store.models import File
@@ -33,14 +38,14 @@ CHUNK_ROWS = 5000
 log = logging.getLogger(__name__)
 
 
-def request_ingest(rt, batch_id: str) -> bool:
+def request_ingest(rt: Runtime, batch_id: str) -> bool:
     """Send ``tidal.ingest`` for a `validating` batch; False (logged) if the broker did not take it.
 
     Nothing is lost then: the batch stays `validating` in SQL, and beat's reconcile sends the task again once the
     batch has waited ``ingest_resend_seconds``.
     """
     try:
-        rt.celery.send_task("tidal.ingest", args=[batch_id], queue="tidal.ops")
+        rt.celery.send_task(task_names.INGEST, args=[batch_id], queue=task_names.OPS_QUEUE)
         return True
     except OperationalError as exc:
         log.warning(
@@ -54,15 +59,13 @@ def ordered(items: list[ParsedLine]) -> list[ParsedLine]:
     return sorted(items, key=lambda p: (p.prefix_key, p.line))
 
 
-def _claim(session, batch_id: str, **values) -> bool:
+def _claim(session: Session, batch_id: str, **values: t.Any) -> bool:
     """Move the batch out of `validating`; False if another delivery (or a cancel) got there first."""
-    done = session.execute(
-        update(Batch).where(Batch.id == batch_id, Batch.status == BatchStatus.validating.value).values(**values)
-    )
-    return done.rowcount == 1
+    stmt = update(Batch).where(Batch.id == batch_id, Batch.status == BatchStatus.validating.value).values(**values)
+    return rows_updated(session, stmt) == 1
 
 
-def ingest_batch(rt, batch_id: str) -> None:
+def ingest_batch(rt: Runtime, batch_id: str) -> None:
     """Validate the batch's file; then either fail the batch with its line errors, or insert its items and queue them."""
     with rt.store.transaction() as s:
         batch = s.get(Batch, batch_id)

@@ -9,26 +9,35 @@ them, with the gate's gauges, from each worker on ``TIDAL_WORKER_METRICS_PORT``.
 from __future__ import annotations
 
 import logging
+import typing as t
 
 from celery import bootsteps
+from celery.worker import WorkController
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import Metric
 from prometheus_client.registry import REGISTRY
 from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import select
 
 from tidal_workers.health import serve_http
 from tidal_workers.health import worker_http_app
+from tidal_workers.queue import Queue
+from tidal_workers.runtime import Runtime
+from tidal_workers.store import Store
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
+
+if t.TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 log = logging.getLogger(__name__)
 
 
 class QueueCollector:
-    def __init__(self, queue):
+    def __init__(self, queue: Queue):
         self.queue = queue
 
-    def collect(self):
+    def collect(self) -> t.Iterator[Metric]:
         depth = GaugeMetricFamily(
             "tidal_queue_depth", "Items queued in Redis, by batch priority band.", labels=["band"]
         )
@@ -40,7 +49,7 @@ class QueueCollector:
             inflight.add_metric([node], n)
         yield inflight
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # read only at scrape time: registering must not touch Redis
 
 
@@ -61,10 +70,10 @@ class BatchCollector:
         ),
     )
 
-    def __init__(self, store):
+    def __init__(self, store: Store):
         self.store = store
 
-    def collect(self):
+    def collect(self) -> t.Iterator[Metric]:
         with self.store.read() as s:
             rows = s.execute(
                 select(
@@ -94,17 +103,17 @@ class BatchCollector:
                 done.add_metric([row.id], (row.completed + row.failed) / row.total)
         yield done
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []
 
 
-def register_queue_metrics(rt, registry: CollectorRegistry = REGISTRY) -> QueueCollector:
+def register_queue_metrics(rt: Runtime, registry: CollectorRegistry = REGISTRY) -> QueueCollector:
     collector = QueueCollector(rt.queue)
     registry.register(collector)
     return collector
 
 
-def worker_registry(rt) -> CollectorRegistry:
+def worker_registry(rt: Runtime) -> CollectorRegistry:
     """What a worker exports: its own metrics (the gate's), the queue and open batches, read at scrape time."""
     registry = CollectorRegistry()
     registry.register(REGISTRY)  # a registry is a collector too; describe-less, so nothing is read now
@@ -119,11 +128,11 @@ class MetricsStep(bootsteps.StartStopStep):
 
     requires = ("tidal_workers.context:ContextStep",)
 
-    def __init__(self, w, **kwargs):
+    def __init__(self, w: WorkController, **kwargs: t.Any):
         super().__init__(w, **kwargs)
-        self.server = None
+        self.server: WSGIServer | None = None
 
-    def start(self, w):
+    def start(self, w: WorkController) -> None:
         ctx = w.app.tidal_context
         port = ctx.rt.settings.worker_metrics_port
         if not port:
@@ -135,7 +144,7 @@ class MetricsStep(bootsteps.StartStopStep):
             return
         log.info("worker metrics on :%d/metrics, liveness on /health, readiness on /ready", port)
 
-    def stop(self, w):
+    def stop(self, w: WorkController) -> None:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()

@@ -273,7 +273,10 @@ class Reclaimed:
 
 
 class Queue:
-    """Tidal's view of its Redis keys; every mutation is one atomic script."""
+    """Tidal's view of its Redis keys; every mutation is one atomic script.
+
+    ``client`` decodes responses (``Runtime.redis``), so its replies are ``str``; the casts below say so to mypy.
+    """
 
     def __init__(self, client: redis.Redis):
         self.redis = client
@@ -293,7 +296,8 @@ class Queue:
         """Queue ``(item_id, ordinal)`` pairs of an open batch; leased items are skipped. Returns how many."""
         score = batch_score(priority, deadline)
         keys_ = [keys.BATCHES, keys.LEASES, keys.batch(batch_id), keys.ready(batch_id)]
-        queued, chunk, calls = 0, [], 0
+        queued, calls = 0, 0
+        chunk: list[int] = []
         for item_id, ordinal in items:
             chunk += (item_id, ordinal)
             if len(chunk) >= 2 * ENQUEUE_CHUNK:
@@ -380,7 +384,7 @@ class Queue:
         return int(self.redis.zcard(keys.node_inflight(node)))
 
     def inflight_by_node(self) -> dict[str, int]:
-        nodes = sorted(self.redis.smembers(keys.NODES))
+        nodes = sorted(t.cast(set[str], self.redis.smembers(keys.NODES)))
         with self.redis.pipeline(transaction=False) as p:
             for node in nodes:
                 p.zcard(keys.node_inflight(node))
@@ -389,11 +393,8 @@ class Queue:
     def batch_inflight(self, batch_id: str) -> int:
         return int(self._batch_inflight(keys=[keys.INFLIGHT], args=[batch_id, keys.ITEM_PREFIX]))
 
-    def queued(self, batch_id: str) -> int:
-        return int(self.redis.zcard(keys.ready(batch_id)))
-
     def queued_batches(self) -> list[str]:
-        return list(self.redis.zrange(keys.BATCHES, 0, -1))
+        return t.cast(list[str], self.redis.zrange(keys.BATCHES, 0, -1))
 
     def set_urgent(self, batch_ids: t.Iterable[str]) -> None:
         """Replace the set of batches the floor admits past the gate (one transaction)."""
@@ -405,7 +406,7 @@ class Queue:
             p.execute()
 
     def urgent(self) -> set[str]:
-        return set(self.redis.smembers(keys.URGENT))
+        return t.cast(set[str], self.redis.smembers(keys.URGENT))
 
     def depth_by_band(self) -> dict[str, int]:
         """Queued items per priority band (items waiting here are invisible to Flower)."""

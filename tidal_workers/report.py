@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 import typing as t
 
+from sqlalchemy import Select
 from sqlalchemy import func
 from sqlalchemy import select
 
@@ -61,7 +62,7 @@ class Row:
         }
 
 
-def _completed_items(filters: Filters):
+def _completed_items(filters: Filters) -> Select[int, int, int, int, int]:
     q = (
         select(
             func.count(Item.id),

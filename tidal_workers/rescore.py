@@ -24,6 +24,7 @@ import dataclasses
 import math
 import time
 
+import redis
 from sqlalchemy import select
 from sqlalchemy import update
 
@@ -34,6 +35,7 @@ from tidal_workers.policy.laxity import laxity_seconds
 from tidal_workers.policy.laxity import priority_for
 from tidal_workers.policy.laxity import urgency
 from tidal_workers.queue import score_priority
+from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 
@@ -64,7 +66,7 @@ def estimator_from(h: dict[str, str], tau: float) -> RateEstimator:
     )
 
 
-def _save_estimator(pipe, batch_id: str, est: RateEstimator, ttl: float) -> None:
+def _save_estimator(pipe: redis.client.Pipeline, batch_id: str, est: RateEstimator, ttl: float) -> None:
     key = keys.rate(batch_id)
     pipe.hset(
         key,
@@ -79,7 +81,7 @@ def _save_estimator(pipe, batch_id: str, est: RateEstimator, ttl: float) -> None
     pipe.expire(key, max(1, math.ceil(ttl)))
 
 
-def rescore(rt, now: float | None = None) -> list[Rescored]:
+def rescore(rt: Runtime, now: float | None = None) -> list[Rescored]:
     """One pass over every in-progress batch; returns what it computed, batch by batch."""
     now = time.time() if now is None else now
     s = rt.settings

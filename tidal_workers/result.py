@@ -18,6 +18,8 @@ from sqlalchemy import update
 from tidal_workers.finalize import maybe_finalize
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.queue import parse_lease
+from tidal_workers.runtime import Runtime
+from tidal_workers.store.db import rows_updated
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
@@ -44,7 +46,7 @@ class Outcome:
     usage: Usage = Usage()
 
 
-def record(rt, item_id: int, batch_id: str, lease: str, outcome: Outcome) -> bool:
+def record(rt: Runtime, item_id: int, batch_id: str, lease: str, outcome: Outcome) -> bool:
     """Write ``outcome`` if ``lease`` is current and the item still pending; True if this call wrote it."""
     if not rt.queue.lease_current(item_id, lease):
         return False
@@ -55,7 +57,8 @@ def record(rt, item_id: int, batch_id: str, lease: str, outcome: Outcome) -> boo
         # Lock the batch row first, as finalize does, so the two never deadlock on PostgreSQL.
         s.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
         written = (
-            s.execute(
+            rows_updated(
+                s,
                 update(Item)
                 .where(Item.id == item_id, Item.status == ItemStatus.pending.value)
                 .values(
@@ -71,8 +74,8 @@ def record(rt, item_id: int, batch_id: str, lease: str, outcome: Outcome) -> boo
                     cached_tokens=usage.cached_tokens,
                     output_tokens=usage.output_tokens,
                     reasoning_tokens=usage.reasoning_tokens,
-                )
-            ).rowcount
+                ),
+            )
             == 1
         )
         if written and completed:  # only completed items are billed

@@ -1,6 +1,7 @@
 """One process's handles on Tidal's services, built lazily from Settings.
 
-The API keeps one in ``app.extensions["tidal"]``; a worker builds one at start-up.
+The API keeps one in ``app.extensions["tidal"]``; a worker builds one at start-up, around its own
+Celery app. Elsewhere ``celery`` is a sending-only app, so a Runtime never imports the worker's code.
 Passing it explicitly (never a global) keeps Celery tasks and tests free of
 request contexts and lets a test build a runtime on its own Redis DB and database.
 """
@@ -10,16 +11,22 @@ from __future__ import annotations
 import functools
 
 import redis
+from celery import Celery
 
 from config import Settings
+from config.celery import sending_app
 from tidal_workers.blobs import Blobs
 from tidal_workers.blobs import open_blobs
+from tidal_workers.queue import Queue
 from tidal_workers.store import Store
 
 
 class Runtime:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, celery: Celery | None = None):
         self.settings = settings
+        self._owns_celery = celery is None  # a worker's app belongs to the worker; one built here is closed here
+        if celery is not None:
+            self.__dict__["celery"] = celery
 
     @functools.cached_property
     def store(self) -> Store:
@@ -34,19 +41,18 @@ class Runtime:
         return open_blobs(self.settings)
 
     @functools.cached_property
-    def queue(self):
-        from tidal_workers.queue import Queue
-
+    def queue(self) -> Queue:
         return Queue(self.redis)
 
     @functools.cached_property
-    def celery(self):
-        from tidal_workers.celery_app import make_celery
-
-        return make_celery(self.settings)
+    def celery(self) -> Celery:
+        """The app to send tasks with: the worker's own inside a worker, else a sending-only one."""
+        return sending_app(self.settings)
 
     def close(self) -> None:
         if "store" in self.__dict__:
             self.store.dispose()
         if "redis" in self.__dict__:
             self.redis.close()
+        if "celery" in self.__dict__ and self._owns_celery:
+            self.celery.close()

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import time
 
+from celery import Task
 from celery import shared_task
 from sqlalchemy import select
 
 from tidal_workers import finalize
+from tidal_workers import task_names
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
 from tidal_workers.rescore import rescore
+from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 
 
-def expire_due(rt, now: float | None = None) -> list[str]:
+def expire_due(rt: Runtime, now: float | None = None) -> list[str]:
     """Expire every in-progress batch past its expires_at; returns the ids this call expired."""
     now = time.time() if now is None else now
     with rt.store.read() as s:
@@ -32,7 +35,7 @@ def expire_due(rt, now: float | None = None) -> list[str]:
     return [batch_id for batch_id in due if finalize.expire(rt, batch_id)]
 
 
-def reclaim(rt) -> int:
+def reclaim(rt: Runtime) -> int:
     """Requeue items whose lease expired; settle batches whose abandoned items were the last in flight."""
     reclaimed = rt.queue.reclaim_expired()
     for batch_id in {r.batch_id for r in reclaimed if not r.requeued and r.batch_id}:
@@ -40,7 +43,7 @@ def reclaim(rt) -> int:
     return len(reclaimed)
 
 
-def reconcile(rt, now: float | None = None) -> int:
+def reconcile(rt: Runtime, now: float | None = None) -> int:
     """Rebuild the queue from SQL, send ingest again for batches left `validating`, and finalize batches whose
     finalizer never ran or died; returns items queued."""
     now = time.time() if now is None else now
@@ -77,27 +80,27 @@ def reconcile(rt, now: float | None = None) -> int:
     return queued
 
 
-@shared_task(name="tidal.sweep.expire", bind=True)
-def expire_task(self) -> int:
+@shared_task(name=task_names.SWEEP_EXPIRE, bind=True)
+def expire_task(self: Task) -> int:
     return len(expire_due(worker_context(self.app).rt))
 
 
-@shared_task(name="tidal.sweep.reclaim", bind=True)
-def reclaim_task(self) -> int:
+@shared_task(name=task_names.SWEEP_RECLAIM, bind=True)
+def reclaim_task(self: Task) -> int:
     return reclaim(worker_context(self.app).rt)
 
 
-@shared_task(name="tidal.sweep.reconcile", bind=True)
-def reconcile_task(self) -> int:
+@shared_task(name=task_names.SWEEP_RECONCILE, bind=True)
+def reconcile_task(self: Task) -> int:
     return reconcile(worker_context(self.app).rt)
 
 
-@shared_task(name="tidal.sweep.rescore", bind=True)
-def rescore_task(self) -> int:
+@shared_task(name=task_names.SWEEP_RESCORE, bind=True)
+def rescore_task(self: Task) -> int:
     """Laxity re-score of every open batch; returns how many batches changed score."""
     return sum(r.moved for r in rescore(worker_context(self.app).rt))
 
 
-@shared_task(name="tidal.ingest", bind=True)
-def ingest_task(self, batch_id: str) -> None:
+@shared_task(name=task_names.INGEST, bind=True)
+def ingest_task(self: Task, batch_id: str) -> None:
     ingest_batch(worker_context(self.app).rt, batch_id)

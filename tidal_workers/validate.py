@@ -28,7 +28,7 @@ class ParsedLine:
     custom_id: str
     url: str
     body: str  # the request body as compact JSON text
-    model: str | None
+    model: str
     prefix_key: str  # start of the prompt text; equal keys are claimed next to each other
 
 
@@ -49,10 +49,6 @@ class Validation:
     errors: list[LineError]
     model: str | None
     error_count: int = 0  # every error found, including those past MAX_REPORTED_ERRORS
-
-    @property
-    def ok(self) -> bool:
-        return self.error_count == 0
 
 
 def _reject_constant(name: str) -> t.NoReturn:

@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 import openai
+import pytest
 
+from config.settings import SettingsError
 from config.settings import env_name
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tidal_api import create_app
+from tidal_engine.serve import free_port
 
 
 def test_tidal_serve_runs_the_api_under_gunicorn(settings, rt, tmp_path):  # rt: an empty store
-    port = _free_port()
+    port = free_port()
     overrides = {
         "home": settings.home,
         "database_url": settings.database_url,
@@ -68,3 +65,25 @@ def test_tidal_serve_runs_the_api_under_gunicorn(settings, rt, tmp_path):  # rt:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)
         log.close()
+
+
+BAD_PRICES = '{"tiny": [1, 2]'  # one brace short
+
+
+def test_a_bad_setting_stops_tidal_serve_before_gunicorn_starts(tmp_path):
+    env = {**os.environ, "TIDAL_PRICES": BAD_PRICES, "TIDAL_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tidal_api.cli", "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("Error: invalid Tidal settings") and "TIDAL_PRICES is not JSON" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "home").exists()  # stopped before it prepared anything
+
+
+def test_the_app_factory_refuses_a_bad_setting_before_touching_the_store(monkeypatch, tmp_path):
+    monkeypatch.setenv("TIDAL_PRICES", BAD_PRICES)
+    monkeypatch.setenv("TIDAL_HOME", str(tmp_path / "home"))
+    with pytest.raises(SettingsError, match="TIDAL_PRICES is not JSON"):
+        create_app()
+    assert not (tmp_path / "home").exists()  # no database created, no migration run

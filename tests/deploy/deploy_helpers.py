@@ -1,18 +1,11 @@
-"""Helpers of the deployment tests: free ports and the environment of a `tidal` child process."""
+"""Helpers of the deployment tests: the environment of a `tidal` child process."""
 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tidal_env(**settings) -> dict[str, str]:

@@ -6,13 +6,13 @@ import urllib.parse
 
 import pytest
 import requests
-from deploy_helpers import free_port
 from sqlalchemy import select
-from worker_helpers import batch_row
-from worker_helpers import spawn
-from worker_helpers import upload_batch
-from worker_helpers import wait_for
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import spawn
+from workers.worker_helpers import upload_batch
+from workers.worker_helpers import wait_for
 
+from tidal_engine.serve import free_port
 from tidal_workers.store.models import Item
 
 AUTH = ("admin", "s3cret")

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import requests
 from deploy_helpers import ROOT
-from deploy_helpers import free_port
 from deploy_helpers import tidal_env
-from worker_helpers import wait_for
+from workers.worker_helpers import wait_for
+
+from tidal_engine.serve import free_port
 
 GRACE_S = 20.0  # Supervisor.stop's 15 s, plus the time to exit
 

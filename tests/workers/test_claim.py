@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from workers.worker_helpers import queued
 from workers.worker_helpers import wait_for
 
 from tidal_workers.claim import ClaimLoop
@@ -56,7 +57,7 @@ def test_a_pass_after_data_loss_rebuilds_the_queue(rt, make_batch):
     loop.tick(time.time())
     rt.redis.flushdb()
     assert loop.tick(time.time() + 60) == 1  # upkeep is due: it sees tidal:built gone and rebuilds
-    assert rt.queue.queued(batch) == 2 and {c.item_id for c in sent} == {sent[0].item_id}
+    assert queued(rt, batch) == 2 and {c.item_id for c in sent} == {sent[0].item_id}
 
 
 def test_a_settled_item_wakes_the_idle_loop_at_once(rt, make_batch, settings):

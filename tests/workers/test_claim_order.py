@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from sqlalchemy import select
-from worker_helpers import validating_batch
+from workers.worker_helpers import validating_batch
 
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.store.models import Batch

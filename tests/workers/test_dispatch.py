@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from celery.signals import task_prerun
 from sqlalchemy import select
-from worker_helpers import assert_exactly_once
-from worker_helpers import batch_row
-from worker_helpers import item_ids
-from worker_helpers import settled
-from worker_helpers import wait_for
+from workers.worker_helpers import assert_exactly_once
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import item_ids
+from workers.worker_helpers import settled
+from workers.worker_helpers import wait_for
 
 from tidal_workers.store.models import Item
 

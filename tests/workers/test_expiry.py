@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from worker_helpers import assert_exactly_once
-from worker_helpers import batch_row
-from worker_helpers import settled
-from worker_helpers import wait_for
+from workers.worker_helpers import assert_exactly_once
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import settled
+from workers.worker_helpers import wait_for
 
 from tidal_workers.sweeps import expire_due
 

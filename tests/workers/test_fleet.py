@@ -7,11 +7,11 @@ import signal
 
 import pytest
 from sqlalchemy import select
-from stub_engine import StubEngine
-from stub_engine import metrics_text
-from worker_helpers import settled
-from worker_helpers import spawn
-from worker_helpers import wait_for
+from workers.stub_engine import StubEngine
+from workers.stub_engine import metrics_text
+from workers.worker_helpers import settled
+from workers.worker_helpers import spawn
+from workers.worker_helpers import wait_for
 
 from tidal_workers.store.models import Item
 

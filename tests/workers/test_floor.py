@@ -6,10 +6,11 @@ import time
 
 import pytest
 from prometheus_client import REGISTRY
-from stub_engine import metrics_text
-from worker_helpers import batch_row
-from worker_helpers import item_ids
-from worker_helpers import settled
+from workers.stub_engine import metrics_text
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import item_ids
+from workers.worker_helpers import queued
+from workers.worker_helpers import settled
 
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import LeaseBook
@@ -55,7 +56,7 @@ def test_a_closed_gate_still_admits_an_urgent_batch_at_the_floor_rate(rt, make_b
     assert {c.batch_id for c in sent} == {urgent}  # nothing else passes the closed gate
     assert len(sent) == 1 + FLOOR_RATE * 10  # a full bucket of one, then the rate
     assert [c.item_id for c in sent] == item_ids(rt, urgent)[: len(sent)]  # still in prefix order
-    assert rt.queue.queued(calm) == 100
+    assert queued(rt, calm) == 100
 
 
 def test_a_floor_rate_of_0_turns_the_floor_off(rt, make_batch):
@@ -92,6 +93,6 @@ def test_a_batch_starved_by_online_load_still_makes_its_floor_rate(rt, make_batc
         _b, out, err = settled(rt, urgent)
         assert REGISTRY.get_sample_value("tidal_gate_target") == 0  # the gate never opened
     assert len(out) == n and not err
-    assert batch_row(rt, calm).completed == 0 and rt.queue.queued(calm) == n  # the gate admitted nothing
+    assert batch_row(rt, calm).completed == 0 and queued(rt, calm) == n  # the gate admitted nothing
     rate = (n - 2) / (seen_at[-1] - seen_at[1])  # from the second arrival: the first may wait on a cold worker
     assert FLOOR_RATE / 4 <= rate <= FLOOR_RATE * 1.5, rate  # settles at the floor, not above it

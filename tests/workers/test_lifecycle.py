@@ -8,10 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import func
 from sqlalchemy import select
 from sqlalchemy import update
-from worker_helpers import assert_exactly_once
-from worker_helpers import batch_row
-from worker_helpers import settled
-from worker_helpers import wait_for
+from workers.worker_helpers import assert_exactly_once
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import queued
+from workers.worker_helpers import settled
+from workers.worker_helpers import wait_for
 
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.execute import execute_item
@@ -55,7 +56,7 @@ def test_cancel_with_nothing_in_flight_is_immediate(rt, make_batch):
     assert b.cancelling_at and b.cancelled_at and out == [] and b.output_file_id is None
     assert [line["error"]["code"] for line in err] == ["batch_cancelled"] * 3
     assert all(line["response"] is None for line in err)
-    assert rt.queue.queued(batch) == 0 and rt.queue.queued_batches() == []
+    assert queued(rt, batch) == 0 and rt.queue.queued_batches() == []
     cancel_batch(rt, batch)  # cancelling twice changes nothing
     assert batch_row(rt, batch).cancelled_at == b.cancelled_at
 

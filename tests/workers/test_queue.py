@@ -7,7 +7,8 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client import generate_latest
 from sqlalchemy import update
-from worker_helpers import item_ids
+from workers.worker_helpers import item_ids
+from workers.worker_helpers import queued
 
 from tidal_workers import keys
 from tidal_workers.enqueue import rebuild
@@ -110,7 +111,7 @@ def test_enqueue_of_a_large_batch_is_chunked_and_exact(rt):
     items = [(i, i) for i in range(12_000)]
     deadline = time.time() + 60
     assert rt.queue.enqueue_batch("batch_big", 100, deadline, items) == 12_000
-    assert rt.queue.queued("batch_big") == 12_000
+    assert queued(rt, "batch_big") == 12_000
     assert rt.redis.zscore(keys.BATCHES, "batch_big") == batch_score(100, deadline)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import select
-from worker_helpers import assert_exactly_once
-from worker_helpers import settled
+from workers.worker_helpers import assert_exactly_once
+from workers.worker_helpers import settled
 
 from tidal_workers.store.models import Item
 

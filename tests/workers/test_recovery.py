@@ -9,14 +9,14 @@ import time
 
 from sqlalchemy import func
 from sqlalchemy import select
-from worker_helpers import assert_exactly_once
-from worker_helpers import batch_row
-from worker_helpers import settled
-from worker_helpers import spawn
-from worker_helpers import wait_for
+from workers.worker_helpers import assert_exactly_once
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import settled
+from workers.worker_helpers import spawn
+from workers.worker_helpers import wait_for
 
-from config.celery import OPS_QUEUE
 from tidal_workers.store.models import Item
+from tidal_workers.task_names import OPS_QUEUE
 
 
 def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(

@@ -9,10 +9,10 @@ import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client import generate_latest
 from sqlalchemy import update
-from worker_helpers import batch_row
-from worker_helpers import item_ids
-from worker_helpers import settled
-from worker_helpers import wait_for
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import item_ids
+from workers.worker_helpers import settled
+from workers.worker_helpers import wait_for
 
 from config.celery import celery_config
 from tidal_workers import keys

@@ -15,6 +15,7 @@ import requests
 from sqlalchemy import select
 
 from config.settings import env_name
+from tidal_workers import keys
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
@@ -35,6 +36,11 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 def batch_row(rt, batch_id: str) -> Batch:
     with rt.store.read() as s:
         return s.get(Batch, batch_id)
+
+
+def queued(rt, batch_id: str) -> int:
+    """Items of ``batch_id`` waiting in its Redis ready set (what a claim can still pop)."""
+    return int(rt.redis.zcard(keys.ready(batch_id)))
 
 
 def item_ids(rt, batch_id: str) -> list[int]:

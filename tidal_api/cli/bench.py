@@ -373,7 +373,7 @@ def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_by
     try:
         results = px.run(
             px.PrefixConfig(
-                engine_url=engine_url or engine.url,
+                engine_url=engine_url or (engine.url if engine else ""),
                 model=model,
                 items=items,
                 groups=groups,

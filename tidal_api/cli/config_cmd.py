@@ -31,8 +31,8 @@ BEGIN, END = "<!-- tidal config table: begin -->\n", "<!-- tidal config table: e
 
 
 def markdown_table() -> str:
-    rows = [f"| `{name}` | `{default}` | {doc} |" for name, default, doc in documented_fields()]
-    return "\n".join(["| variable | default | meaning |", "| --- | --- | --- |", *rows]) + "\n"
+    rows = [f"| `{name}` | `{default}` | {accepts} | {doc} |" for name, default, accepts, doc in documented_fields()]
+    return "\n".join(["| variable | default | accepts | meaning |", "| --- | --- | --- | --- |", *rows]) + "\n"
 
 
 @config_group.command()

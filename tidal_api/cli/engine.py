@@ -37,7 +37,7 @@ SHAPE = click.option(
 
 @engine.command("build-tiny")
 @SHAPE
-def build_tiny(shape) -> None:
+def build_tiny(shape: str) -> None:
     """Build a random-weight model under $TIDAL_HOME/models/SHAPE (cached)."""
     from tidal_engine.tiny import build_tiny as build
 
@@ -59,7 +59,17 @@ def build_tiny(shape) -> None:
 @click.option("--log", "log_path", default="", help="Server log file; default $TIDAL_HOME/logs/vllm-PORT.log.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(
-    model, served_model_name, shape, host, port, tidal_scheduler, gpu, kv_bytes, max_num_seqs, log_path, vllm_args
+    model: str,
+    served_model_name: str,
+    shape: str,
+    host: str,
+    port: int,
+    tidal_scheduler: bool,
+    gpu: bool,
+    kv_bytes: str,
+    max_num_seqs: int,
+    log_path: str,
+    vllm_args: tuple[str, ...],
 ) -> None:
     """Start `vllm serve` with --scheduling-policy priority; wait until healthy; run until Ctrl-C.
 

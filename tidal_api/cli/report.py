@@ -12,7 +12,7 @@ import click
 from config import load_settings
 
 
-def _date(_ctx, _param, value: str | None) -> dt.date | None:
+def _date(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dt.date | None:
     return dt.date.fromisoformat(value) if value else None
 
 
@@ -25,7 +25,16 @@ def _date(_ctx, _param, value: str | None) -> dt.date | None:
 @click.option("--since", callback=_date, help="First UTC day, YYYY-MM-DD.")
 @click.option("--until", callback=_date, help="Last UTC day, YYYY-MM-DD.")
 @click.option("--chart", type=click.Path(dir_okay=False), help="Also write a PNG of daily spend and harvested tokens.")
-def report(by, fmt, tenant, key, model, since, until, chart) -> None:
+def report(
+    by: str,
+    fmt: str,
+    tenant: str | None,
+    key: str | None,
+    model: str | None,
+    since: dt.date | None,
+    until: dt.date | None,
+    chart: str | None,
+) -> None:
     """Per-batch or per-day cost of completed items, and the savings against the online price."""
     from tidal_workers import report as rep
     from tidal_workers.store import Store

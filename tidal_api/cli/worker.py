@@ -10,8 +10,8 @@ from config import load_settings
 @click.option("--threads", type=int, default=None, help="Pool threads. Default: TIDAL_WORKER_THREADS.")
 def worker(loglevel: str, threads: int | None) -> None:
     """Run a worker: its claim thread feeds TIDAL_VLLM_URL; it consumes its own queue and tidal.ops."""
-    from config.celery import OPS_QUEUE
     from tidal_workers.celery_app import make_celery
+    from tidal_workers.task_names import OPS_QUEUE
 
     settings = load_settings()
     app = make_celery(settings)
@@ -33,9 +33,9 @@ def worker(loglevel: str, threads: int | None) -> None:
 @click.command()
 @click.option("--loglevel", default="info", show_default=True)
 def beat(loglevel: str) -> None:
-    """Run celery beat with RedBeat: several may run, only the lock holder fires."""
+    """Run celery beat with RedBeat: several may run, only the lock holder fires (beat only sends: no worker code)."""
+    from config.celery import sending_app
     from tidal_workers.blobs.sentinel import prepare_storage
-    from tidal_workers.celery_app import make_celery
     from tidal_workers.runtime import Runtime
 
     settings = load_settings()
@@ -44,7 +44,7 @@ def beat(loglevel: str) -> None:
         prepare_storage(rt, "beat")  # like every Tidal process: only on the fleet's storage
     finally:
         rt.close()
-    make_celery(settings).start(["beat", "--scheduler=redbeat.RedBeatScheduler", f"--loglevel={loglevel}"])
+    sending_app(settings).start(["beat", "--scheduler=redbeat.RedBeatScheduler", f"--loglevel={loglevel}"])
 
 
 COMMANDS = [worker, beat]

@@ -86,7 +86,7 @@ def start_replicas(model_dir: Path, count: int, log_dir: Path, max_num_seqs: int
             for i in range(count)
         ]
         concurrent.futures.wait(futures)
-    failed = [f.exception() for f in futures if f.exception()]
+    failed = [exc for f in futures if (exc := f.exception())]
     if failed:
         for f in futures:
             if not f.exception():
@@ -110,7 +110,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 def _pending(stack: TidalStack) -> int:
     with stack.rt.store.read() as s:
-        return int(s.scalar(select(func.count()).where(Item.status == ItemStatus.pending.value)))
+        return int(s.scalar(select(func.count()).where(Item.status == ItemStatus.pending.value)) or 0)
 
 
 def _top_up(stack: TidalStack, cfg: FleetConfig, stop: threading.Event) -> None:
@@ -222,6 +222,7 @@ def batch_series(
 
 def _overlap(sample: online.OnlineSample, lo: float, hi: float) -> float:
     """The fraction of the request's life (submission to its last token) that falls in [lo, hi)."""
+    assert sample.ttft is not None  # only answered requests are spread over bins
     start, end = sample.start, sample.start + sample.ttft + sum(sample.tbts)
     if end <= start:
         return 1.0 if lo <= start < hi else 0.0

@@ -215,6 +215,8 @@ class GateTrace:
             if (
                 s.at >= self.burst_start
                 and s.kv_usage is not None
+                and s.online_waiting is not None
+                and s.preemptions_total is not None
                 and (
                     s.kv_usage > self.kv_high
                     or s.online_waiting >= self.online_waiting_tolerance + 0.5
@@ -282,13 +284,13 @@ def run(cfg: GateTraceConfig, settings: Settings) -> GateTrace:
                 target=target,
                 decision=st.decision,
                 batch_inflight=inflight,
-                kv_usage=obs and obs.kv_usage,
+                kv_usage=obs.kv_usage if obs else None,
                 kv_ewma=st.kv_ewma,
-                waiting=obs and obs.waiting,
-                online_waiting=obs and obs.online_waiting,
+                waiting=obs.waiting if obs else None,
+                online_waiting=obs.online_waiting if obs else None,
                 online_waiting_ewma=st.waiting_ewma,
-                running=obs and obs.running,
-                preemptions_total=obs and obs.preemptions_total,
+                running=obs.running if obs else None,
+                preemptions_total=obs.preemptions_total if obs else None,
             )
         )
 

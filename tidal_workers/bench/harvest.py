@@ -58,7 +58,15 @@ def report_prompt(num_bytes: int) -> str:
     return head + ("tide data " * (num_bytes // 10 + 1))[: max(num_bytes - len(head), 0)]
 
 
-def batch_body(cfg: HarvestConfig, n: int, priority: int | None = None) -> dict:
+class BatchShape(t.Protocol):
+    """What a batch request is made of (HarvestConfig and FleetConfig both say)."""
+
+    model: str
+    batch_prompt: str
+    batch_max_tokens: int
+
+
+def batch_body(cfg: BatchShape, n: int, priority: int | None = None) -> dict:
     """The n-th batch request. Its number comes first, so no two share a prefix: otherwise vLLM's prefix
     cache would serve every prefill after the first and the batch would cost only its decodes."""
     body = {
@@ -151,7 +159,7 @@ def measure_online(cfg: HarvestConfig, stack: TidalStack | None = None) -> dict:
     result.update(_engine_side(s.readings, cfg))
     result["ttft_samples"] = sorted(x.ttft for x in samples if x.ttft is not None)
     result["tbt_samples"] = sorted(g for x in samples for g in x.tbts)
-    if stack is not None:
+    if stack is not None and before is not None and cpu_before is not None:
         after = stack.progress()
         items = after.items - before.items
         result["tidal_items_completed"] = items
@@ -162,7 +170,7 @@ def measure_online(cfg: HarvestConfig, stack: TidalStack | None = None) -> dict:
         for key in ("target", "inflight"):
             seen = [g[f"tidal_gate_{key}"] for _, g in s.also_readings if f"tidal_gate_{key}" in g]
             result[f"gate_{key}_mean"] = sum(seen) / len(seen) if seen else None
-    if plugin_before is not None:
+    if plugin_before is not None and cfg.plugin_metrics_url:
         result["plugin"] = _plugin_delta(plugin_before, engine_stats.read_plugin(cfg.plugin_metrics_url))
     return result
 

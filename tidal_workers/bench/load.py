@@ -144,7 +144,7 @@ def run_load(cfg: LoadConfig) -> dict:
     headers = {"Authorization": f"Bearer {cfg.key}"}
 
     def poller() -> None:
-        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        conn = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=30)
         while True:
             with lock:
                 i = next(next_index, None)

@@ -68,7 +68,7 @@ class Blobs(abc.ABC):
     location: str  # where the bytes live, for logs and error messages: a path or s3://bucket/prefix
 
     @abc.abstractmethod
-    def write_stream(self, stream: t.BinaryIO, limit: int | None = None, name: str | None = None) -> Written:
+    def write_stream(self, stream: t.IO[bytes], limit: int | None = None, name: str | None = None) -> Written:
         """Copy ``stream`` to a new blob (a fresh random name unless ``name`` is given).
 
         The blob becomes visible only when complete: a process killed mid-write leaves nothing under the name.

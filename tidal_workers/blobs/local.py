@@ -43,7 +43,7 @@ class LocalBlobs(Blobs):
     def path(self, name: str) -> Path:
         return self.root / name
 
-    def write_stream(self, stream: t.BinaryIO, limit: int | None = None, name: str | None = None) -> Written:
+    def write_stream(self, stream: t.IO[bytes], limit: int | None = None, name: str | None = None) -> Written:
         """Bytes go to ``.<name>.part`` and are renamed into place only when complete and synced."""
         name = name or new_name()
         tmp = self.root / f".{name}.part"

@@ -70,7 +70,7 @@ class S3Blobs(Blobs):
     def key(self, name: str) -> str:
         return self.prefix + name
 
-    def write_stream(self, stream: t.BinaryIO, limit: int | None = None, name: str | None = None) -> Written:
+    def write_stream(self, stream: t.IO[bytes], limit: int | None = None, name: str | None = None) -> Written:
         name = name or new_name()
         key = self.key(name)
         counter = LineCounter(limit)

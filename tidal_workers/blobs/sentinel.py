@@ -19,12 +19,15 @@ import logging
 import os
 import secrets
 import time
+import typing as t
 
 from tidal_workers import keys
 from tidal_workers.blobs import BlobNotFound
 from tidal_workers.blobs import Blobs
 from tidal_workers.blobs import StorageUnavailable
-from tidal_workers.runtime import Runtime
+
+if t.TYPE_CHECKING:  # the Runtime holds the blobs: a run-time import would be a loop
+    from tidal_workers.runtime import Runtime
 
 SENTINEL_PREFIX = ".sentinel-"
 

@@ -2,6 +2,7 @@
 
 from tidal_workers.store.db import Store
 from tidal_workers.store.db import make_engine
+from tidal_workers.store.db import rows_updated
 from tidal_workers.store.models import ApiKey
 from tidal_workers.store.models import Base
 from tidal_workers.store.models import Batch
@@ -22,4 +23,5 @@ __all__ = [
     "Store",
     "Tenant",
     "make_engine",
+    "rows_updated",
 ]

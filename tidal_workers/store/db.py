@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sqlite3
 import time
 import typing as t
 
+from sqlalchemy import CursorResult
+from sqlalchemy import Update
 from sqlalchemy import create_engine
 from sqlalchemy import event
 from sqlalchemy import select
@@ -25,7 +28,9 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # WAL lets readers run beside one writer
+        def _sqlite_pragmas(
+            dbapi_conn: sqlite3.Connection, _record: object
+        ) -> None:  # WAL lets readers run beside one writer
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
@@ -35,6 +40,13 @@ def make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def rows_updated(session: Session, stmt: Update) -> int:
+    """Run an UPDATE and return how many rows it changed (a conditional UPDATE's 1 is an election won)."""
+    result = session.execute(stmt)
+    assert isinstance(result, CursorResult)  # what an UPDATE returns; Session.execute is typed for SELECTs
+    return result.rowcount
 
 
 def hash_key(key: str) -> str:
@@ -54,8 +66,14 @@ class Store:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextlib.contextmanager
+    def read(self) -> t.Iterator[Session]:
+        """A session for reading: closed at the end, nothing in it is ever committed."""
+        with self._sessions() as session:
+            yield session
+
+    @contextlib.contextmanager
     def transaction(self) -> t.Iterator[Session]:
-        """A session whose work is committed when the block ends, and rolled back if it raises."""
+        """A session committed on success and rolled back on error."""
         with self._sessions() as session:
             try:
                 yield session
@@ -63,12 +81,6 @@ class Store:
             except BaseException:
                 session.rollback()
                 raise
-
-    @contextlib.contextmanager
-    def read(self) -> t.Iterator[Session]:
-        """A session for reading: closed, never committed, at the end (what it loaded stays readable)."""
-        with self._sessions() as session:
-            yield session
 
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision."""
@@ -101,4 +113,4 @@ class Store:
         self.engine.dispose()
 
 
-__all__ = ["Base", "Store", "hash_key", "make_engine"]
+__all__ = ["Base", "Store", "hash_key", "make_engine", "rows_updated"]

@@ -37,11 +37,6 @@ class BatchStatus(str, enum.Enum):
     cancelling = "cancelling"
     cancelled = "cancelled"
 
-    @property
-    def is_open(self) -> bool:
-        """Items of an open batch may still be claimed or finish."""
-        return self in (BatchStatus.in_progress, BatchStatus.cancelling)
-
 
 class ItemStatus(str, enum.Enum):
     pending = "pending"  # queued or in flight: only a terminal write changes it

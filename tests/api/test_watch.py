@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner
+from workers.stub_engine import StubEngine
+from workers.worker_helpers import upload_batch
 
 from tidal_api.cli import main
 from tidal_api.cli.watch import final_summary
 from tidal_api.cli.watch import progress_line
 from tidal_workers.celery_app import make_celery
-
-sys.path.insert(0, str(Path(__file__).parent / "workers"))  # the worker tests' stub engine and helpers
-from stub_engine import StubEngine
-from worker_helpers import upload_batch
 
 
 def test_progress_line_counts_failed_items_as_done():

@@ -7,6 +7,7 @@ import json
 import pytest
 from sqlalchemy import func
 from sqlalchemy import select
+from workers.worker_helpers import queued
 from workers.worker_helpers import validating_batch
 
 from tidal_workers.ingest import ingest_batch
@@ -49,7 +50,7 @@ def test_redelivery_inserts_nothing_twice(rt):
     ingest_batch(rt, batch_id)  # a redelivered Celery message
     b, n = _state(rt, batch_id)
     assert (b.status, b.total, b.model, n) == ("in_progress", 10, "tiny", 10)
-    assert rt.queue.queued(batch_id) == 10  # handed to enqueue_batch once, queued once
+    assert queued(rt, batch_id) == 10  # handed to enqueue_batch once, queued once
 
 
 def test_model_not_in_the_configured_list_fails_the_batch(rt):
@@ -91,7 +92,7 @@ def test_fifty_thousand_lines(rt):
     batch_id = validating_batch(rt, b"".join(_line(f"r{i}", content=f"prompt {i % 7}") for i in range(50_000)))
     ingest_batch(rt, batch_id)
     b, n = _state(rt, batch_id)
-    assert (b.status, b.total, n) == ("in_progress", 50_000, 50_000) and rt.queue.queued(batch_id) == 50_000
+    assert (b.status, b.total, n) == ("in_progress", 50_000, 50_000) and queued(rt, batch_id) == 50_000
     with rt.store.read() as s:
         ordinals = s.scalars(select(Item.ordinal).where(Item.batch_id == batch_id).order_by(Item.line).limit(8)).all()
     # grouped by prompt: line 1 ("prompt 0") first, line 8 ("prompt 0" again) right after the other 7142 of its group

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.server
 import logging
-import socket
 import threading
 import time
 
@@ -17,6 +16,9 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.utils import floatToGoString
 
+from config import load_settings
+from config.settings import SettingsError
+from tidal_engine.serve import free_port
 from tidal_workers.gate import AimdGate
 from tidal_workers.gate import FixedGate
 from tidal_workers.gate import MetricsError
@@ -183,6 +185,7 @@ def server():
 @pytest.fixture
 def gate_settings(settings, server):
     return settings.replace(
+        gate_mode="aimd",  # the worker tests' settings fix the gate; these tests are about the AIMD one
         vllm_url=server.url + "/",
         scrape_seconds=1.0,
         min_inflight=0,
@@ -352,22 +355,16 @@ def test_make_gate(gate_settings):
     assert isinstance(make_gate(gate_settings), AimdGate)
     fixed = make_gate(gate_settings.replace(gate_mode="fixed", max_inflight=7))
     assert isinstance(fixed, FixedGate) and fixed.poll(0.0, 3) == 7
-    with pytest.raises(ValueError, match="TIDAL_GATE_MODE"):
-        make_gate(gate_settings.replace(gate_mode="adaptive"))
+    with pytest.raises(SettingsError, match="TIDAL_GATE_MODE='adaptive': must be one of aimd, fixed"):
+        gate_settings.replace(gate_mode="adaptive")  # refused when the settings are built, before any gate
 
 
-def test_default_gate_mode_is_aimd(settings):
-    assert settings.gate_mode == "aimd"
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def test_default_gate_mode_is_aimd():
+    assert load_settings({}).gate_mode == "aimd"
 
 
 def test_nothing_listening_is_unreachable_from_the_first_poll(settings):
-    gate = AimdGate(settings.replace(vllm_url=f"http://127.0.0.1:{_free_port()}", initial_inflight=2, min_inflight=0))
+    gate = AimdGate(settings.replace(vllm_url=f"http://127.0.0.1:{free_port()}", initial_inflight=2, min_inflight=0))
     assert gate.poll(0.0, 0) == 0
     assert gate.state.decision == "failsafe"
 

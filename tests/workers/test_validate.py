@@ -40,7 +40,7 @@ def codes(result):
 
 def test_valid_file(tmp_path):
     r = run(tmp_path, [line("a"), line("b", temperature=0)])
-    assert r.ok and r.errors == [] and r.model == "m"
+    assert r.error_count == 0 and r.errors == [] and r.model == "m"
     assert [(p.line, p.custom_id, p.url, p.model) for p in r.items] == [(1, "a", CHAT, "m"), (2, "b", CHAT, "m")]
     assert json.loads(r.items[1].body) == line("b", temperature=0)["body"]
 
@@ -77,7 +77,7 @@ def test_line_errors(tmp_path, bad, expected):
 
 
 def test_stream_false_is_fine(tmp_path):
-    assert run(tmp_path, [line(stream=False)]).ok
+    assert run(tmp_path, [line(stream=False)]).error_count == 0
 
 
 def test_duplicates_models_and_model_list(tmp_path):
@@ -85,13 +85,13 @@ def test_duplicates_models_and_model_list(tmp_path):
     assert codes(r) == [("duplicate_custom_id", 2, "custom_id"), ("mismatched_model", 3, "body.model")]
     listed = load_settings(models="m, n")
     assert codes(run(tmp_path, [line("a", model="z")], settings=listed)) == [("model_not_found", 1, "body.model")]
-    assert run(tmp_path, [line("a", model="n")], settings=listed).ok
+    assert run(tmp_path, [line("a", model="n")], settings=listed).error_count == 0
 
 
 def test_blank_lines_bom_and_no_final_newline(tmp_path):
     body = json.dumps(line("a")).encode()
     r = run(tmp_path, [], raw=b"\xef\xbb\xbf" + body + b"\n\n  \r\n" + json.dumps(line("b")).encode())
-    assert r.ok and [(p.line, p.custom_id) for p in r.items] == [(1, "a"), (4, "b")]
+    assert r.error_count == 0 and [(p.line, p.custom_id) for p in r.items] == [(1, "a"), (4, "b")]
 
 
 def test_file_level_errors(tmp_path):
@@ -108,7 +108,7 @@ def test_file_level_errors(tmp_path):
 def test_errors_are_capped_but_counted(tmp_path):
     r = run(tmp_path, ["nope"] * (validate.MAX_REPORTED_ERRORS + 5))
     assert len(r.errors) == validate.MAX_REPORTED_ERRORS and r.error_count == validate.MAX_REPORTED_ERRORS + 5
-    assert not r.ok
+    assert r.error_count > 0
 
 
 def test_prefix_key_reads_every_endpoint_shape():

@@ -1,0 +1,21 @@
+"""The names Tidal's Celery messages travel under, written once: tasks and the shared queue.
+
+Whoever sends a task (the API, the claim thread, beat's schedule in ``config/celery.py``)
+and the worker that registers it use these constants, never string literals. Redis keys
+Tidal owns are in ``keys.py``; Celery's own broker keys are named after these queues.
+"""
+
+from __future__ import annotations
+
+#: Ingest and the sweeps; every worker consumes it besides its own worker-direct queue (``<hostname>.dq2``).
+OPS_QUEUE = "tidal.ops"
+
+#: One claimed item, sent by the claim thread to its own worker's direct queue.
+RUN_ITEM = "tidal.run_item"
+#: Validate a large input file and create its items (the API sends it; reconcile resends it).
+INGEST = "tidal.ingest"
+#: Beat's periodic sweeps (``sweeps.py``), sent to ``OPS_QUEUE``.
+SWEEP_EXPIRE = "tidal.sweep.expire"
+SWEEP_RECLAIM = "tidal.sweep.reclaim"
+SWEEP_RECONCILE = "tidal.sweep.reconcile"
+SWEEP_RESCORE = "tidal.sweep.rescore"
