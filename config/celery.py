@@ -14,6 +14,13 @@ from config.settings import Settings
 from tidal_workers import keys
 from tidal_workers import task_names
 
+#: What each kind of worker consumes, besides the ``<hostname>.dq2`` queue Celery's ``worker_direct`` adds to every
+#: worker. The ops worker (``tidal worker --ops``) takes ``tidal.ops``: ingest, the sweeps and any other work that
+#: must not share a process with a GPU node's requests (an input file that kills its process would take the node's
+#: in-flight items with it). A GPU node's worker (``tidal worker``) excludes it: it runs only the items it claims.
+OPS_WORKER_QUEUES = (task_names.OPS_QUEUE,)
+GPU_WORKER_EXCLUDED_QUEUES = (task_names.OPS_QUEUE,)
+
 
 def _sweep(task: str, period: float) -> dict[str, t.Any]:
     # `expires`: a sweep nobody ran within its period is dropped, not piled up behind a dead ops worker.

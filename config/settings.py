@@ -100,6 +100,11 @@ class Settings:
     )
     max_upload_bytes: int = _setting(512 * 1024 * 1024, "Largest accepted upload of any purpose, in bytes.", ge=1)
     max_file_lines: int = _setting(50_000, "Most request lines in a batch input file (OpenAI: 50,000).", ge=1)
+    max_line_bytes: int = _setting(
+        16 * 1024 * 1024,
+        "Longest request line of a batch input file, in bytes (`line_too_long` past it); ingest holds a few times this for one line.",
+        ge=1,
+    )
     models: str = _setting(
         "", "Comma-separated model names a batch may name; empty accepts any (then `model_not_found` never fires)."
     )
@@ -146,6 +151,19 @@ class Settings:
         ge=0,
     )
     retry_backoff_seconds: float = _setting(0.5, "First retry delay; doubles each time, capped at 30 s.", ge=0)
+    ops_worker_threads: int = _setting(
+        2,
+        "Threads of the ops worker (`tidal worker --ops`: ingest and the sweeps); each ingest holds at most about 100 MB.",
+        ge=1,
+    )
+    ingest_attempts: int = _setting(
+        3,
+        "Attempts at validating a batch's input file (ingest) before the batch fails with `ingest_failed`; an attempt whose process died counts.",
+        ge=1,
+    )
+    ingest_backoff_seconds: float = _setting(
+        10.0, "Delay before an ingest attempt that raised an error is retried; doubles per attempt.", ge=0
+    )
     worker_metrics_port: int = _setting(
         9187,
         "Port of the worker's Prometheus endpoint (gate target, queue depth by band, in-flight by node); 0 turns it off.",
@@ -245,7 +263,7 @@ class Settings:
     reconcile_seconds: float = _setting(60.0, "Period of beat's Redis-from-SQL reconcile.", gt=0)
     ingest_resend_seconds: float = _setting(
         300.0,
-        "Reconcile sends `tidal.ingest` again for a batch still `validating` this long after creation (the broker may have been down).",
+        "Reconcile sends `tidal.ingest` again for a batch still `validating` this long after its creation or its last ingest attempt began (the broker may have been down, the attempt's process killed), doubling per attempt; it must exceed the longest ingest (a 200 MB file: about a minute).",
         gt=0,
     )
     beat_lock_seconds: int = _setting(

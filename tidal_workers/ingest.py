@@ -1,25 +1,37 @@
 """Ingest: validate a `validating` batch's input file and turn its lines into Item rows.
 
-Runs inline in ``POST /v1/batches`` for small files and as the Celery task
-``tidal.ingest`` for large ones. Either way it is idempotent: only a batch still
-``validating`` is touched, and the status change and the item rows commit in
-one transaction, so a redelivered task finds the batch moved on and does nothing.
-That is also why a task the broker never took is simply sent again: the batch
-row in SQL is the record that ingest is owed (``request_ingest``, and beat's
-reconcile for batches left ``validating``).
+Runs inline in ``POST /v1/batches`` for small files and as the Celery task ``tidal.ingest`` on the ops worker
+(``tidal worker --ops``, never a GPU node's worker) for large ones. Either way it is idempotent: only a batch still
+``validating`` is touched, and the status change and the item rows commit in one transaction, so a redelivered
+task finds the batch moved on and does nothing. That is also why a task the broker never took is simply sent
+again: the batch row in SQL is the record that ingest is owed (``request_ingest``, and beat's reconcile for
+batches left ``validating``).
+
+Memory is bounded whatever the file's size: the file is read twice as a stream. The first pass validates it and
+keeps only each request's claim key (prompt prefix, line), enough to rank the requests; the second inserts them,
+``CHUNK_ROWS`` rows or ``CHUNK_BYTES`` of bodies at a time, each with its rank. A 200 MB, 50,000-line file costs
+a few tens of MB, not the file.
+
+Attempts are counted in SQL before each one starts (``batches.ingest_attempts``), so an attempt whose process dies
+(killed, out of memory) counts too. An attempt that raises is retried with backoff (``retry_delay``); one that
+died is sent again by reconcile (``resend_due``); after ``TIDAL_INGEST_ATTEMPTS`` the batch fails with
+``ingest_failed``. An input that kills its process therefore costs a bounded number of attempts, never a loop.
 """
 
 from __future__ import annotations
 
+import array
 import logging
 import time
 import typing as t
 
 from kombu.exceptions import OperationalError
 from sqlalchemy import insert
+from sqlalchemy import select
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from config import Settings
 from tidal_workers import task_names
 from tidal_workers.blobs import BlobNotFound
 from tidal_workers.enqueue import enqueue_batch
@@ -34,6 +46,7 @@ from tidal_workers.validate import ParsedLine
 from tidal_workers.validate import validate_file
 
 CHUNK_ROWS = 5000
+CHUNK_BYTES = 8 << 20  # request bodies per INSERT: bounds memory when the lines are long
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +67,27 @@ def request_ingest(rt: Runtime, batch_id: str) -> bool:
         return False
 
 
-def ordered(items: list[ParsedLine]) -> list[ParsedLine]:
+def claim_key(p: ParsedLine) -> tuple[str, int]:
     """Claim order: requests sharing a prompt prefix sit together (prefix-cache hits), then file order."""
-    return sorted(items, key=lambda p: (p.prefix_key, p.line))
+    return p.prefix_key, p.line
+
+
+def ordered(items: list[ParsedLine]) -> list[ParsedLine]:
+    return sorted(items, key=claim_key)
+
+
+def retry_delay(settings: Settings, attempts: int) -> float:
+    """Seconds before attempt ``attempts + 1`` when attempt ``attempts`` raised: doubling from the backoff."""
+    return settings.ingest_backoff_seconds * 2 ** max(attempts - 1, 0)
+
+
+def resend_due(settings: Settings, created_at: float, started_at: float | None, attempts: int) -> float:
+    """When reconcile presumes a `validating` batch's ingest lost (never delivered, or its process died) and acts.
+
+    ``ingest_resend_seconds`` after the batch's creation or its last attempt's start, doubling per attempt: an
+    input that kills its process is tried again later each time.
+    """
+    return (started_at or created_at) + settings.ingest_resend_seconds * 2 ** max(attempts - 1, 0)
 
 
 def _claim(session: Session, batch_id: str, **values: t.Any) -> bool:
@@ -65,28 +96,114 @@ def _claim(session: Session, batch_id: str, **values: t.Any) -> bool:
     return rows_updated(session, stmt) == 1
 
 
-def ingest_batch(rt: Runtime, batch_id: str) -> None:
-    """Validate the batch's file; then either fail the batch with its line errors, or insert its items and queue them."""
+def give_up(rt: Runtime, batch_id: str, why: str) -> bool:
+    """Fail a `validating` batch whose last ingest attempt is over, with ``why`` in its ``errors.data``."""
     with rt.store.transaction() as s:
+        attempts = s.scalar(select(Batch.ingest_attempts).where(Batch.id == batch_id)) or 0
+        error = LineError(
+            "ingest_failed",
+            None,
+            f"The input file could not be validated: {attempts} attempt{'s' * (attempts != 1)} failed; the last {why}.",
+            None,
+        )
+        failed = _claim(
+            s, batch_id, status=BatchStatus.failed.value, failed_at=int(time.time()), errors=[error.as_dict()]
+        )
+    if failed:
+        log.error("batch %s failed: %s", batch_id, error.message)
+    return failed
+
+
+def _begin_attempt(rt: Runtime, batch_id: str) -> tuple[str, str | None] | None:
+    """Count an attempt (committed before any work, so a process that dies mid-ingest has used it up).
+
+    Returns (endpoint, input blob or None if the file was deleted), or None when there is nothing to do: the batch
+    is no longer `validating`, or its attempts are used up (it is failed here).
+    """
+    with rt.store.transaction() as s:
+        counted = rows_updated(
+            s,
+            update(Batch)
+            .where(
+                Batch.id == batch_id,
+                Batch.status == BatchStatus.validating.value,
+                Batch.ingest_attempts < rt.settings.ingest_attempts,
+            )
+            .values(ingest_attempts=Batch.ingest_attempts + 1, ingest_started_at=int(time.time())),
+        )
         batch = s.get(Batch, batch_id)
         if batch is None or batch.status != BatchStatus.validating.value:
-            return
-        endpoint = batch.endpoint
+            return None
+        if not counted:  # a late duplicate of the last attempt's message: reconcile fails the batch when it is due
+            log.warning("batch %s: its %d ingest attempts are used up", batch_id, batch.ingest_attempts)
+            return None
         source = s.get(File, batch.input_file_id)
         blob = None if source is None or source.deleted else source.blob
+        endpoint = batch.endpoint
+    return endpoint, blob
 
+
+def _ranks(keys: list[tuple[str, int]]) -> array.array:
+    """line → rank in claim order, as a flat array indexed by line (4 bytes a line, not a dict of objects)."""
+    last_line = max((line for _prefix, line in keys), default=0)
+    keys.sort()
+    ranks = array.array("i", bytes(4 * (last_line + 1)))
+    for rank, (_prefix, line) in enumerate(keys):
+        ranks[line] = rank
+    return ranks
+
+
+class _Inserter:
+    """Item rows inserted in chunks as the second pass hands them over."""
+
+    def __init__(self, session: Session, batch_id: str, ranks: array.array):
+        self.session, self.batch_id, self.ranks = session, batch_id, ranks
+        self.rows: list[dict[str, t.Any]] = []
+        self.bytes = 0
+
+    def add(self, p: ParsedLine) -> None:
+        self.rows.append(
+            {
+                "batch_id": self.batch_id,
+                "line": p.line,
+                "ordinal": self.ranks[p.line],
+                "custom_id": p.custom_id,
+                "url": p.url,
+                "body": p.body,
+            }
+        )
+        self.bytes += len(p.body)
+        if len(self.rows) >= CHUNK_ROWS or self.bytes >= CHUNK_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.session.execute(insert(Item), self.rows)
+        self.rows, self.bytes = [], 0
+
+
+def ingest_batch(rt: Runtime, batch_id: str) -> None:
+    """Validate the batch's file; then either fail the batch with its line errors, or insert its items and queue them.
+
+    Raises on a failure that is not the file's (SQL, storage): the caller retries (the task) or reconcile does.
+    """
+    begun = _begin_attempt(rt, batch_id)
+    if begun is None:
+        return
+    endpoint, blob = begun
+    keys: list[tuple[str, int]] = []
     try:
         if blob is None:
             raise BlobNotFound(batch_id)
         with rt.blobs.open(blob) as f:
-            result = validate_file(f, endpoint, rt.settings)
+            first = validate_file(f, endpoint, rt.settings, lambda p: keys.append(claim_key(p)))
     except BlobNotFound:
         errors = [
             LineError("file_not_found", None, "The input file was deleted before it was validated.", "input_file_id")
         ]
         model = None
     else:
-        errors, model = result.errors, result.model
+        errors, model = first.errors, first.model
 
     now = int(time.time())
     if errors:
@@ -101,23 +218,49 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
             )
         return
 
+    assert blob is not None  # a missing file is an error above
+    ranks = _ranks(keys)
+    keys.clear()  # the prefixes: up to 512 characters a request
     with rt.store.transaction() as s:
         if not _claim(
-            s, batch_id, status=BatchStatus.in_progress.value, in_progress_at=now, model=model, total=len(result.items)
+            s, batch_id, status=BatchStatus.in_progress.value, in_progress_at=now, model=model, total=first.accepted
         ):
             return
-        rows = [
-            {
-                "batch_id": batch_id,
-                "line": p.line,
-                "ordinal": rank,
-                "custom_id": p.custom_id,
-                "url": p.url,
-                "body": p.body,
-            }
-            for rank, p in enumerate(ordered(result.items))
-        ]
-        for start in range(0, len(rows), CHUNK_ROWS):
-            s.execute(insert(Item), rows[start : start + CHUNK_ROWS])
+        inserter = _Inserter(s, batch_id, ranks)
+        with rt.blobs.open(blob) as f:
+            second = validate_file(f, endpoint, rt.settings, inserter.add)
+        inserter.flush()
+        if second.errors or second.accepted != first.accepted:  # blobs never change: this is storage going wrong
+            raise RuntimeError(f"batch {batch_id}: the input file read differently the second time")
 
     enqueue_batch(rt, batch_id)
+
+
+def after_failed_attempt(rt: Runtime, batch_id: str, exc: BaseException) -> float | None:
+    """An ingest attempt raised ``exc``: the delay before the next attempt, or None after the last (batch failed)."""
+    with rt.store.read() as s:
+        row = s.execute(select(Batch.status, Batch.ingest_attempts).where(Batch.id == batch_id)).one_or_none()
+    if row is None or row.status != BatchStatus.validating.value:
+        return None
+    if row.ingest_attempts < rt.settings.ingest_attempts:
+        log.warning("batch %s: ingest attempt %d failed (%s); retrying", batch_id, row.ingest_attempts, exc)
+        return retry_delay(rt.settings, row.ingest_attempts)
+    give_up(rt, batch_id, f"raised {type(exc).__name__}: {str(exc)[:200]}")
+    return None
+
+
+def expire_unvalidated(rt: Runtime, now: float) -> list[str]:
+    """`validating` batches past expires_at → expired (their ingest never finished); returns their ids.
+
+    They have no items, so there is nothing to finalize: no output file, no error file, as OpenAI's.
+    """
+    with rt.store.read() as s:
+        due = list(
+            s.scalars(select(Batch.id).where(Batch.status == BatchStatus.validating.value, Batch.expires_at <= now))
+        )
+    expired = []
+    for batch_id in due:
+        with rt.store.transaction() as s:
+            if _claim(s, batch_id, status=BatchStatus.expired.value, expired_at=int(now)):
+                expired.append(batch_id)
+    return expired

@@ -1,4 +1,4 @@
-"""Periodic sweeps (sent by beat to ``tidal.ops``) and the ``tidal.ingest`` task.
+"""Periodic sweeps (sent by beat to ``tidal.ops``) and the ``tidal.ingest`` task, all run by the ops worker.
 
 Every sweep is idempotent, so a sweep that fires twice, or races a worker
 doing the same thing, changes nothing the second time. Claim threads also
@@ -17,8 +17,12 @@ from tidal_workers import finalize
 from tidal_workers import task_names
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
+from tidal_workers.ingest import after_failed_attempt
+from tidal_workers.ingest import expire_unvalidated
+from tidal_workers.ingest import give_up
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
+from tidal_workers.ingest import resend_due
 from tidal_workers.rescore import rescore
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
@@ -26,13 +30,13 @@ from tidal_workers.store.models import BatchStatus
 
 
 def expire_due(rt: Runtime, now: float | None = None) -> list[str]:
-    """Expire every in-progress batch past its expires_at; returns the ids this call expired."""
+    """Expire every batch past its expires_at, in progress or still validating; returns the ids this call expired."""
     now = time.time() if now is None else now
     with rt.store.read() as s:
         due = list(
             s.scalars(select(Batch.id).where(Batch.status == BatchStatus.in_progress.value, Batch.expires_at <= now))
         )
-    return [batch_id for batch_id in due if finalize.expire(rt, batch_id)]
+    return [batch_id for batch_id in due if finalize.expire(rt, batch_id)] + expire_unvalidated(rt, now)
 
 
 def reclaim(rt: Runtime) -> int:
@@ -44,20 +48,18 @@ def reclaim(rt: Runtime) -> int:
 
 
 def reconcile(rt: Runtime, now: float | None = None) -> int:
-    """Rebuild the queue from SQL, send ingest again for batches left `validating`, and finalize batches whose
-    finalizer never ran or died; returns items queued."""
+    """Rebuild the queue from SQL, send ingest again for batches left `validating` (or fail them once their ingest
+    attempts are used up), and finalize batches whose finalizer never ran or died; returns items queued."""
     now = time.time() if now is None else now
     queued = rebuild(rt)
     stuck_since = now - rt.settings.reconcile_seconds
     with rt.store.read() as s:
-        unvalidated = list(
-            s.scalars(
-                select(Batch.id).where(
-                    Batch.status == BatchStatus.validating.value,
-                    Batch.created_at <= now - rt.settings.ingest_resend_seconds,
-                )
+        unvalidated = s.execute(
+            select(Batch.id, Batch.created_at, Batch.ingest_started_at, Batch.ingest_attempts).where(
+                Batch.status == BatchStatus.validating.value,
+                Batch.created_at <= now - rt.settings.ingest_resend_seconds,
             )
-        )
+        ).all()
         done = list(
             s.scalars(
                 select(Batch.id).where(
@@ -71,8 +73,13 @@ def reconcile(rt: Runtime, now: float | None = None) -> int:
                 select(Batch.id).where(Batch.status == BatchStatus.finalizing.value, Batch.finalizing_at <= stuck_since)
             )
         )
-    for batch_id in unvalidated:
-        request_ingest(rt, batch_id)
+    for batch_id, created_at, started_at, attempts in unvalidated:
+        if now < resend_due(rt.settings, created_at, started_at, attempts):
+            continue  # an attempt may still be running
+        if attempts < rt.settings.ingest_attempts:
+            request_ingest(rt, batch_id)
+        else:
+            give_up(rt, batch_id, "stopped before it finished (its process died: killed, or out of memory)")
     for batch_id in done + cancelling:
         finalize.maybe_finalize(rt, batch_id)
     for batch_id in finalizing:
@@ -101,6 +108,12 @@ def rescore_task(self: Task) -> int:
     return sum(r.moved for r in rescore(worker_context(self.app).rt))
 
 
-@shared_task(name=task_names.INGEST, bind=True)
+@shared_task(name=task_names.INGEST, bind=True, max_retries=None)  # batches.ingest_attempts bounds the retries
 def ingest_task(self: Task, batch_id: str) -> None:
-    ingest_batch(worker_context(self.app).rt, batch_id)
+    rt = worker_context(self.app).rt
+    try:
+        ingest_batch(rt, batch_id)
+    except Exception as exc:
+        delay = after_failed_attempt(rt, batch_id, exc)
+        if delay is not None:
+            raise self.retry(exc=exc, countdown=delay) from exc

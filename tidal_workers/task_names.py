@@ -7,7 +7,8 @@ Tidal owns are in ``keys.py``; Celery's own broker keys are named after these qu
 
 from __future__ import annotations
 
-#: Ingest and the sweeps; every worker consumes it besides its own worker-direct queue (``<hostname>.dq2``).
+#: Ingest and the sweeps: consumed by the ops worker (``tidal worker --ops``) only, never by a GPU node's worker,
+#: which takes only its own worker-direct queue (``<hostname>.dq2``); see ``config/celery.py``.
 OPS_QUEUE = "tidal.ops"
 
 #: One claimed item, sent by the claim thread to its own worker's direct queue.

@@ -1,8 +1,10 @@
 """Line-by-line validation of a batch input file (JSONL) against its endpoint.
 
-Reads the file as a stream of lines, so a 200 MB file costs one line of
-parsing state plus the accepted requests. Error codes follow OpenAI's batch
-errors (``errors.data[]`` = {code, line, message, param}); after
+Reads the file as a stream of lines and hands each accepted request to a
+callback, so memory holds one line and the custom_ids seen (for duplicates),
+never the file: ingest calls it twice, once to check the file and rank its
+requests, once to insert them. Error codes follow OpenAI's batch errors
+(``errors.data[]`` = {code, line, message, param}); after
 ``MAX_REPORTED_ERRORS`` further errors are counted but not kept.
 """
 
@@ -19,6 +21,7 @@ PREFIX_CHARS = 512  # prompt text kept to group requests that share a prefix
 MAX_CUSTOM_ID = 512  # items.custom_id
 MAX_MODEL = 256  # batches.model
 _BOM = b"\xef\xbb\xbf"
+_SKIP = 1 << 20  # read size while skipping the rest of a line that is too long
 _REQUIRED = ("custom_id", "method", "url", "body")
 
 
@@ -45,9 +48,9 @@ class LineError:
 
 @dataclasses.dataclass
 class Validation:
-    items: list[ParsedLine]
     errors: list[LineError]
     model: str | None
+    accepted: int = 0  # requests accepted (each handed to the callback)
     error_count: int = 0  # every error found, including those past MAX_REPORTED_ERRORS
 
 
@@ -136,9 +139,28 @@ def parse_line(number: int, text: str, endpoint: str) -> ParsedLine | LineError:
     return ParsedLine(number, custom_id, url, _dumps(body), model, prefix_key(body))
 
 
-def validate_file(f: t.BinaryIO, endpoint: str, settings: Settings) -> Validation:
-    """Validate every line of the open file ``f``; the result holds the requests or the errors (never both kinds used)."""
-    result = Validation(items=[], errors=[], model=None)
+def _lines(f: t.BinaryIO, limit: int) -> t.Iterator[tuple[int, bytes | None]]:
+    """(number, line) of each line, or (number, None) for one longer than ``limit``, which is skipped unread: a
+    file that is one 200 MB line must not become one 200 MB string."""
+    number = 0
+    while raw := f.readline(limit + 1):
+        number += 1
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(_SKIP)
+            yield number, None
+        else:
+            yield number, raw
+
+
+def validate_file(
+    f: t.BinaryIO, endpoint: str, settings: Settings, accept: t.Callable[[ParsedLine], None] = lambda _: None
+) -> Validation:
+    """Validate every line of the open file ``f``, handing each accepted request to ``accept`` as it is read.
+
+    The file is good only if the result holds no error; ``accept`` has then seen every request, in file order.
+    """
+    result = Validation(errors=[], model=None)
 
     def fail(err: LineError) -> None:
         result.error_count += 1
@@ -148,7 +170,10 @@ def validate_file(f: t.BinaryIO, endpoint: str, settings: Settings) -> Validatio
     allowed = frozenset(settings.model_list)
     seen: set[str] = set()
     requests = 0
-    for number, raw in enumerate(f, 1):
+    for number, raw in _lines(f, settings.max_line_bytes):
+        if raw is None:
+            fail(LineError("line_too_long", number, f"This line is longer than {settings.max_line_bytes} bytes.", None))
+            continue
         if number == 1 and raw.startswith(_BOM):
             raw = raw[len(_BOM) :]
         try:
@@ -207,7 +232,8 @@ def validate_file(f: t.BinaryIO, endpoint: str, settings: Settings) -> Validatio
             )
             continue
         seen.add(parsed.custom_id)
-        result.items.append(parsed)
+        result.accepted += 1
+        accept(parsed)
     if requests == 0 and result.error_count == 0:
         fail(LineError("empty_file", None, "The batch input file holds no requests.", None))
     return result

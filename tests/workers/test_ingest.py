@@ -1,19 +1,32 @@
-"""Ingest on a real store: items in prefix order, failures recorded, idempotent under redelivery."""
+"""Ingest on a real store: items in prefix order, failures recorded, idempotent under redelivery; attempts counted,
+retried with backoff, and the batch failed after the last; a `validating` batch expires at its window."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
+from celery.contrib.testing.worker import start_worker
 from sqlalchemy import func
 from sqlalchemy import select
+from workers.worker_helpers import batch_row
 from workers.worker_helpers import queued
 from workers.worker_helpers import validating_batch
+from workers.worker_helpers import wait_for
 
+from tidal_workers.celery_app import make_celery
+from tidal_workers.ingest import after_failed_attempt
 from tidal_workers.ingest import ingest_batch
+from tidal_workers.ingest import request_ingest
+from tidal_workers.ingest import retry_delay
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
+from tidal_workers.sweeps import expire_due
+from tidal_workers.sweeps import reconcile
+from tidal_workers.task_names import INGEST
+from tidal_workers.task_names import OPS_QUEUE
 
 CHAT = "/v1/chat/completions"
 
@@ -97,3 +110,92 @@ def test_fifty_thousand_lines(rt):
         ordinals = s.scalars(select(Item.ordinal).where(Item.batch_id == batch_id).order_by(Item.line).limit(8)).all()
     # grouped by prompt: line 1 ("prompt 0") first, line 8 ("prompt 0" again) right after the other 7142 of its group
     assert ordinals[0] == 0 and ordinals[7] == 1
+
+
+def _ingest_messages(rt) -> list[str]:
+    """Batch ids of the `tidal.ingest` messages waiting in the ops queue (taken out of it)."""
+    ids = []
+    while (raw := rt.redis.rpop(OPS_QUEUE)) is not None:
+        message = json.loads(raw)
+        if message["headers"]["task"] == INGEST:
+            ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
+    return ids
+
+
+def _attempted(rt, batch_id, attempts: int, started_at: int) -> None:
+    """As if ``attempts`` attempts had begun, the last at ``started_at``, and its process had died."""
+    with rt.store.transaction() as s:
+        b = s.get(Batch, batch_id)
+        b.ingest_attempts, b.ingest_started_at = attempts, started_at
+
+
+def test_reconcile_resends_a_dead_attempt_with_backoff_and_fails_the_batch_after_the_last(rt):
+    resend = rt.settings.ingest_resend_seconds
+    assert rt.settings.ingest_attempts == 3
+    batch_id = validating_batch(rt, _line("1"))
+    created = batch_row(rt, batch_id).created_at
+    reconcile(rt, now=created + resend - 1)
+    assert _ingest_messages(rt) == []  # the API's own message may still be on its way
+    reconcile(rt, now=created + resend)
+    assert _ingest_messages(rt) == [batch_id]
+
+    for attempts, due in ((1, resend), (2, 2 * resend)):  # each attempt that dies waits twice as long
+        started = created + 1000 * attempts
+        _attempted(rt, batch_id, attempts, started)
+        reconcile(rt, now=started + due - 1)
+        assert _ingest_messages(rt) == [], attempts
+        reconcile(rt, now=started + due)
+        assert _ingest_messages(rt) == [batch_id], attempts
+
+    _attempted(rt, batch_id, 3, created + 3000)
+    ingest_batch(rt, batch_id)  # a late duplicate message: no fourth attempt, and the verdict is reconcile's
+    assert (batch_row(rt, batch_id).status, batch_row(rt, batch_id).ingest_attempts) == ("validating", 3)
+    reconcile(rt, now=created + 3000 + 4 * resend - 1)
+    assert batch_row(rt, batch_id).status == "validating"
+    reconcile(rt, now=created + 3000 + 4 * resend)
+    b, n = _state(rt, batch_id)
+    assert (b.status, n, _ingest_messages(rt)) == ("failed", 0, [])
+    assert b.failed_at is not None and b.errors == [
+        {
+            "code": "ingest_failed",
+            "line": None,
+            "param": None,
+            "message": "The input file could not be validated: 3 attempts failed; the last stopped before it "
+            "finished (its process died: killed, or out of memory).",
+        }
+    ]
+
+
+def test_an_attempt_that_raises_is_retried_with_backoff_until_the_batch_fails(rt, settings):
+    """The ops worker's task retries an error that is not the file's (here the storage answers a directory)."""
+    rt.settings = settings.replace(ingest_backoff_seconds=0.05)
+    batch_id = validating_batch(rt, _line("1"))
+    with rt.store.read() as s:
+        blob = s.get(File, s.get(Batch, batch_id).input_file_id).blob
+    rt.blobs.delete(blob)
+    (rt.settings.blob_path / blob).mkdir()  # open() raises IsADirectoryError: not a missing file, a broken store
+    with pytest.raises(IsADirectoryError):
+        ingest_batch(rt, batch_id)
+    assert after_failed_attempt(rt, batch_id, IsADirectoryError()) == 0.05
+    assert retry_delay(rt.settings, 2) == 0.1 and retry_delay(rt.settings, 3) == 0.2
+
+    app = make_celery(rt.settings, ops=True)  # the ops worker's app, consuming tidal.ops
+    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False, loglevel="WARNING"):
+        request_ingest(rt, batch_id)  # attempt 2, then 3 after its backoff, then the verdict
+        wait_for(lambda: batch_row(rt, batch_id).status == "failed", 30, "the batch to fail")
+    b = batch_row(rt, batch_id)
+    assert b.ingest_attempts == 3 and [e["code"] for e in b.errors] == ["ingest_failed"]
+    assert b.errors[0]["message"].startswith(
+        "The input file could not be validated: 3 attempts failed; the last raised IsADirectoryError"
+    )
+
+
+def test_a_validating_batch_expires_at_its_window(rt):
+    batch_id = validating_batch(rt, _line("1"))
+    expires_at = batch_row(rt, batch_id).expires_at
+    assert expire_due(rt, now=expires_at - 1) == []
+    assert expire_due(rt, now=expires_at) == [batch_id]
+    ingest_batch(rt, batch_id)  # its ingest, arriving late, finds nothing to do
+    b, n = _state(rt, batch_id)
+    assert (b.status, b.expired_at, n, b.output_file_id, b.error_file_id) == ("expired", expires_at, 0, None, None)
+    assert expire_due(rt, now=expires_at + 60) == []

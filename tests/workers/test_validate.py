@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 
 import pytest
 
@@ -30,8 +31,19 @@ def run(tmp_path, lines, *, endpoint=CHAT, settings=SETTINGS, raw: bytes | None 
         if raw is not None
         else b"".join((x if isinstance(x, str) else json.dumps(x)).encode() + b"\n" for x in lines)
     )
+    accepted = []
     with open(path, "rb") as f:
-        return validate_file(f, endpoint, settings)
+        result = validate_file(f, endpoint, settings, accepted.append)
+    assert result.accepted == len(accepted)
+    return Run(result, accepted)
+
+
+class Run(typing.NamedTuple):
+    result: validate.Validation
+    items: list[validate.ParsedLine]  # what the callback received, in order
+
+    def __getattr__(self, name):  # the Validation's fields: r.errors, r.error_count, r.model
+        return getattr(self.result, name)
 
 
 def codes(result):
@@ -134,3 +146,15 @@ def test_prefix_key_reads_every_endpoint_shape():
 def test_other_endpoints(tmp_path):
     emb = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": "x"}}
     assert run(tmp_path, [emb], endpoint="/v1/embeddings").items[0].prefix_key == "x"
+
+
+def test_a_line_past_the_limit_is_an_error_and_is_skipped_unread(tmp_path):
+    """A file that is one huge line must not become one huge string (ingest's memory bound)."""
+    small = load_settings(max_line_bytes=300)
+    long = line("b", padding="x" * 5000)
+    r = run(tmp_path, [line("a"), long, line("c")], settings=small)
+    assert codes(r) == [("line_too_long", 2, None)] and [p.custom_id for p in r.items] == ["a", "c"]
+    d, e = json.dumps(line("d")).encode(), json.dumps(line("e")).encode()
+    at_limit = load_settings(max_line_bytes=len(d))  # the limit counts the line's bytes, not its newline
+    assert run(tmp_path, [], raw=d + b"\n" + e, settings=at_limit).error_count == 0
+    assert codes(run(tmp_path, [], raw=d + b" ", settings=at_limit)) == [("line_too_long", 1, None)]

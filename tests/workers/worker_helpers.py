@@ -99,10 +99,22 @@ def spawn(settings, *args: str, log: Path) -> subprocess.Popen:
 
 def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions") -> str:
     """acme's batch over a stored input file, still `validating`, as POST /v1/batches leaves it before ingest."""
-    blob, size, _ = rt.blobs.write_stream(io.BytesIO(data))
+    return validating_stored_batch(rt, rt.blobs.write_stream(io.BytesIO(data)), endpoint)
+
+
+def validating_stored_batch(rt, written, endpoint: str = "/v1/chat/completions") -> str:
+    """``validating_batch`` over a blob already written (``Written``: name, bytes, lines)."""
     now = int(time.time())
     with rt.store.transaction() as s:
-        f = File(tenant_id="acme", filename="in.jsonl", purpose="batch", bytes=size, created_at=now, blob=blob)
+        f = File(
+            tenant_id="acme",
+            filename="in.jsonl",
+            purpose="batch",
+            bytes=written.bytes,
+            lines=written.lines,
+            created_at=now,
+            blob=written.name,
+        )
         s.add(f)
         s.flush()
         b = Batch(tenant_id="acme", endpoint=endpoint, input_file_id=f.id, created_at=now, expires_at=now + 86400)

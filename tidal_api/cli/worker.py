@@ -1,33 +1,57 @@
-"""`tidal worker` (a Celery worker next to one vLLM) and `tidal beat` (the sweeps' one scheduler)."""
+"""`tidal worker` (a Celery worker next to one vLLM), `tidal worker --ops` (ingest and the sweeps) and `tidal beat`
+(the sweeps' one scheduler)."""
 
 import click
 
+from config import Settings
 from config import load_settings
+
+
+def worker_argv(settings: Settings, ops: bool, loglevel: str, threads: int | None) -> list[str]:
+    """Celery's worker arguments: a GPU node's worker excludes ``tidal.ops``, an ops worker consumes only it."""
+    from config.celery import GPU_WORKER_EXCLUDED_QUEUES
+    from config.celery import OPS_WORKER_QUEUES
+
+    if ops:
+        name, pool = f"tidal-ops@{settings.node}", threads or settings.ops_worker_threads
+        queues = f"--queues={','.join(OPS_WORKER_QUEUES)}"
+    else:
+        name, pool = f"tidal@{settings.node}", threads or settings.worker_threads
+        queues = f"--exclude-queues={','.join(GPU_WORKER_EXCLUDED_QUEUES)}"
+    # Threads pool: a GPU node's tasks are HTTP calls sharing the claim thread's lease book; an ops worker's are
+    # SQL and storage I/O.
+    return [
+        "worker",
+        "--pool=threads",
+        f"--concurrency={pool}",
+        f"--hostname={name}",
+        queues,
+        f"--loglevel={loglevel}",
+        "--without-mingle",
+        "--without-gossip",
+    ]
 
 
 @click.command()
 @click.option("--loglevel", default="info", show_default=True)
-@click.option("--threads", type=int, default=None, help="Pool threads. Default: TIDAL_WORKER_THREADS.")
-def worker(loglevel: str, threads: int | None) -> None:
-    """Run a worker: its claim thread feeds TIDAL_VLLM_URL; it consumes its own queue and tidal.ops."""
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="Pool threads. Default: TIDAL_WORKER_THREADS (--ops: TIDAL_OPS_WORKER_THREADS).",
+)
+@click.option(
+    "--ops",
+    is_flag=True,
+    help="Run the ops worker instead: ingest and beat's sweeps (the tidal.ops queue), no engine, no claiming.",
+)
+def worker(loglevel: str, threads: int | None, ops: bool) -> None:
+    """Run a GPU node's worker (its claim thread feeds TIDAL_VLLM_URL; it consumes only its own queue), or with
+    --ops the ops worker (ingest and the sweeps; at least one per deployment, on any host)."""
     from tidal_workers.celery_app import make_celery
-    from tidal_workers.task_names import OPS_QUEUE
 
     settings = load_settings()
-    app = make_celery(settings)
-    # Threads pool: the tasks are HTTP calls, and they share the claim thread's lease book.
-    app.worker_main(
-        [
-            "worker",
-            "--pool=threads",
-            f"--concurrency={threads or settings.worker_threads}",
-            f"--hostname=tidal@{settings.node}",
-            f"--queues={OPS_QUEUE}",
-            f"--loglevel={loglevel}",
-            "--without-mingle",
-            "--without-gossip",
-        ]
-    )
+    make_celery(settings, ops=ops).worker_main(worker_argv(settings, ops, loglevel, threads))
 
 
 @click.command()

@@ -111,6 +111,9 @@ class Batch(Base):
     priority: Mapped[int] = mapped_column(Integer, default=100)
     laxity_seconds: Mapped[float | None] = mapped_column(nullable=True)
     observed_rate: Mapped[float | None] = mapped_column(nullable=True)
+    # ingest's attempts, counted before each one starts (so one whose process dies counts), and when the last began
+    ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    ingest_started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     __table_args__ = (Index("ix_batches_tenant_created", "tenant_id", "created_at", "id"),)
 
