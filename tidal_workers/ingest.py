@@ -82,7 +82,8 @@ def retry_delay(settings: Settings, attempts: int) -> float:
 
 
 def resend_due(settings: Settings, created_at: float, started_at: float | None, attempts: int) -> float:
-    """When reconcile presumes a `validating` batch's ingest lost (never delivered, or its process died) and acts.
+    """When a `validating` batch's ingest is presumed lost (never delivered, or its process died): reconcile then
+    sends it again, or fails the batch after the last attempt, and a new attempt may start.
 
     ``ingest_resend_seconds`` after the batch's creation or its last attempt's start, doubling per attempt: an
     input that kills its process is tried again later each time.
@@ -118,29 +119,36 @@ def _begin_attempt(rt: Runtime, batch_id: str) -> tuple[str, str | None] | None:
     """Count an attempt (committed before any work, so a process that dies mid-ingest has used it up).
 
     Returns (endpoint, input blob or None if the file was deleted), or None when there is nothing to do: the batch
-    is no longer `validating`, or its attempts are used up (it is failed here).
+    is no longer `validating`, its attempts are used up (reconcile fails it when the last is due), or an attempt
+    is running (a duplicate message: the API's and a resend, or several resends while no ops worker ran).
     """
+    now = time.time()
     with rt.store.transaction() as s:
+        batch = s.get(Batch, batch_id)
+        if batch is None or batch.status != BatchStatus.validating.value:
+            return None
+        attempts, started_at = batch.ingest_attempts, batch.ingest_started_at
+        if attempts >= rt.settings.ingest_attempts:
+            log.warning("batch %s: its %d ingest attempts are used up", batch_id, attempts)
+            return None
+        if started_at is not None and now < resend_due(rt.settings, batch.created_at, started_at, attempts):
+            log.info("batch %s: ingest attempt %d is running; this message is a duplicate", batch_id, attempts)
+            return None
         counted = rows_updated(
             s,
             update(Batch)
             .where(
                 Batch.id == batch_id,
                 Batch.status == BatchStatus.validating.value,
-                Batch.ingest_attempts < rt.settings.ingest_attempts,
+                Batch.ingest_attempts == attempts,  # of two messages racing here, one counts its attempt
             )
-            .values(ingest_attempts=Batch.ingest_attempts + 1, ingest_started_at=int(time.time())),
+            .values(ingest_attempts=attempts + 1, ingest_started_at=int(now)),
         )
-        batch = s.get(Batch, batch_id)
-        if batch is None or batch.status != BatchStatus.validating.value:
-            return None
-        if not counted:  # a late duplicate of the last attempt's message: reconcile fails the batch when it is due
-            log.warning("batch %s: its %d ingest attempts are used up", batch_id, batch.ingest_attempts)
+        if not counted:
             return None
         source = s.get(File, batch.input_file_id)
         blob = None if source is None or source.deleted else source.blob
-        endpoint = batch.endpoint
-    return endpoint, blob
+        return batch.endpoint, blob
 
 
 def _ranks(keys: list[tuple[str, int]]) -> array.array:
@@ -238,13 +246,19 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
 
 def after_failed_attempt(rt: Runtime, batch_id: str, exc: BaseException) -> float | None:
     """An ingest attempt raised ``exc``: the delay before the next attempt, or None after the last (batch failed)."""
-    with rt.store.read() as s:
-        row = s.execute(select(Batch.status, Batch.ingest_attempts).where(Batch.id == batch_id)).one_or_none()
-    if row is None or row.status != BatchStatus.validating.value:
-        return None
-    if row.ingest_attempts < rt.settings.ingest_attempts:
-        log.warning("batch %s: ingest attempt %d failed (%s); retrying", batch_id, row.ingest_attempts, exc)
-        return retry_delay(rt.settings, row.ingest_attempts)
+    with rt.store.transaction() as s:
+        attempts = s.scalar(
+            select(Batch.ingest_attempts).where(Batch.id == batch_id, Batch.status == BatchStatus.validating.value)
+        )
+        if attempts is None:
+            return None
+        # The attempt is over: the next message may start one at once.
+        s.execute(
+            update(Batch).where(Batch.id == batch_id, Batch.ingest_attempts == attempts).values(ingest_started_at=None)
+        )
+    if attempts < rt.settings.ingest_attempts:
+        log.warning("batch %s: ingest attempt %d failed (%s); retrying", batch_id, attempts, exc)
+        return retry_delay(rt.settings, attempts)
     give_up(rt, batch_id, f"raised {type(exc).__name__}: {str(exc)[:200]}")
     return None
 

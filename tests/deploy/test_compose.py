@@ -17,6 +17,7 @@ TESTED_COMMANDS = {
     ("tidal", "beat"): "tests/workers/test_recovery.py (two beats: one fires, the standby takes over)",
     ("tidal", "flower"): "tests/deploy/test_flower.py",
     ("tidal", "worker"): "tests/deploy/test_up.py",
+    ("tidal", "worker", "--ops"): "tests/reliability/test_ingest_faults.py (kill -9 of the ops worker mid-ingest)",
 }
 
 
@@ -46,10 +47,16 @@ PROFILES = {"gpu": {"vllm", "worker"}, "s3": {"minio"}, "monitoring": {"promethe
 
 def test_compose_file_is_valid_with_every_service():
     cfg = compose_config(*ALL_PROFILES)
-    assert set(cfg["services"]) == {"redis", "postgres", "api", "beat", "flower"}.union(*PROFILES.values())
-    for name in set(cfg["services"]) - {"beat", "grafana"}:
+    assert set(cfg["services"]) == {"redis", "postgres", "api", "ops", "beat", "flower"}.union(*PROFILES.values())
+    for name in set(cfg["services"]) - {"ops", "beat", "grafana"}:  # Celery consumers without an HTTP port
         assert "healthcheck" in cfg["services"][name], name
     assert cfg["services"]["beat"]["deploy"]["replicas"] == 1
+
+
+def test_ingest_and_the_sweeps_run_on_the_ops_worker_not_on_a_gpu_node():
+    services = compose_config("--profile", "gpu")["services"]
+    assert services["ops"]["command"] == ["tidal", "worker", "--ops"] and "profiles" not in services["ops"]
+    assert services["worker"]["command"] == ["tidal", "worker"] and services["worker"]["profiles"] == ["gpu"]
 
 
 def test_optional_services_sit_in_their_profiles():
@@ -67,7 +74,7 @@ def test_health_checks_ask_readiness():
 def test_every_tidal_process_shares_the_blob_volume():
     """API, workers and beat check at start that they see one storage: on one host, the `blobs` volume."""
     services = compose_config("--profile", "gpu")["services"]
-    for name in ("api", "beat", "worker"):
+    for name in ("api", "ops", "beat", "worker"):
         svc = services[name]
         assert svc["environment"]["TIDAL_BLOB_DIR"] == "/blobs", name
         assert any(v["source"] == "blobs" and v["target"] == "/blobs" for v in _volumes(svc)), name

@@ -1,4 +1,5 @@
-"""`tidal up` end to end: its own Redis, `db upgrade`, gunicorn, a worker, beat; a batch completes; Ctrl-C stops all.
+"""`tidal up` end to end: its own Redis, `db upgrade`, gunicorn, a worker, the ops worker, beat; a batch completes;
+Ctrl-C stops all.
 
 This is also the no-Docker run of docker-compose's `tidal db upgrade && tidal serve`
 and `tidal worker` (tests/deploy/test_compose.py, TESTED_COMMANDS).
@@ -69,6 +70,7 @@ def up(tmp_path, stub):
         claim_idle_seconds=0.05,
         worker_threads=4,
         worker_metrics_port=0,
+        sync_validate_bytes=0,  # every batch is ingested by the ops worker
     )
     out = open(tmp_path / "up.out", "w+b")
     proc = subprocess.Popen(
@@ -101,7 +103,7 @@ def test_up_runs_a_batch_and_ctrl_c_stops_every_process(up):
     assert up.poll() is None, up.out_path.read_text()
     log = up.out_path.read_text()
     started = {name: int(pid) for name, pid in re.findall(r"^\s+(\w+)\s+pid (\d+)", log, re.M)}
-    assert set(started) == {"redis", "api", "worker", "beat"}, log
+    assert set(started) == {"redis", "api", "worker", "ops", "beat"}, log
 
     http = requests.Session()
     http.headers["Authorization"] = "Bearer acme-key"
@@ -179,7 +181,7 @@ def test_children_die_with_a_killed_supervisor(up):
     up.kill()
     up.wait(GRACE_S)
     wait_for(lambda: not any(alive(pid) for pid in family), GRACE_S, "every child of the killed `tidal up` to exit")
-    assert set(started) == {"redis", "api", "worker", "beat"}
+    assert set(started) == {"redis", "api", "worker", "ops", "beat"}
 
 
 def test_up_without_redis_or_redis_server_says_how_to_fix_it(tmp_path):

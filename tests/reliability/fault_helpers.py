@@ -159,11 +159,17 @@ def spawn_tidal(settings, *args: str, log: Path) -> subprocess.Popen:
         )
 
 
-def start_worker(settings, node: str, log_dir: Path, timeout: float = 180) -> subprocess.Popen:
-    """`tidal worker` on ``node``, returned once Celery logs it ready (its claim thread is then running)."""
-    log = log_dir / f"worker-{node}.log"
-    proc = spawn_tidal(settings.replace(node=node), "worker", "--loglevel=info", log=log)
-    wait_for(lambda: proc.poll() is not None or b" ready." in log.read_bytes(), timeout, what=f"worker {node}")
+def start_worker(settings, node: str, log_dir: Path, timeout: float = 180, ops: bool = False) -> subprocess.Popen:
+    """`tidal worker` on ``node`` (with ``ops``: `tidal worker --ops`), returned once Celery logs it ready (a GPU
+    node's claim thread is then running). Its log, appended to by each start, is ``log_dir/worker-<node>.log``
+    (``ops-<node>.log``)."""
+    log = log_dir / f"{'ops' if ops else 'worker'}-{node}.log"
+    already = log.read_bytes().count(b" ready.") if log.exists() else 0
+    args = ["worker", "--ops"] if ops else ["worker"]
+    proc = spawn_tidal(settings.replace(node=node), *args, "--loglevel=info", log=log)
+    wait_for(
+        lambda: proc.poll() is not None or log.read_bytes().count(b" ready.") > already, timeout, what=f"worker {node}"
+    )
     assert proc.poll() is None, f"worker {node} died: {log.read_text()[-3000:]}"
     return proc
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import pytest
 from celery.contrib.testing.worker import start_worker
@@ -138,6 +139,10 @@ def test_reconcile_resends_a_dead_attempt_with_backoff_and_fails_the_batch_after
     assert _ingest_messages(rt) == []  # the API's own message may still be on its way
     reconcile(rt, now=created + resend)
     assert _ingest_messages(rt) == [batch_id]
+
+    _attempted(rt, batch_id, 1, int(time.time()))
+    ingest_batch(rt, batch_id)  # a duplicate message while attempt 1 runs: it does nothing, and counts nothing
+    assert (batch_row(rt, batch_id).status, batch_row(rt, batch_id).ingest_attempts) == ("validating", 1)
 
     for attempts, due in ((1, resend), (2, 2 * resend)):  # each attempt that dies waits twice as long
         started = created + 1000 * attempts

@@ -1,6 +1,6 @@
 """`tidal up`: the docker-compose topology on one machine, without Docker.
 
-API (gunicorn), one worker, one beat and optionally Flower, each the same
+API (gunicorn), one worker, one ops worker, one beat and optionally Flower, each the same
 `tidal ...` command docker-compose.yml runs, supervised here: if one exits the
 rest are stopped. SIGINT (Ctrl-C), SIGTERM and SIGHUP stop them all, so any
 supervisor (systemd, a container runtime, ``timeout``, a closed terminal) can
@@ -170,6 +170,7 @@ def up(flower: bool, demo: bool) -> None:
         subprocess.run(tidal + ["db", "upgrade"], env=sup.env, check=True, preexec_fn=die_with_parent())
         sup.start("api", tidal + ["serve"])
         sup.start("worker", tidal + ["worker"])
+        sup.start("ops", tidal + ["worker", "--ops"])  # ingest and the sweeps, beside the GPU node's worker
         sup.start("beat", tidal + ["beat"])
         if flower:
             sup.start("flower", tidal + ["flower", "--address", "127.0.0.1"])

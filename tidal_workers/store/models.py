@@ -111,7 +111,8 @@ class Batch(Base):
     priority: Mapped[int] = mapped_column(Integer, default=100)
     laxity_seconds: Mapped[float | None] = mapped_column(nullable=True)
     observed_rate: Mapped[float | None] = mapped_column(nullable=True)
-    # ingest's attempts, counted before each one starts (so one whose process dies counts), and when the last began
+    # ingest's attempts, counted before each one starts (so one whose process dies counts), and when the running
+    # one began (NULL when none runs: not started yet, or the last one raised)
     ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ingest_started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 

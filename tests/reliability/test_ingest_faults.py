@@ -1,0 +1,144 @@
+"""The OOM-on-ingest scenario: an input whose ingest kills its process, again and again.
+
+The ops worker (`tidal worker --ops`) is killed with kill -9 in the middle of each ingest attempt, and restarted as
+its supervisor would. The kill lands mid-ingest by construction, not by timing: the batch's input blob is a named
+pipe (FIFO), so an attempt that has opened it and read its first lines is blocked reading the rest until the test
+kills it. Beat (its reconcile resends the ingest with backoff) and a GPU node's worker run all along. The batch ends
+`failed` with `ingest_failed` after the last attempt, and no ingest ever ran on the GPU node's worker.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from workers.worker_helpers import CHAT
+from workers.worker_helpers import batch_row
+from workers.worker_helpers import settled
+from workers.worker_helpers import validating_batch
+from workers.worker_helpers import validating_stored_batch
+from workers.worker_helpers import wait_for
+
+from reliability.fault_helpers import kill_group
+from reliability.fault_helpers import spawn_tidal
+from reliability.fault_helpers import start_worker
+from tidal_workers.blobs import Written
+from tidal_workers.ingest import request_ingest
+
+NODE = "gpu-node"
+OPS = "control"
+
+
+@pytest.fixture
+def settings(settings, stub):
+    return settings.replace(
+        vllm_url=stub.url,
+        gate_mode="fixed",
+        claim_idle_seconds=0.02,
+        worker_metrics_port=0,
+        reconcile_seconds=0.5,  # beat's reconcile: the resends, and the verdict after the last attempt
+        ingest_resend_seconds=2.0,  # an attempt presumed dead 2 s after it began, then 4 s, then 8 s
+        beat_lock_seconds=2,
+    )
+
+
+@pytest.fixture
+def procs():
+    started = []
+    yield started
+    for p in started:
+        kill_group(p)
+
+
+def _request(custom_id: str) -> bytes:
+    body = {"model": "m", "messages": [{"role": "user", "content": custom_id}]}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body}).encode() + b"\n"
+
+
+def _open_for_writing(fifo: Path) -> int | None:
+    """The write end of the pipe once a reader has it open (an ingest attempt is reading), else None."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # no reader yet
+            return None
+        raise
+
+
+def _holders(path: Path) -> set[int]:
+    """Processes other than this one with ``path`` open."""
+    found = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == str(path) for fd in fd_dir.iterdir()):
+                found.add(int(fd_dir.parent.name))
+        except OSError:  # a process that exited, or one we may not look into
+            continue
+    return found - {os.getpid()}
+
+
+@pytest.mark.slow
+def test_an_input_that_kills_the_ingesting_process_fails_its_batch_after_the_last_attempt(
+    rt, settings, procs, tmp_path
+):
+    attempts = settings.ingest_attempts
+    fifo = settings.blob_path / "input-that-kills"
+    settings.blob_path.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    batch_id = validating_stored_batch(rt, Written(fifo.name, 64 << 20, 50_000))
+    gpu = start_worker(settings, NODE, tmp_path)
+    procs.append(gpu)
+    procs.append(spawn_tidal(settings, "beat", "--loglevel=info", log=tmp_path / "beat.log"))
+    request_ingest(rt, batch_id)  # what POST /v1/batches sends for a large file
+
+    counted = [0]  # attempts counted in SQL at each kill
+    while counted[-1] < attempts:
+        ops = start_worker(settings, OPS, tmp_path, ops=True)
+        procs.append(ops)
+        fd = wait_for(lambda: _open_for_writing(fifo), 120, what=f"ingest attempt {counted[-1] + 1} to open its input")
+        try:
+            os.write(fd, b"".join(_request(f"r{i}") for i in range(8)))  # it reads these, then waits for more
+            assert _holders(fifo) == {ops.pid}, "the ingest attempt runs on the ops worker, nowhere else"
+            b = batch_row(rt, batch_id)
+            assert b.status == "validating" and b.ingest_attempts > counted[-1]  # counted before the work began
+            counted.append(b.ingest_attempts)
+            kill_group(ops)  # mid-ingest: as the kernel's OOM killer would
+        finally:
+            os.close(fd)
+    # One kill per attempt, unless the machine was slow enough for a resend to start a second attempt in the
+    # same process before the kill (the attempt looked dead); either way every attempt died mid-ingest.
+    assert counted[-1] == attempts and len(counted) - 1 <= attempts
+
+    ops = start_worker(settings, OPS, tmp_path, ops=True)  # the supervisor restarts it once more
+    procs.append(ops)
+    b, out, err = settled(rt, batch_id, ("failed",), timeout=120)
+    assert (b.ingest_attempts, b.total, out, err) == (attempts, 0, [], [])
+    assert b.errors == [
+        {
+            "code": "ingest_failed",
+            "line": None,
+            "param": None,
+            "message": f"The input file could not be validated: {attempts} attempts failed; the last stopped before "
+            "it finished (its process died: killed, or out of memory).",
+        }
+    ]
+    assert _holders(fifo) == set()
+
+    ops_log = (tmp_path / f"ops-{OPS}.log").read_text()
+    gpu_log = (tmp_path / f"worker-{NODE}.log").read_text()
+    assert ops_log.count("Task tidal.ingest[") >= attempts and ".> tidal.ops " in ops_log
+    # The GPU node's worker does not even consume the ops queue (Celery's banner lists what it consumes).
+    assert ".> tidal.ops " not in gpu_log and ".> tidal@gpu-node.dq2 " in gpu_log, gpu_log[-3000:]
+    assert "Task tidal.ingest[" not in gpu_log and "Task tidal.sweep" not in gpu_log, gpu_log[-3000:]
+
+    # The fleet is unharmed: the next batch is ingested by the ops worker and run by the GPU node's worker.
+    good = validating_batch(rt, _request("ok-1") + _request("ok-2"))
+    request_ingest(rt, good)
+    b, out, err = settled(rt, good, timeout=120)
+    assert (b.completed, len(out), err) == (2, 2, [])
+    assert "Task tidal.ingest[" not in (tmp_path / f"worker-{NODE}.log").read_text()
+    assert time.time() < b.expires_at
