@@ -35,7 +35,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     from tidal_api import openapi
 
     app = Flask(__name__)
-    # Past this werkzeug answers 413 before parsing; below it uploads spool to temporary files, never to memory.
+    # Past this werkzeug answers 413 before reading the body; below it an upload streams to storage (multipart.py).
     app.config["MAX_CONTENT_LENGTH"] = runtime.settings.max_upload_bytes + MULTIPART_OVERHEAD
     t.cast(DefaultJSONProvider, app.json).sort_keys = False  # keep OpenAI's field order on the wire
     app.extensions["tidal"] = runtime

@@ -236,20 +236,21 @@ class SlowUpload:
 
     BOUNDARY = "tidalfaultboundary"
 
-    def __init__(self, host: str, port: int, total_body: int, key: str = "acme-key"):
+    def __init__(self, host: str, port: int, total_body: int, key: str = "acme-key", purpose: str = "batch"):
         head = (
-            f'--{self.BOUNDARY}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{self.BOUNDARY}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n{purpose}\r\n'
             f'--{self.BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
             "Content-Type: application/jsonl\r\n\r\n"
         ).encode()
         self.tail = f"\r\n--{self.BOUNDARY}--\r\n".encode()
+        self.head_bytes = len(head)
         self.length = len(head) + total_body + len(self.tail)
         self.sock = socket.create_connection((host, port), timeout=30)
         self.sock.sendall(
             (
                 f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"
                 f"Content-Type: multipart/form-data; boundary={self.BOUNDARY}\r\n"
-                f"Content-Length: {self.length}\r\n\r\n"
+                f"Content-Length: {self.length}\r\nConnection: close\r\n\r\n"
             ).encode()
             + head
         )
@@ -260,6 +261,15 @@ class SlowUpload:
         chunk = (line * (nbytes // len(line) + 1))[:nbytes]
         self.sock.sendall(chunk)
         self.sent += nbytes
+
+    def finish(self) -> bytes:
+        """Send the rest of the file and the closing boundary; the server's whole answer."""
+        self.send(self.length - len(self.tail) - self.head_bytes - self.sent)
+        self.sock.sendall(self.tail)
+        answer = b""
+        while chunk := self.sock.recv(65536):
+            answer += chunk
+        return answer
 
     def close(self) -> None:
         self.sock.close()

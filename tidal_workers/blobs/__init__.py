@@ -97,11 +97,11 @@ class Blobs(abc.ABC):
 
     def write_lines(self, lines: t.Iterable[bytes]) -> Written:
         """Write a blob line by line (finalize's output files)."""
-        return self.write_stream(_buffered(IterReader(lines)))
+        return self.write_stream(buffered(IterReader(lines)))
 
     def open(self, name: str) -> t.BinaryIO:
         """The blob as a buffered binary stream (iterating it yields lines); close it when done."""
-        return _buffered(IterReader(self.iter_chunks(name)))
+        return buffered(IterReader(self.iter_chunks(name)))
 
     def read_bytes(self, name: str) -> bytes:
         """The whole blob: only for small ones (the sentinel, tests)."""
@@ -140,7 +140,8 @@ class IterReader(io.RawIOBase):
         super().close()
 
 
-def _buffered(raw: IterReader) -> t.BinaryIO:
+def buffered(raw: IterReader) -> t.BinaryIO:
+    """A readable binary stream over ``raw``, read CHUNK bytes at a time."""
     return t.cast(t.BinaryIO, io.BufferedReader(raw, CHUNK))
 
 
@@ -160,9 +161,11 @@ def open_blobs(settings: Settings) -> Blobs:
 __all__ = [
     "BlobNotFound",
     "Blobs",
+    "IterReader",
     "StorageUnavailable",
     "TooLarge",
     "Written",
+    "buffered",
     "new_name",
     "open_blobs",
 ]
