@@ -146,27 +146,32 @@ class PrivatePostgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def spawn_tidal(settings, *args: str, log: Path) -> subprocess.Popen:
-    """``tidal <args>`` with exactly ``settings``, in a new session so kill_group takes all its processes."""
+def spawn_tidal(settings, *args: str, log: Path, tree: Path = ROOT) -> subprocess.Popen:
+    """``tidal <args>`` with exactly ``settings``, in a new session so kill_group takes all its processes.
+
+    ``tree``: the source tree it runs from (another release's, for the upgrade test); this checkout by default.
+    """
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "tidal_api.cli", *args],
-            cwd=ROOT,
-            env=settings_env(settings),
+            cwd=tree,
+            env={**settings_env(settings), "PYTHONPATH": str(tree)},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
 
-def start_worker(settings, node: str, log_dir: Path, timeout: float = 180, ops: bool = False) -> subprocess.Popen:
+def start_worker(
+    settings, node: str, log_dir: Path, timeout: float = 180, ops: bool = False, tree: Path = ROOT
+) -> subprocess.Popen:
     """`tidal worker` on ``node`` (with ``ops``: `tidal worker --ops`), returned once Celery logs it ready (a GPU
     node's claim thread is then running). Its log, appended to by each start, is ``log_dir/worker-<node>.log``
     (``ops-<node>.log``)."""
     log = log_dir / f"{'ops' if ops else 'worker'}-{node}.log"
     already = log.read_bytes().count(b" ready.") if log.exists() else 0
     args = ["worker", "--ops"] if ops else ["worker"]
-    proc = spawn_tidal(settings.replace(node=node), *args, "--loglevel=info", log=log)
+    proc = spawn_tidal(settings.replace(node=node), *args, "--loglevel=info", log=log, tree=tree)
     wait_for(
         lambda: proc.poll() is not None or log.read_bytes().count(b" ready.") > already, timeout, what=f"worker {node}"
     )
