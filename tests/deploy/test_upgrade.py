@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from deploy_helpers import ROOT
 from reliability.fault_helpers import kill_group
@@ -31,6 +33,7 @@ from workers.worker_helpers import wait_for
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.migrate import MIGRATIONS
 from tidal_workers.store.migrate import alembic_config
+from tidal_workers.store.models import Base
 
 PREVIOUS_RELEASE = "877f0d3"  # schema 0001; its Redis key layout is in its docs/architecture.md
 BATCHES = {"a": 40, "b": 12}  # ingested and running when the old worker dies
@@ -158,3 +161,10 @@ def test_in_flight_batches_of_the_previous_release_complete_after_the_upgrade(
         finally:
             rt.close()
             client.flushdb()
+
+
+def test_the_migrations_build_exactly_the_models_schema(rt):
+    """Every schema change ships as a revision: the store the revisions build is the one the models describe."""
+    with rt.store.engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert diff == [], f"the models and the migrations differ (add a revision): {diff}"
