@@ -259,7 +259,7 @@ def after_failed_attempt(rt: Runtime, batch_id: str, exc: BaseException) -> floa
     if attempts < rt.settings.ingest_attempts:
         log.warning("batch %s: ingest attempt %d failed (%s); retrying", batch_id, attempts, exc)
         return retry_delay(rt.settings, attempts)
-    give_up(rt, batch_id, f"raised {type(exc).__name__}: {str(exc)[:200]}")
+    give_up(rt, batch_id, f"raised {type(exc).__name__}")  # its message (paths, hosts) stays in the log
     return None
 
 
