@@ -53,13 +53,13 @@ def rebuild(rt: Runtime) -> int:
     started = time.time()
     with rt.store.read() as s:
         open_ids = set(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.in_progress.value)))
-    queued = set(rt.queue.queued_batches()) - open_ids
-    if queued:  # read again: a batch whose ingest committed and queued it since the first read is open, not stale
+    not_open = set(rt.queue.queued_batches()) - open_ids
+    if not_open:  # read again: a batch whose ingest committed and queued it since the first read is open, not stale
         with rt.store.read() as s:
             still_open = set(
-                s.scalars(select(Batch.id).where(Batch.id.in_(queued), Batch.status == BatchStatus.in_progress.value))
+                s.scalars(select(Batch.id).where(Batch.id.in_(not_open), Batch.status == BatchStatus.in_progress.value))
             )
-        for stale in queued - still_open:
+        for stale in not_open - still_open:
             rt.queue.drop_batch(stale)
     queued = sum(enqueue_batch(rt, batch_id) for batch_id in sorted(open_ids))
     rt.queue.mark_built(started)
