@@ -102,7 +102,9 @@ def test_an_input_that_kills_the_ingesting_process_fails_its_batch_after_the_las
         fd = wait_for(lambda: _open_for_writing(fifo), 120, what=f"ingest attempt {counted[-1] + 1} to open its input")
         try:
             os.write(fd, b"".join(_request(f"r{i}") for i in range(8)))  # it reads these, then waits for more
-            assert _holders(fifo) == {ops.pid}, "the ingest attempt runs on the ops worker, nowhere else"
+            # The reader's open() returns once a writer appears: wait for its descriptor, then name its process.
+            holders = wait_for(lambda: _holders(fifo), 30, what="the reading process to hold the input open")
+            assert holders == {ops.pid}, "the ingest attempt runs on the ops worker, nowhere else"
             b = batch_row(rt, batch_id)
             assert b.status == "validating" and b.ingest_attempts > counted[-1]  # counted before the work began
             counted.append(b.ingest_attempts)
