@@ -23,6 +23,8 @@ from sqlalchemy.orm import Session
 from tidal_workers import task_names
 from tidal_workers.blobs import BlobNotFound
 from tidal_workers.enqueue import enqueue_batch
+from tidal_workers.quotas import lock_tenant
+from tidal_workers.quotas import token_limit_message
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.db import rows_updated
 from tidal_workers.store.models import Batch
@@ -71,7 +73,7 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
         batch = s.get(Batch, batch_id)
         if batch is None or batch.status != BatchStatus.validating.value:
             return
-        endpoint = batch.endpoint
+        endpoint, tenant = batch.endpoint, batch.tenant_id
         source = s.get(File, batch.input_file_id)
         blob = None if source is None or source.deleted else source.blob
 
@@ -101,9 +103,21 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
             )
         return
 
+    assert model is not None  # a file without errors holds at least one request, so a model
     with rt.store.transaction() as s:
+        lock_tenant(s, tenant)  # the quota is decided and the tokens taken in this one transaction
+        if over := token_limit_message(s, rt.settings, tenant, model, result.tokens):
+            error = LineError("token_limit_exceeded", None, over, None)
+            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model, errors=[error.as_dict()])
+            return
         if not _claim(
-            s, batch_id, status=BatchStatus.in_progress.value, in_progress_at=now, model=model, total=len(result.items)
+            s,
+            batch_id,
+            status=BatchStatus.in_progress.value,
+            in_progress_at=now,
+            model=model,
+            total=len(result.items),
+            enqueued_tokens=result.tokens,
         ):
             return
         rows = [

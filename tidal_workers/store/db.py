@@ -7,6 +7,7 @@ import sqlite3
 import typing as t
 
 from sqlalchemy import CursorResult
+from sqlalchemy import Delete
 from sqlalchemy import Update
 from sqlalchemy import create_engine
 from sqlalchemy import event
@@ -37,8 +38,8 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
-def rows_updated(session: Session, stmt: Update) -> int:
-    """Run an UPDATE and return how many rows it changed (a conditional UPDATE's 1 is an election won)."""
+def rows_updated(session: Session, stmt: Update | Delete) -> int:
+    """Run an UPDATE (or DELETE) and return how many rows it changed (a conditional UPDATE's 1 is an election won)."""
     result = session.execute(stmt)
     assert isinstance(result, CursorResult)  # what an UPDATE returns; Session.execute is typed for SELECTs
     return result.rowcount
