@@ -123,6 +123,11 @@ class Settings:
     )
     max_upload_bytes: int = _setting(512 * 1024 * 1024, "Largest accepted upload of any purpose, in bytes.", ge=1)
     max_file_lines: int = _setting(50_000, "Most request lines in a batch input file (OpenAI: 50,000).", ge=1)
+    max_line_bytes: int = _setting(
+        1024 * 1024,
+        "Largest request line of a batch input file, in bytes; a longer line is a `line_too_large` error and is never parsed.",
+        ge=1024,
+    )
     models: str = _setting(
         "", "Comma-separated model names a batch may name; empty accepts any (then `model_not_found` never fires)."
     )

@@ -107,6 +107,7 @@ def _batch_answer(batch_id: str) -> Response:
 
 @bp.post("")
 def create() -> Response:
+    key = idempotency.requested_key()
     body = _json_body()
     input_file_id = _required_str(body, "input_file_id")
     endpoint = _required_str(body, "endpoint")
@@ -124,7 +125,6 @@ def create() -> Response:
     output_expires_after = expiry.from_json(body.get("output_expires_after"), "output_expires_after")
 
     rt, tenant = current_runtime(), current_tenant()
-    key = idempotency.requested_key()
     asked = idempotency.digest(body)
     if key is not None:
         with rt.store.read() as s:

@@ -19,7 +19,7 @@ MIN_SECONDS, MAX_SECONDS = 3600, 30 * 86_400
 
 
 def seconds_after(anchor: t.Any, seconds: t.Any, param: str) -> int:
-    """The policy's seconds, checked; ``seconds`` may be the text of a multipart field."""
+    """The policy's seconds, checked."""
     if anchor is None:
         raise missing(f"{param}.anchor")
     if anchor not in ANCHORS:
@@ -29,8 +29,6 @@ def seconds_after(anchor: t.Any, seconds: t.Any, param: str) -> int:
         )
     if seconds is None:
         raise missing(f"{param}.seconds")
-    if isinstance(seconds, str) and seconds.strip().isdigit():
-        seconds = int(seconds)
     if not isinstance(seconds, int) or isinstance(seconds, bool):
         raise invalid_type(f"{param}.seconds", "an integer")
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:
@@ -57,4 +55,5 @@ def from_form(form: t.Mapping[str, str], param: str) -> int | None:
     anchor, seconds = form.get(f"{param}[anchor]"), form.get(f"{param}[seconds]")
     if anchor is None and seconds is None:
         return None
-    return seconds_after(anchor, seconds, param)
+    number: t.Any = int(seconds) if seconds is not None and seconds.strip().isdigit() else seconds
+    return seconds_after(anchor, number, param)

@@ -5,7 +5,7 @@ parsing state plus the accepted requests. Error codes follow OpenAI's batch
 errors (``errors.data[]`` = {code, line, message, param}); after
 ``MAX_REPORTED_ERRORS`` further errors are counted but not kept.
 
-Each line is bounded before it costs memory: over ``MAX_LINE_BYTES`` it is not
+Each line is bounded before it costs memory: over ``TIDAL_MAX_LINE_BYTES`` it is not
 parsed at all, and JSON nested deeper than ``MAX_JSON_DEPTH`` or with a
 container of more than ``MAX_JSON_WIDTH`` entries is refused; the body must
 then pass the endpoint's field policy (``tidal_workers.policy.body``), which
@@ -24,7 +24,6 @@ from tidal_workers.policy.body import check as check_body
 from tidal_workers.policy.body import estimate_tokens
 
 MAX_REPORTED_ERRORS = 1000
-MAX_LINE_BYTES = 1024 * 1024  # one request line, as UTF-8
 MAX_JSON_DEPTH = 32  # nested arrays and objects, the line's own object counting 1
 MAX_JSON_WIDTH = 100_000  # entries of one array or object
 PREFIX_CHARS = 512  # prompt text kept to group requests that share a prefix
@@ -110,11 +109,11 @@ def prefix_key(body: dict) -> str:
     return text[:PREFIX_CHARS]
 
 
-def _too_large(text: str) -> bool:
-    """More than MAX_LINE_BYTES of UTF-8 (a character is 1 to 4 bytes, so most lines need no encoding)."""
-    if len(text) <= MAX_LINE_BYTES // 4:
+def _too_large(text: str, limit: int) -> bool:
+    """More than ``limit`` bytes of UTF-8 (a character is 1 to 4 bytes, so most lines need no encoding)."""
+    if len(text) <= limit // 4:
         return False
-    return len(text) > MAX_LINE_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_LINE_BYTES
+    return len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit
 
 
 def _shape_error(number: int, obj: object) -> LineError | None:
@@ -144,11 +143,11 @@ DEFAULT_BOUNDS = Bounds()
 
 def parse_line(number: int, text: str, endpoint: str, bounds: Bounds = DEFAULT_BOUNDS) -> ParsedLine | LineError:
     """The checks that need only the line itself: its size and shape, then its fields and their bounds."""
-    if _too_large(text):
+    if _too_large(text, bounds.max_line_bytes):
         return LineError(
             "line_too_large",
             number,
-            f"This line is larger than {MAX_LINE_BYTES} bytes; requests must be smaller.",
+            f"This line is larger than {bounds.max_line_bytes} bytes; requests must be smaller.",
             None,
         )
     try:
@@ -196,7 +195,11 @@ def parse_line(number: int, text: str, endpoint: str, bounds: Bounds = DEFAULT_B
 
 
 def bounds_of(settings: Settings) -> Bounds:
-    return Bounds(max_output_tokens=settings.max_output_tokens, prompt_bytes_per_token=settings.prompt_bytes_per_token)
+    return Bounds(
+        max_output_tokens=settings.max_output_tokens,
+        prompt_bytes_per_token=settings.prompt_bytes_per_token,
+        max_line_bytes=settings.max_line_bytes,
+    )
 
 
 def validate_file(f: t.BinaryIO, endpoint: str, settings: Settings) -> Validation:

@@ -163,6 +163,7 @@ class Bounds:
 
     max_output_tokens: int = 32_768  # the served model's limit
     prompt_bytes_per_token: float = 4.0
+    max_line_bytes: int = 1024 * 1024  # one request line, as UTF-8 (checked by validate.parse_line)
 
 
 @dataclasses.dataclass(frozen=True)
