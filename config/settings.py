@@ -111,8 +111,8 @@ class Settings:
     )
     bind: str = _setting("127.0.0.1:8080", "Address gunicorn binds for `tidal serve`.")
     metrics_bind: str = _setting(
-        "127.0.0.1:9180",
-        "`host:port` where `tidal serve` also listens for Prometheus: the API's `/metrics`, and `/ready` with each failing check's reason, are answered only on this port, never on `TIDAL_BIND`. Empty: the API serves no `/metrics`.",
+        "",
+        "`host:port` where `tidal serve` also listens for Prometheus (compose: `0.0.0.0:9180`): the API's `/metrics`, and `/ready` with each failing check's reason, are answered only on this port, never on `TIDAL_BIND`. Empty: the API serves no `/metrics` at all.",
     )
     api_workers: int = _setting(2, "gunicorn worker processes for the API.", ge=1)
     api_threads: int = _setting(4, "Threads per gunicorn worker (gthread).", ge=1)
@@ -164,8 +164,8 @@ class Settings:
 
     # --- quotas (per tenant; TIDAL_TENANT_LIMITS overrides them for named tenants) ---------
     limit_enqueued_tokens: int = _setting(
-        1_000_000_000,
-        "Per tenant and model: estimated tokens (prompt plus `max_tokens`) of batches not yet finished. A batch that would pass it fails validation with `token_limit_exceeded`.",
+        5_000_000_000,
+        "Per tenant and model: estimated tokens (prompt plus `max_tokens`) of batches not yet finished. A batch that would pass it fails validation with `token_limit_exceeded`. The default holds three full batches (50,000 lines) counted at a 32k-token model limit.",
         ge=0,
     )
     limit_open_batches: int = _setting(

@@ -21,6 +21,7 @@ def test_ready_names_each_dependency_that_is_down(settings, tmp_path):
         redis_url=f"redis://127.0.0.1:{free_port()}/0",
         database_url=f"postgresql+psycopg2://postgres@127.0.0.1:{free_port()}/nowhere",
         blob_dir=str(tmp_path / "blobs"),
+        metrics_bind="127.0.0.1:9180",  # never bound here: the test client only says which port it came in on
     )
     runtime = Runtime(down)
     runtime.blobs.root.rmdir()  # the storage is gone too
