@@ -159,14 +159,8 @@ def create() -> Response:
             if key is not None:
                 idempotency.record(s, tenant, ROUTE, key, asked, batch.id)
             inline = source.bytes <= rt.settings.sync_validate_bytes
-    except IntegrityError:
-        if key is None:
-            raise
-        with rt.store.read() as s:  # the same key won a race: answer as its retry
-            first = idempotency.earlier(s, tenant, ROUTE, key, asked)
-        if first is None:
-            raise
-        return _batch_answer(first)
+    except IntegrityError:  # the same key won a race: answer as its retry
+        return _batch_answer(idempotency.race_winner(rt.store, tenant, ROUTE, key, asked))
     if inline:
         ingest_batch(rt, batch.id)
     else:

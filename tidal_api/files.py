@@ -152,14 +152,8 @@ def _store_upload(
             s.flush()
             if key is not None:
                 idempotency.record(s, tenant, ROUTE, key, asked, f.id)
-    except IntegrityError:
-        if key is None:
-            raise
-        with rt.store.read() as s:  # the same key won a race: answer as its retry
-            first = idempotency.earlier(s, tenant, ROUTE, key, asked)
-        if first is None:
-            raise
-        raise _Replay(first) from None
+    except IntegrityError:  # the same key won a race: answer as its retry
+        raise _Replay(idempotency.race_winner(rt.store, tenant, ROUTE, key, asked)) from None
     return jsonify(serialize.file_object(f))
 
 

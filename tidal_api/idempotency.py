@@ -23,6 +23,7 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from tidal_api.errors import APIError
+from tidal_workers.store import Store
 from tidal_workers.store.models import IdempotencyKey
 
 HEADER = "Idempotency-Key"
@@ -77,6 +78,18 @@ def earlier(session: Session, tenant: str, route: str, key: str, request_digest:
             code="idempotency_key_reused",
         )
     return row.object_id
+
+
+def race_winner(store: Store, tenant: str, route: str, key: str | None, request_digest: str) -> str:
+    """Called while handling an IntegrityError from a create: the id of the object made by the request that won this
+    key (answer as its retry would); re-raises the error when no key took part or none was stored."""
+    if key is None:
+        raise  # the IntegrityError being handled
+    with store.read() as s:
+        first = earlier(s, tenant, route, key, request_digest)
+    if first is None:
+        raise
+    return first
 
 
 def record(session: Session, tenant: str, route: str, key: str, request_digest: str, object_id: str) -> None:
