@@ -55,6 +55,7 @@ def celery_config(settings: Settings) -> dict[str, t.Any]:
             "tidal-reclaim": _sweep(task_names.SWEEP_RECLAIM, settings.reclaim_seconds),
             "tidal-reconcile": _sweep(task_names.SWEEP_RECONCILE, settings.reconcile_seconds),
             "tidal-rescore": _sweep(task_names.SWEEP_RESCORE, settings.rescore_seconds),
+            "tidal-retention": _sweep(task_names.SWEEP_RETENTION, settings.retention_seconds),
         },
     }
 

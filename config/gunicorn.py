@@ -12,7 +12,8 @@ if t.TYPE_CHECKING:
 
 _settings = load_settings()
 
-bind = _settings.bind
+# The public API, and the metrics listener (/metrics is answered only there: tidal_api/metrics.py).
+bind = [_settings.bind, *([_settings.metrics_bind] if _settings.metrics_bind else [])]
 workers = _settings.api_workers
 threads = _settings.api_threads
 worker_class = "gthread"

@@ -26,6 +26,9 @@ from types import MappingProxyType
 
 PREFIX = "TIDAL_"
 DEV_KEY = ("dev", "tidal-dev-key")  # (tenant, key) that exists only when TIDAL_ENV=dev
+MIN_KEY_CHARS, MIN_KEY_BITS = 32, 128  # a configured key outside dev mode: at least this long and this strong
+#: Keys Tidal has shipped in examples and tests: public, so never accepted outside dev mode whatever their length.
+EXAMPLE_KEYS = frozenset({"tidal-dev-key", "change-me", "acme-key", "globex-key", "sk-tidal-example-0123456789abcdef"})
 
 
 class SettingsError(ValueError):
@@ -41,6 +44,18 @@ def _setting(default: t.Any, doc: str, **kw: t.Any) -> t.Any:
     if callable(default) and not isinstance(default, type):
         return dataclasses.field(default_factory=default, metadata={"doc": doc, **kw})
     return dataclasses.field(default=default, metadata={"doc": doc, **kw})
+
+
+@dataclasses.dataclass(frozen=True)
+class TenantLimits:
+    """One tenant's quotas (``Settings.limits_for``)."""
+
+    open_batches: int
+    stored_bytes: int
+    enqueued_tokens: t.Mapping[str, int]  # model -> limit; ``*`` for every other model
+
+    def tokens_for(self, model: str) -> int:
+        return self.enqueued_tokens.get(model, self.enqueued_tokens["*"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +88,9 @@ class Settings:
         "",
         "`TIDAL_STORAGE=s3`: access key. Empty: boto3's default credential chain (AWS_* variables, ~/.aws, an instance role).",
     )
-    s3_secret_access_key: str = _setting("", "`TIDAL_STORAGE=s3`: secret key, with `TIDAL_S3_ACCESS_KEY_ID`.")
+    s3_secret_access_key: str = _setting(
+        "", "`TIDAL_STORAGE=s3`: secret key, with `TIDAL_S3_ACCESS_KEY_ID`.", secret=True
+    )
     s3_part_bytes: int = _setting(
         8 * 1024 * 1024,
         "`TIDAL_STORAGE=s3`: part size of multipart uploads (at least S3's 5 MiB); each upload holds one part in memory.",
@@ -88,9 +105,15 @@ class Settings:
 
     # --- the API -----------------------------------------------------------
     api_keys: str = _setting(
-        "", "Configured API keys as `tenant:key` pairs separated by commas. Stored hashed (SHA-256) at start-up."
+        "",
+        "Configured API keys as `tenant:key` pairs separated by commas. Stored hashed (SHA-256) at start-up; a configured key removed from here is revoked at the next start. Outside dev mode each key must be at least 32 characters with 128 bits of entropy by its character set (`tidal keys create` makes such keys).",
+        secret=True,
     )
     bind: str = _setting("127.0.0.1:8080", "Address gunicorn binds for `tidal serve`.")
+    metrics_bind: str = _setting(
+        "",
+        "`host:port` where `tidal serve` also listens for Prometheus (compose: `0.0.0.0:9180`): the API's `/metrics`, and `/ready` with each failing check's reason, are answered only on this port, never on `TIDAL_BIND`. Empty: the API serves no `/metrics` at all.",
+    )
     api_workers: int = _setting(2, "gunicorn worker processes for the API.", ge=1)
     api_threads: int = _setting(4, "Threads per gunicorn worker (gthread).", ge=1)
     max_file_bytes: int = _setting(
@@ -101,9 +124,9 @@ class Settings:
     max_upload_bytes: int = _setting(512 * 1024 * 1024, "Largest accepted upload of any purpose, in bytes.", ge=1)
     max_file_lines: int = _setting(50_000, "Most request lines in a batch input file (OpenAI: 50,000).", ge=1)
     max_line_bytes: int = _setting(
-        16 * 1024 * 1024,
-        "Longest request line of a batch input file, in bytes (`line_too_long` past it); ingest holds a few times this for one line.",
-        ge=1,
+        1024 * 1024,
+        "Largest request line of a batch input file, in bytes: a longer line is a `line_too_large` error, skipped unread (ingest holds a few times this for one line).",
+        ge=1024,
     )
     models: str = _setting(
         "", "Comma-separated model names a batch may name; empty accepts any (then `model_not_found` never fires)."
@@ -118,7 +141,47 @@ class Settings:
         "Real length of the completion window. The wire value stays `24h`; tests shorten this.",
         ge=1,
     )
-    file_expiry_seconds: int = _setting(30 * 86_400, "Lifetime of uploaded and output files (`expires_at`).", ge=1)
+    file_expiry_seconds: int = _setting(
+        30 * 86_400,
+        "Lifetime of uploaded and output files (`expires_at`) unless the upload's `expires_after` or the batch's `output_expires_after` says otherwise; beat's retention sweep deletes expired files.",
+        ge=1,
+    )
+    item_retention_seconds: int = _setting(
+        7 * 86_400,
+        "How long a finished batch keeps its item rows (prompts and responses) in SQL; its output and error files keep the lines until they expire. 0: deleted at the next retention sweep.",
+        ge=0,
+    )
+    max_output_tokens: int = _setting(
+        32_768,
+        "Largest `max_tokens` (`max_completion_tokens`, `max_output_tokens`) a request line may ask for: the served model's limit (vLLM's `--max-model-len`). A line without one is counted at this in the enqueued-token quota.",
+        ge=1,
+    )
+    prompt_bytes_per_token: float = _setting(
+        4.0,
+        "The enqueued-token quota estimates a line's prompt tokens as its prompt text's UTF-8 bytes over this (plus 4 per message); 1 makes the estimate an upper bound for byte-level BPE tokenizers.",
+        gt=0,
+    )
+
+    # --- quotas (per tenant; TIDAL_TENANT_LIMITS overrides them for named tenants) ---------
+    limit_enqueued_tokens: int = _setting(
+        5_000_000_000,
+        "Per tenant and model: estimated tokens (prompt plus `max_tokens`) of batches not yet finished. A batch that would pass it fails validation with `token_limit_exceeded`. The default holds three full batches (50,000 lines) counted at a 32k-token model limit.",
+        ge=0,
+    )
+    limit_open_batches: int = _setting(
+        100,
+        "Per tenant: batches validating, in progress, finalizing or cancelling. Creating one more answers 429 `batch_limit_exceeded`.",
+        ge=0,
+    )
+    limit_stored_bytes: int = _setting(
+        20 * 1024**3,
+        "Per tenant: bytes of live files (uploads and batch outputs). An upload past it answers 400 `storage_limit_exceeded`.",
+        ge=0,
+    )
+    tenant_limits: str = _setting(
+        "{}",
+        'JSON: tenant -> its own limits, any of `open_batches`, `stored_bytes`, `enqueued_tokens` (a number, or model -> number with `*` for other models); unnamed limits and tenants get the `TIDAL_LIMIT_*` defaults. Example: `{"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}}}`.',
+    )
 
     # --- workers -----------------------------------------------------------
     node: str = _setting(
@@ -261,6 +324,9 @@ class Settings:
     reclaim_seconds: float = _setting(5.0, "Period of beat's expired-lease sweep.", gt=0)
     expiry_seconds: float = _setting(30.0, "Period of beat's expiry sweep.", gt=0)
     reconcile_seconds: float = _setting(60.0, "Period of beat's Redis-from-SQL reconcile.", gt=0)
+    retention_seconds: float = _setting(
+        300.0, "Period of beat's retention sweep (expired files, finished batches' item rows, idempotency keys).", gt=0
+    )
     ingest_resend_seconds: float = _setting(
         300.0,
         "Reconcile sends `tidal.ingest` again for a batch still `validating` this long after its creation or its last ingest attempt began (the broker may have been down, the attempt's process killed), doubling per attempt; it must exceed the longest ingest (a 200 MB file: 10-20 s on a 2-core machine).",
@@ -279,7 +345,7 @@ class Settings:
 
     # --- Flower ------------------------------------------------------------
     flower_port: int = _setting(5555, "Port of the Flower UI started by `tidal up --flower`.", ge=1, le=65535)
-    flower_basic_auth: str = _setting("", "`user:password` for Flower; required by docker-compose.")
+    flower_basic_auth: str = _setting("", "`user:password` for Flower; required by docker-compose.", secret=True)
 
     # --- derived -----------------------------------------------------------
     @property
@@ -316,16 +382,41 @@ class Settings:
 
     @functools.cached_property
     def configured_keys(self) -> tuple[tuple[str, str], ...]:
-        """(tenant, key) pairs from TIDAL_API_KEYS, plus the dev key in dev mode."""
+        """(tenant, key) pairs from TIDAL_API_KEYS, plus the dev key in dev mode. Weak keys refused outside dev."""
         pairs = _parse_keys(self.api_keys)
-        return (*pairs, DEV_KEY) if self.env == "dev" else pairs
+        if self.env == "dev":
+            return (*pairs, DEV_KEY)
+        for n, (_tenant, key) in enumerate(pairs, 1):
+            if why := weak_key(key):
+                raise ValueError(
+                    f"TIDAL_API_KEYS entry {n} is {why}; outside dev mode (TIDAL_ENV=dev) every key needs at least "
+                    f"{MIN_KEY_CHARS} characters and {MIN_KEY_BITS} bits of entropy: create one with `tidal keys "
+                    "create` or `python -c 'import secrets; print(\"sk-\" + secrets.token_urlsafe(32))'`."
+                )
+        return pairs
+
+    @functools.cached_property
+    def _tenant_limits(self) -> dict[str, dict[str, t.Any]]:
+        return _parse_tenant_limits(self.tenant_limits)
+
+    def limits_for(self, tenant: str) -> TenantLimits:
+        """The tenant's quotas: its TIDAL_TENANT_LIMITS entry over the TIDAL_LIMIT_* defaults."""
+        own = self._tenant_limits.get(tenant, {})
+        tokens = own.get("enqueued_tokens", self.limit_enqueued_tokens)
+        if not isinstance(tokens, dict):
+            tokens = {"*": tokens}
+        return TenantLimits(
+            open_batches=own.get("open_batches", self.limit_open_batches),
+            stored_bytes=own.get("stored_bytes", self.limit_stored_bytes),
+            enqueued_tokens=MappingProxyType({"*": self.limit_enqueued_tokens, **tokens}),
+        )
 
     def replace(self, **changes: t.Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
     def __post_init__(self) -> None:
         problems = _field_problems(self) + _cross_problems(self)
-        for name in ("_prices", "configured_keys"):
+        for name in ("_prices", "configured_keys", "_tenant_limits"):
             try:
                 getattr(self, name)  # parse now, and keep the result
             except ValueError as exc:
@@ -394,6 +485,15 @@ def _cross_problems(s: Settings) -> list[str]:
             problems.append(
                 f"{env_name(field_name)}={value!r}: must be a URL (scheme://...), or empty for the default."
             )
+    if s.metrics_bind:
+        host, _, port = s.metrics_bind.rpartition(":")
+        if not (host and port.isdigit() and 0 < int(port) < 65536):
+            problems.append(f"TIDAL_METRICS_BIND={s.metrics_bind!r}: must be host:port (or empty for no /metrics).")
+        elif port == s.bind.rpartition(":")[2]:
+            problems.append(
+                f"TIDAL_METRICS_BIND={s.metrics_bind!r} uses the port of TIDAL_BIND={s.bind!r}: /metrics must not be "
+                "served on the API's public port; pick another port."
+            )
     if s.flower_basic_auth and ":" not in s.flower_basic_auth:
         problems.append("TIDAL_FLOWER_BASIC_AUTH: must be user:password (or empty).")
     return problems
@@ -446,6 +546,63 @@ def _parse_keys(text: str) -> tuple[tuple[str, str], ...]:
             )
         pairs.append((tenant, key))
     return tuple(pairs)
+
+
+_CHARSETS = (
+    (str.islower, 26),
+    (str.isupper, 26),
+    (str.isdigit, 10),
+)
+
+
+def key_bits(key: str) -> float:
+    """Entropy of ``key`` by its character set: length × log2(size of the classes it draws from)."""
+    alphabet = sum(size for test, size in _CHARSETS if any(test(c) for c in key if c.isascii()))
+    if any(not (c.isascii() and c.isalnum()) for c in key):
+        alphabet += 33  # printable ASCII punctuation and anything else
+    return len(key) * math.log2(alphabet) if alphabet > 1 else 0.0
+
+
+def weak_key(key: str) -> str | None:
+    """Why ``key`` is too weak to guard a tenant outside dev mode, or None; the reason never quotes the key."""
+    if key in EXAMPLE_KEYS:
+        return "a published example key"
+    if len(key) < MIN_KEY_CHARS:
+        return f"{len(key)} characters long"
+    bits = key_bits(key)
+    if bits < MIN_KEY_BITS:
+        return f"only {bits:.0f} bits strong by its character set"
+    return None
+
+
+_LIMIT_NAMES = ("open_batches", "stored_bytes", "enqueued_tokens")
+
+
+def _limit_number(value: t.Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _parse_tenant_limits(text: str) -> dict[str, dict[str, t.Any]]:
+    fix = 'set it to a JSON object such as {"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}}}'
+    try:
+        table = json.loads(text or "{}")
+    except ValueError as exc:
+        raise ValueError(f"TIDAL_TENANT_LIMITS is not JSON ({exc}); {fix}.") from None
+    if not isinstance(table, dict):
+        raise ValueError(f"TIDAL_TENANT_LIMITS must be a JSON object of tenant -> limits; {fix}.")
+    for tenant, limits in table.items():
+        if not isinstance(limits, dict) or set(limits) - set(_LIMIT_NAMES):
+            raise ValueError(f"TIDAL_TENANT_LIMITS[{tenant!r}] must be an object of {', '.join(_LIMIT_NAMES)}; {fix}.")
+        for name, value in limits.items():
+            numbers = value.values() if name == "enqueued_tokens" and isinstance(value, dict) else [value]
+            if not numbers or not all(_limit_number(v) for v in numbers):
+                raise ValueError(
+                    f"TIDAL_TENANT_LIMITS[{tenant!r}][{name!r}] = {json.dumps(value)}: must be a non-negative "
+                    "integer"
+                    + (" or an object of model -> non-negative integer" if name == "enqueued_tokens" else "")
+                    + "."
+                )
+    return table
 
 
 def env_name(field_name: str) -> str:

@@ -119,8 +119,8 @@ def rt(settings):
 class LiveServer:
     """A WSGI app served on loopback in a thread: real HTTP, real sockets."""
 
-    def __init__(self, app):
-        self.server = make_server("127.0.0.1", 0, app, threaded=True)
+    def __init__(self, app, port: int = 0):
+        self.server = make_server("127.0.0.1", port, app, threaded=True)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
@@ -162,6 +162,14 @@ def live_api(rt):
     from tidal_api import create_app
 
     server = LiveServer(create_app(runtime=rt))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def metrics_api(live_api, settings):
+    """The same app on the metrics port (TIDAL_METRICS_BIND, which the test sets to a free port): /metrics."""
+    server = LiveServer(live_api.server.app, int(settings.metrics_bind.rpartition(":")[2]))
     yield server
     server.stop()
 

@@ -12,9 +12,6 @@ from config import load_settings
 from tidal_workers.blobs.sentinel import prepare_storage
 from tidal_workers.runtime import Runtime
 
-#: Room for multipart boundaries and the `purpose` field above the largest upload.
-MULTIPART_OVERHEAD = 64 * 1024
-
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:
     """Build the API. Given a runtime (tests, embedding) it is used as is; else one is built and prepared."""
@@ -31,15 +28,17 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     from tidal_api import errors
     from tidal_api import files
     from tidal_api import health
+    from tidal_api import limits
     from tidal_api import metrics
     from tidal_api import openapi
 
     app = Flask(__name__)
     # Past this werkzeug answers 413 before reading the body; below it an upload streams to storage (multipart.py).
-    app.config["MAX_CONTENT_LENGTH"] = runtime.settings.max_upload_bytes + MULTIPART_OVERHEAD
+    app.config["MAX_CONTENT_LENGTH"] = runtime.settings.max_upload_bytes + limits.MULTIPART_OVERHEAD
     t.cast(DefaultJSONProvider, app.json).sort_keys = False  # keep OpenAI's field order on the wire
     app.extensions["tidal"] = runtime
     errors.init_app(app)
+    limits.init_app(app)  # every body but an upload's: 64 KB
     metrics.init_app(app)  # GET /metrics and the request-latency histogram
     for blueprint in (files.bp, batches.bp, openapi.bp, health.bp):
         app.register_blueprint(blueprint)

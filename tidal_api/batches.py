@@ -10,8 +10,11 @@ from flask import Response
 from flask import jsonify
 from flask import request
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from tidal_api import expiry
+from tidal_api import idempotency
 from tidal_api import serialize
 from tidal_api.auth import authenticate
 from tidal_api.auth import current_tenant
@@ -22,6 +25,7 @@ from tidal_api.errors import invalid_type
 from tidal_api.errors import invalid_value
 from tidal_api.errors import missing
 from tidal_api.files import owned_file
+from tidal_api.limits import read_json_body
 from tidal_api.pagination import can_name_a_row
 from tidal_api.pagination import int_arg
 from tidal_api.pagination import keyset_page
@@ -29,6 +33,8 @@ from tidal_api.pagination import list_body
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
+from tidal_workers.quotas import lock_tenant
+from tidal_workers.quotas import open_batch_message
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 
@@ -37,6 +43,7 @@ COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 NOT_CANCELLABLE = (BatchStatus.completed.value, BatchStatus.failed.value, BatchStatus.expired.value)
 ALREADY_CANCELLED = (BatchStatus.cancelling.value, BatchStatus.cancelled.value)
+ROUTE = "batches"  # the idempotency keys' namespace
 
 bp = Blueprint("batches", __name__, url_prefix="/v1/batches")
 bp.before_request(authenticate)
@@ -50,6 +57,7 @@ def _owned_batch(session: Session, batch_id: str) -> Batch:
 
 
 def _json_body() -> dict[str, t.Any]:
+    read_json_body()
     try:
         body = request.get_json(force=True, silent=True)
     except RecursionError:  # nesting deeper than the parser's stack; not caught by silent=True
@@ -91,8 +99,15 @@ def _metadata(value: object) -> dict[str, str] | None:
     return value
 
 
+def _batch_answer(batch_id: str) -> Response:
+    rt = current_runtime()
+    with rt.store.read() as s:
+        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings))
+
+
 @bp.post("")
 def create() -> Response:
+    key = idempotency.requested_key()
     body = _json_body()
     input_file_id = _required_str(body, "input_file_id")
     endpoint = _required_str(body, "endpoint")
@@ -107,33 +122,50 @@ def create() -> Response:
             "completion_window", f"Invalid value for 'completion_window': '{window[:64]}'. Supported values are: '24h'."
         )
     metadata = _metadata(body.get("metadata"))
+    output_expires_after = expiry.from_json(body.get("output_expires_after"), "output_expires_after")
 
-    rt = current_runtime()
+    rt, tenant = current_runtime(), current_tenant()
+    asked = idempotency.digest(body)
+    if key is not None:
+        with rt.store.read() as s:
+            first = idempotency.earlier(s, tenant, ROUTE, key, asked)
+        if first is not None:  # a retry: the batch the first request made, as it stands now
+            return _batch_answer(first)
     now = int(time.time())
-    with rt.store.transaction() as s:
-        source = owned_file(s, input_file_id, param="input_file_id")
-        if source.purpose != "batch":
-            raise invalid_value(
-                "input_file_id",
-                f"File {input_file_id} has purpose '{source.purpose}'; a batch input file must have purpose 'batch'.",
+    try:
+        with rt.store.transaction() as s:
+            source = owned_file(s, input_file_id, param="input_file_id")
+            if source.purpose != "batch":
+                raise invalid_value(
+                    "input_file_id",
+                    f"File {input_file_id} has purpose '{source.purpose}'; a batch input file must have purpose "
+                    "'batch'.",
+                )
+            lock_tenant(s, tenant)  # the open-batch count and the new row in one decision
+            if message := open_batch_message(s, rt.settings, tenant):
+                raise APIError(429, message, code="batch_limit_exceeded")
+            batch = Batch(
+                tenant_id=tenant,
+                endpoint=endpoint,
+                input_file_id=input_file_id,
+                completion_window=window,
+                metadata_=metadata,
+                created_at=now,
+                expires_at=now + rt.settings.completion_window_seconds,
+                output_expires_after=output_expires_after,
             )
-        batch = Batch(
-            tenant_id=current_tenant(),
-            endpoint=endpoint,
-            input_file_id=input_file_id,
-            completion_window=window,
-            metadata_=metadata,
-            created_at=now,
-            expires_at=now + rt.settings.completion_window_seconds,
-        )
-        s.add(batch)
-        inline = source.bytes <= rt.settings.sync_validate_bytes
+            s.add(batch)
+            s.flush()
+            if key is not None:
+                idempotency.record(s, tenant, ROUTE, key, asked, batch.id)
+            inline = source.bytes <= rt.settings.sync_validate_bytes
+    except IntegrityError:  # the same key won a race: answer as its retry
+        return _batch_answer(idempotency.race_winner(rt.store, tenant, ROUTE, key, asked))
     if inline:
         ingest_batch(rt, batch.id)
     else:
         request_ingest(rt, batch.id)  # a broker that is down leaves the batch `validating`, and reconcile resends
-    with rt.store.read() as s:
-        return jsonify(serialize.batch_object(s.get_one(Batch, batch.id), rt.settings))
+    return _batch_answer(batch.id)
 
 
 @bp.get("/<path:batch_id>")

@@ -3,6 +3,7 @@ delete."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import typing as t
 
@@ -11,9 +12,12 @@ from flask import Response
 from flask import jsonify
 from flask import request
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from config import Settings
+from tidal_api import expiry
+from tidal_api import idempotency
 from tidal_api import serialize
 from tidal_api.auth import authenticate
 from tidal_api.auth import current_tenant
@@ -22,6 +26,9 @@ from tidal_api.errors import APIError
 from tidal_api.errors import file_not_found
 from tidal_api.errors import invalid_value
 from tidal_api.errors import missing
+from tidal_api.limits import UploadRoom
+from tidal_api.limits import upload_limit
+from tidal_api.limits import upload_room
 from tidal_api.multipart import Body
 from tidal_api.multipart import Malformed
 from tidal_api.multipart import drain
@@ -35,11 +42,16 @@ from tidal_workers.blobs import IterReader
 from tidal_workers.blobs import TooLarge
 from tidal_workers.blobs import Written
 from tidal_workers.blobs import buffered
+from tidal_workers.quotas import lock_tenant
+from tidal_workers.quotas import storage_message
+from tidal_workers.quotas import stored_bytes
+from tidal_workers.retention import purge_contents
 from tidal_workers.store.models import File
 
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 PURPOSES = UPLOAD_PURPOSES + ("assistants_output", "batch_output", "fine-tune-results")  # incl. files Tidal writes
 MAX_FILENAME = 512  # files.filename
+ROUTE = "files"  # the idempotency keys' namespace
 
 bp = Blueprint("files", __name__, url_prefix="/v1/files")
 bp.before_request(authenticate)
@@ -59,64 +71,99 @@ def _clean_filename(name: str | None) -> str:
     return name[:MAX_FILENAME] or "upload"
 
 
-def upload_limit(settings: Settings, purpose: str | None) -> int:
-    """The largest upload ``purpose`` accepts (the largest of all when the purpose is not known yet)."""
-    if purpose == "batch":
-        return min(settings.max_upload_bytes, settings.max_file_bytes)
-    return settings.max_upload_bytes
-
-
 def _too_large(limit: int, purpose: str | None) -> APIError:
     for_purpose = f" for purpose '{purpose[:64]}'" if purpose in UPLOAD_PURPOSES else ""
     return APIError(413, f"File is too large: at most {limit} bytes{for_purpose}.", param="file", code="file_too_large")
 
 
+def _over(settings: Settings, tenant: str, room: UploadRoom, purpose: str | None) -> APIError:
+    """The answer to a file part past its limit: the tenant's storage quota if that was the tighter bound."""
+    purpose_limit = upload_limit(settings, purpose or "")
+    if room.free < purpose_limit:
+        message = storage_message(settings, tenant, room.stored, room.free + 1)
+        return APIError(400, message or "Storage limit reached.", param="file", code="storage_limit_exceeded")
+    return _too_large(purpose_limit, purpose)
+
+
+@dataclasses.dataclass
+class _Received:
+    fields: dict[str, str]
+    written: Written | None = None
+    filename: str | None = None
+    sha256: str | None = None  # of the file's bytes, for the idempotency key
+
+
 def _receive(
-    stream: t.IO[bytes], boundary: str | None, blobs: Blobs, settings: Settings
-) -> tuple[dict[str, str], Written | None, str | None]:
-    """Read the form: its fields, and its `file` part written straight to storage (under the limit of the
-    purpose when that field came first, as the OpenAI SDK and curl send it; else under the largest).
+    stream: t.IO[bytes],
+    boundary: str | None,
+    blobs: Blobs,
+    limit_for: t.Callable[[str | None], int],
+    over: t.Callable[[str | None], APIError],
+) -> _Received:
+    """Read the form: its fields, and its `file` part written straight to storage under ``limit_for(purpose)``
+    (the purpose's when that field came first, as the OpenAI SDK and curl send it; else the largest).
 
     A body that cannot be parsed reads as an empty form, as werkzeug's parser has it: the answer names the first
     missing parameter.
     """
-    fields: dict[str, str] = {}
-    written, filename = None, None
+    got = _Received(fields={})
     try:
         for part in Body(stream, boundary).parts():
             if part.filename is None:
-                fields.setdefault(part.name, part.text())
-            elif part.name == "file" and written is None:
-                limit = upload_limit(settings, fields.get("purpose"))
+                got.fields.setdefault(part.name, part.text())
+            elif part.name == "file" and got.written is None:
+                purpose = got.fields.get("purpose")
+                hashing = idempotency.HashingReader(buffered(IterReader(part.chunks())))
                 try:
-                    written = blobs.write_stream(buffered(IterReader(part.chunks())), limit)
+                    got.written = blobs.write_stream(t.cast(t.IO[bytes], hashing), limit_for(purpose))
                 except TooLarge:
-                    raise _too_large(limit, fields.get("purpose")) from None
-                filename = part.filename
+                    raise over(purpose) from None
+                got.filename, got.sha256 = part.filename, hashing.sha256.hexdigest()
     except BaseException as exc:
-        if written is not None:
-            blobs.delete(written.name)
+        if got.written is not None:
+            blobs.delete(got.written.name)
         if isinstance(exc, Malformed):
-            return {}, None, None
+            return _Received(fields={})
         raise
-    return fields, written, filename
+    return got
+
+
+def _file_answer(file_id: str) -> Response:
+    """A file object by id (a retried upload's answer: the file the first request made)."""
+    with current_runtime().store.read() as s:
+        f = s.get(File, file_id)
+        if f is None or f.tenant_id != current_tenant():
+            raise file_not_found(file_id)
+        return jsonify(serialize.file_object(f))
 
 
 @bp.post("")
 def upload() -> Response:
     if request.mimetype != "multipart/form-data":
         raise APIError(415, "Files must be uploaded as multipart/form-data.", code="unsupported_media_type")
-    rt, settings = current_runtime(), current_runtime().settings
+    rt, settings, tenant = current_runtime(), current_runtime().settings, current_tenant()
+    key = idempotency.requested_key()
+    room = upload_room(rt, tenant)  # before the body is read: a Content-Length past the quota is refused here
+
+    def limit_for(purpose: str | None) -> int:
+        largest = upload_limit(settings, purpose) if purpose in UPLOAD_PURPOSES else settings.max_upload_bytes
+        return min(largest, room.free)
+
     try:
-        fields, written, filename = _receive(
-            request.stream, request.mimetype_params.get("boundary"), rt.blobs, settings
+        got = _receive(
+            request.stream,
+            request.mimetype_params.get("boundary"),
+            rt.blobs,
+            limit_for,
+            lambda purpose: _over(settings, tenant, room, purpose),
         )
         drain(request.stream)  # after a body that could not be parsed, or its closing boundary: usually nothing
     except APIError:
         drain(request.stream)  # the client is still sending: read it out, so it gets this answer
         raise
+    written = got.written
     try:
-        purpose = fields.get("purpose")
+        purpose = got.fields.get("purpose")
         if not purpose:
             raise missing("purpose")
         if purpose not in UPLOAD_PURPOSES:
@@ -124,36 +171,75 @@ def upload() -> Response:
                 "purpose",
                 f"Invalid value for 'purpose': '{purpose[:64]}'. Supported values are: {', '.join(UPLOAD_PURPOSES)}.",
             )
+        expires_after = expiry.from_form(got.fields, "expires_after")
         if written is None:
             raise missing("file")
-        if written.bytes > (limit := upload_limit(settings, purpose)):  # the file part came before `purpose`
-            raise _too_large(limit, purpose)
-        if purpose == "batch" and written.lines > settings.max_file_lines:
-            raise APIError(
-                400,
-                f"A batch input file may hold at most {settings.max_file_lines} lines; this one has {written.lines}.",
-                param="file",
-                code="too_many_lines",
-            )
-        now = int(time.time())
+        if written.bytes > limit_for(purpose):  # the file part came before `purpose`
+            raise _over(settings, tenant, room, purpose)
+        assert got.sha256 is not None
+        return _store_upload(written, _clean_filename(got.filename), purpose, expires_after, key, got.sha256)
+    except BaseException:
+        if written is not None:
+            rt.blobs.delete(written.name)  # refused, a retry answered with the first file, or a fault: no orphans
+        raise
+
+
+def _store_upload(
+    written: Written, name: str, purpose: str, expires_after: int | None, key: str | None, content: str
+) -> Response:
+    """The File row for bytes already in storage, under the line limit, the storage quota and the idempotency key."""
+    rt, settings, tenant = current_runtime(), current_runtime().settings, current_tenant()
+    if purpose == "batch" and written.lines > settings.max_file_lines:
+        raise APIError(
+            400,
+            f"A batch input file may hold at most {settings.max_file_lines} lines; this one has {written.lines}.",
+            param="file",
+            code="too_many_lines",
+        )
+    asked = idempotency.digest(purpose, name, expires_after, content)
+    if key is not None:
+        with rt.store.read() as s:
+            first = idempotency.earlier(s, tenant, ROUTE, key, asked)
+        if first is not None:
+            raise _Replay(first)
+    now = int(time.time())
+    try:
         with rt.store.transaction() as s:
+            lock_tenant(s, tenant)  # concurrent uploads of one tenant are measured against its quota one by one
+            stored = stored_bytes(s, tenant)
+            if message := storage_message(settings, tenant, stored, written.bytes):
+                raise APIError(400, message, param="file", code="storage_limit_exceeded")
             f = File(
-                tenant_id=current_tenant(),
-                filename=_clean_filename(filename),
+                tenant_id=tenant,
+                filename=name,
                 purpose=purpose,
                 bytes=written.bytes,
                 lines=written.lines,
                 created_at=now,
-                expires_at=now + settings.file_expiry_seconds,
+                expires_at=now + (expires_after or settings.file_expiry_seconds),
                 status="processed",
                 blob=written.name,
             )
             s.add(f)
-    except BaseException:
-        if written is not None:
-            rt.blobs.delete(written.name)
-        raise
+            s.flush()
+            if key is not None:
+                idempotency.record(s, tenant, ROUTE, key, asked, f.id)
+    except IntegrityError:  # the same key won a race: answer as its retry
+        raise _Replay(idempotency.race_winner(rt.store, tenant, ROUTE, key, asked)) from None
     return jsonify(serialize.file_object(f))
+
+
+class _Replay(Exception):
+    """The upload repeats an earlier one (same Idempotency-Key, same request): answer with that file."""
+
+    def __init__(self, file_id: str):
+        super().__init__(file_id)
+        self.file_id = file_id
+
+
+@bp.errorhandler(_Replay)
+def _replayed(exc: _Replay) -> Response:
+    return _file_answer(exc.file_id)
 
 
 @bp.get("")
@@ -199,9 +285,12 @@ def content(file_id: str) -> Response:
 
 @bp.delete("/<path:file_id>")
 def delete(file_id: str) -> Response:
+    """The bytes go, and the prompts or responses items hold of them; the row stays as a tombstone (for cursors)
+    until the file's expiry."""
     rt = current_runtime()
     with rt.store.transaction() as s:
         f = owned_file(s, file_id)
         f.deleted = True
+        purge_contents(s, f)
     rt.blobs.delete(f.blob)
     return jsonify(serialize.file_deleted(f.id))

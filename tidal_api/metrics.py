@@ -1,5 +1,10 @@
 """GET /metrics for the API: request latency by route, plus store and queue gauges read at scrape time.
 
+Served only on the metrics port (``TIDAL_METRICS_BIND``, a second listener of the same gunicorn), never on the
+API's public port, where ``/metrics`` answers 404 like any unknown URL: the figures name every tenant's batches
+and each scrape runs SQL aggregates. The metrics port in turn answers nothing but ``/metrics``, ``/health`` and
+``/ready`` (with each failing check's reason, which the public ``/ready`` does not tell).
+
 Under gunicorn each worker process keeps its own histogram samples in
 PROMETHEUS_MULTIPROC_DIR (set by `tidal serve`); a scrape answered by any one
 worker merges all of them, so the numbers are right whichever process answers.
@@ -24,7 +29,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.core import Metric
 from sqlalchemy import func
 from sqlalchemy import select
+from werkzeug.exceptions import NotFound
 
+from config import Settings
 from tidal_api.context import current_runtime
 from tidal_workers.metrics import BatchCollector
 from tidal_workers.metrics import QueueCollector
@@ -101,7 +108,30 @@ class _LocalRequests:
         return []
 
 
+BOTH_PORTS = frozenset({"health.health", "health.ready"})
+
+
+def metrics_port(settings: Settings) -> str | None:
+    return settings.metrics_bind.rpartition(":")[2] if settings.metrics_bind else None
+
+
+def on_metrics_port() -> bool:
+    """Whether this request came in on the metrics listener (the WSGI server's own port, not the Host header)."""
+    port = metrics_port(current_runtime().settings)
+    return port is not None and request.environ.get("SERVER_PORT") == port
+
+
+def _route_by_port() -> None:
+    """/metrics only on the metrics port; there, only /metrics, /health and /ready."""
+    if request.endpoint in BOTH_PORTS:
+        return
+    if (request.endpoint == "metrics.metrics") != on_metrics_port():
+        raise NotFound()
+
+
 def init_app(app: Flask) -> None:
+    app.before_request(_route_by_port)
+
     @app.before_request
     def _start_timer() -> None:
         g.tidal_started = time.perf_counter()

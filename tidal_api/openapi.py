@@ -56,7 +56,10 @@ SCHEMAS: dict[str, t.Any] = {
     "Readiness": _obj(
         {
             "status": {"enum": ["ready", "not_ready"]},
-            "checks": _obj(dict.fromkeys(("sql", "redis", "storage"), STR), description="`ok`, or why not."),
+            "checks": _obj(
+                dict.fromkeys(("sql", "redis", "storage"), STR),
+                description="`ok`, or `unavailable` (the reason is logged, and shown on the metrics port).",
+            ),
         }
     ),
     "File": _obj(
@@ -151,21 +154,35 @@ SCHEMAS["BatchList"] = _list_schema("Batch")
 _ERROR_TEXT = {
     400: "Invalid parameter (code invalid_value, invalid_type, missing_required_parameter, invalid_json, "
     "too_many_lines).",
-    401: "Missing (missing_api_key) or unknown (invalid_api_key) API key.",
+    401: "Missing (missing_api_key), unknown or revoked (invalid_api_key) API key.",
     404: "Unknown id. Another tenant's id, a deleted file and a malformed id answer exactly the same.",
     409: "The batch is completed, failed or expired (code batch_not_cancellable).",
     413: "Upload larger than the limit for its purpose (code file_too_large).",
     415: "The upload is not multipart/form-data (code unsupported_media_type).",
 }
+_REUSED = (409, "The Idempotency-Key was used in the last 24 hours with another request (code idempotency_key_reused).")
 
 
 def _json(schema: str, description: str) -> dict:
     return {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
 
 
-def _op(summary: str, ok: dict, errors: t.Iterable[int], **extra: t.Any) -> dict:
-    responses = {"200": ok, **{str(code): _json("Error", _ERROR_TEXT[code]) for code in (401, *errors)}}
+def _op(summary: str, ok: dict, errors: t.Iterable[int | tuple[int, str]], **extra: t.Any) -> dict:
+    """An operation; each error is a status (described by _ERROR_TEXT) or (status, its description here)."""
+    described = [e if isinstance(e, tuple) else (e, _ERROR_TEXT[e]) for e in (401, *errors)]
+    responses = {"200": ok, **{str(code): _json("Error", text) for code, text in described}}
     return {"summary": summary, "security": [{"bearer": []}], "responses": responses, **extra}
+
+
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+    "description": "Within 24 hours, the same key with the same request answers the object the first one made; "
+    "with another request, 409.",
+}
+_EXPIRES_AFTER_SECONDS = {"type": "integer", "minimum": 3600, "maximum": 2592000}
 
 
 def _query(name: str, schema: dict, description: str) -> dict:
@@ -205,18 +222,6 @@ DOCUMENT: dict[str, t.Any] = {
                 },
             }
         },
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics: request latency, batches by status, queue depth.",
-                "security": [],
-                "responses": {
-                    "200": {
-                        "description": "Prometheus text exposition format.",
-                        "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
-                },
-            }
-        },
         "/health": {
             "get": {
                 "summary": "Liveness: the API process answers.",
@@ -236,9 +241,20 @@ DOCUMENT: dict[str, t.Any] = {
         },
         "/v1/files": {
             "post": _op(
-                "Upload a file (streamed to disk).",
-                _json("File", "The stored file."),
-                (400, 413, 415),
+                "Upload a file (streamed to the file storage).",
+                _json("File", "The stored file (or, for a retry under the same Idempotency-Key, the first one)."),
+                (
+                    (
+                        400,
+                        "Invalid parameter (invalid_value, invalid_type, missing_required_parameter, "
+                        "too_many_lines), or the tenant's stored bytes would pass its quota "
+                        "(storage_limit_exceeded).",
+                    ),
+                    _REUSED,
+                    413,
+                    415,
+                ),
+                parameters=[_IDEMPOTENCY_KEY],
                 requestBody={
                     "required": True,
                     "content": {
@@ -249,6 +265,8 @@ DOCUMENT: dict[str, t.Any] = {
                                 "properties": {
                                     "file": {"type": "string", "format": "binary"},
                                     "purpose": {"enum": list(UPLOAD_PURPOSES)},
+                                    "expires_after[anchor]": {"const": "created_at"},
+                                    "expires_after[seconds]": _EXPIRES_AFTER_SECONDS,
                                 },
                             }
                         }
@@ -289,8 +307,15 @@ DOCUMENT: dict[str, t.Any] = {
             "post": _op(
                 "Create a batch. Input files up to TIDAL_SYNC_VALIDATE_BYTES are validated before the answer "
                 "(status in_progress or failed); larger ones answer `validating`.",
-                _json("Batch", "The batch."),
-                (400, 404),
+                _json("Batch", "The batch (or, for a retry under the same Idempotency-Key, the first one)."),
+                (
+                    400,
+                    404,
+                    _REUSED,
+                    (413, "The JSON body is over 64 KB (code request_too_large)."),
+                    (429, "The tenant's open batches are at its quota (code batch_limit_exceeded)."),
+                ),
+                parameters=[_IDEMPOTENCY_KEY],
                 requestBody={
                     "required": True,
                     "content": {
@@ -303,6 +328,9 @@ DOCUMENT: dict[str, t.Any] = {
                                     "endpoint": {"enum": list(ENDPOINTS)},
                                     "completion_window": {"const": "24h"},
                                     "metadata": SCHEMAS["Batch"]["properties"]["metadata"],
+                                    "output_expires_after": _obj(
+                                        {"anchor": {"const": "created_at"}, "seconds": _EXPIRES_AFTER_SECONDS}
+                                    ),
                                 },
                             }
                         }

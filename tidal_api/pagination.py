@@ -1,8 +1,10 @@
-"""Cursor pages over (created_at, id), OpenAI's list shape: {object, data, first_id, last_id, has_more}.
+"""Cursor pages in creation order, OpenAI's list shape: {object, data, first_id, last_id, has_more}.
 
 The cursor ``after`` is the id of the last object the client saw. Keyset
-paging on (created_at, id) stays correct while rows are inserted, and needs
-no offsets. An ``after`` the caller does not own answers 404 like any unknown id
+paging on (seq, id) stays correct while rows are inserted, and needs no
+offsets; ``seq`` is the row's creation number (``models.NextSeq``), so objects
+created within one second still list in the order they were made, which
+``created_at`` (whole seconds) cannot tell. An ``after`` the caller does not own answers 404 like any unknown id
 rather than an empty page, which a client's loop would take for the end of the list.
 """
 
@@ -62,18 +64,18 @@ def keyset_page(
     The cursor may name a row ``stmt`` filters out (a file deleted while the client
     pages through a list), so it is looked up among all the tenant's rows.
     """
-    created, ident = model.created_at, model.id
+    seq, ident = model.seq, model.id
     if after:
         anchor = None
         if can_name_a_row(after):
-            anchor = session.scalar(select(created).where(ident == after, model.tenant_id == tenant))
+            anchor = session.scalar(select(seq).where(ident == after, model.tenant_id == tenant))
         if anchor is None:
             raise not_found
         if order == "desc":
-            stmt = stmt.where(or_(created < anchor, and_(created == anchor, ident < after)))
+            stmt = stmt.where(or_(seq < anchor, and_(seq == anchor, ident < after)))
         else:
-            stmt = stmt.where(or_(created > anchor, and_(created == anchor, ident > after)))
-    keys = (created.desc(), ident.desc()) if order == "desc" else (created.asc(), ident.asc())
+            stmt = stmt.where(or_(seq > anchor, and_(seq == anchor, ident > after)))
+    keys = (seq.desc(), ident.desc()) if order == "desc" else (seq.asc(), ident.asc())
     rows = list(session.scalars(stmt.order_by(*keys).limit(limit + 1)))
     return rows[:limit], len(rows) > limit
 

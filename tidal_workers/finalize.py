@@ -84,7 +84,7 @@ def _write_file(
         bytes=size,
         lines=count,
         created_at=now,
-        expires_at=now + rt.settings.file_expiry_seconds,
+        expires_at=now + (batch.output_expires_after or rt.settings.file_expiry_seconds),  # the batch's policy
         blob=name,
     )
     session.add(f)

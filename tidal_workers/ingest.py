@@ -35,6 +35,8 @@ from config import Settings
 from tidal_workers import task_names
 from tidal_workers.blobs import BlobNotFound
 from tidal_workers.enqueue import enqueue_batch
+from tidal_workers.quotas import lock_tenant
+from tidal_workers.quotas import token_limit_message
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.db import rows_updated
 from tidal_workers.store.models import Batch
@@ -70,10 +72,6 @@ def request_ingest(rt: Runtime, batch_id: str) -> bool:
 def claim_key(p: ParsedLine) -> tuple[str, int]:
     """Claim order: requests sharing a prompt prefix sit together (prefix-cache hits), then file order."""
     return p.prefix_key, p.line
-
-
-def ordered(items: list[ParsedLine]) -> list[ParsedLine]:
-    return sorted(items, key=claim_key)
 
 
 def retry_delay(settings: Settings, attempts: int) -> float:
@@ -115,10 +113,10 @@ def give_up(rt: Runtime, batch_id: str, why: str) -> bool:
     return failed
 
 
-def _begin_attempt(rt: Runtime, batch_id: str) -> tuple[str, str | None] | None:
+def _begin_attempt(rt: Runtime, batch_id: str) -> tuple[str, str, str | None] | None:
     """Count an attempt (committed before any work, so a process that dies mid-ingest has used it up).
 
-    Returns (endpoint, input blob or None if the file was deleted), or None when there is nothing to do: the batch
+    Returns (endpoint, tenant, input blob or None if the file was deleted), or None when there is nothing to do: the batch
     is no longer `validating`, its attempts are used up (reconcile fails it when the last is due), or an attempt
     is running (a duplicate message: the API's and a resend, or several resends while no ops worker ran).
     """
@@ -148,7 +146,7 @@ def _begin_attempt(rt: Runtime, batch_id: str) -> tuple[str, str | None] | None:
             return None
         source = s.get(File, batch.input_file_id)
         blob = None if source is None or source.deleted else source.blob
-        return batch.endpoint, blob
+        return batch.endpoint, batch.tenant_id, blob
 
 
 def _ranks(keys: list[tuple[str, int]]) -> array.array:
@@ -198,7 +196,7 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
     begun = _begin_attempt(rt, batch_id)
     if begun is None:
         return
-    endpoint, blob = begun
+    endpoint, tenant, blob = begun
     keys: list[tuple[str, int]] = []
     try:
         if blob is None:
@@ -229,9 +227,21 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
     assert blob is not None  # a missing file is an error above
     ranks = _ranks(keys)
     keys.clear()  # the prefixes: up to 512 characters a request
+    assert model is not None  # a file without errors holds at least one request, so a model
     with rt.store.transaction() as s:
+        lock_tenant(s, tenant)  # the quota is decided and the tokens taken in this one transaction
+        if over := token_limit_message(s, rt.settings, tenant, model, first.tokens):
+            error = LineError("token_limit_exceeded", None, over, None)
+            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model, errors=[error.as_dict()])
+            return
         if not _claim(
-            s, batch_id, status=BatchStatus.in_progress.value, in_progress_at=now, model=model, total=first.accepted
+            s,
+            batch_id,
+            status=BatchStatus.in_progress.value,
+            in_progress_at=now,
+            model=model,
+            total=first.accepted,
+            enqueued_tokens=first.tokens,
         ):
             return
         inserter = _Inserter(s, batch_id, ranks)

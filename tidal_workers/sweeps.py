@@ -7,6 +7,7 @@ reclaim and rebuild on their own, so recovery never waits on beat alone.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from celery import Task
@@ -24,6 +25,7 @@ from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
 from tidal_workers.ingest import resend_due
 from tidal_workers.rescore import rescore
+from tidal_workers.retention import sweep as retention_sweep
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
@@ -106,6 +108,13 @@ def reconcile_task(self: Task) -> int:
 def rescore_task(self: Task) -> int:
     """Laxity re-score of every open batch; returns how many batches changed score."""
     return sum(r.moved for r in rescore(worker_context(self.app).rt))
+
+
+@shared_task(name=task_names.SWEEP_RETENTION, bind=True)
+def retention_task(self: Task) -> dict[str, int | list[str]]:
+    """Expired files, finished batches' item rows, old idempotency keys; returns what it deleted."""
+    report = retention_sweep(worker_context(self.app).rt)
+    return dataclasses.asdict(report)
 
 
 @shared_task(name=task_names.INGEST, bind=True, max_retries=None)  # batches.ingest_attempts bounds the retries

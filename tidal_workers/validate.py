@@ -6,6 +6,12 @@ never the file: ingest calls it twice, once to check the file and rank its
 requests, once to insert them. Error codes follow OpenAI's batch errors
 (``errors.data[]`` = {code, line, message, param}); after
 ``MAX_REPORTED_ERRORS`` further errors are counted but not kept.
+
+Each line is bounded before it costs memory: over ``TIDAL_MAX_LINE_BYTES`` it is not
+parsed at all, and JSON nested deeper than ``MAX_JSON_DEPTH`` or with a
+container of more than ``MAX_JSON_WIDTH`` entries is refused; the body must
+then pass the endpoint's field policy (``tidal_workers.policy.body``), which
+also estimates the tokens the line is counted for in the enqueued-token quota.
 """
 
 from __future__ import annotations
@@ -15,8 +21,13 @@ import json
 import typing as t
 
 from config import Settings
+from tidal_workers.policy.body import Bounds
+from tidal_workers.policy.body import check as check_body
+from tidal_workers.policy.body import estimate_tokens
 
 MAX_REPORTED_ERRORS = 1000
+MAX_JSON_DEPTH = 32  # nested arrays and objects, the line's own object counting 1
+MAX_JSON_WIDTH = 100_000  # entries of one array or object
 PREFIX_CHARS = 512  # prompt text kept to group requests that share a prefix
 MAX_CUSTOM_ID = 512  # items.custom_id
 MAX_MODEL = 256  # batches.model
@@ -33,6 +44,7 @@ class ParsedLine:
     body: str  # the request body as compact JSON text
     model: str
     prefix_key: str  # start of the prompt text; equal keys are claimed next to each other
+    tokens: int = 0  # estimated prompt tokens plus the output bound (the enqueued-token quota)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +64,7 @@ class Validation:
     model: str | None
     accepted: int = 0  # requests accepted (each handed to the callback)
     error_count: int = 0  # every error found, including those past MAX_REPORTED_ERRORS
+    tokens: int = 0  # the accepted lines' estimated tokens
 
 
 def _reject_constant(name: str) -> t.NoReturn:
@@ -99,14 +112,56 @@ def prefix_key(body: dict) -> str:
     return text[:PREFIX_CHARS]
 
 
-def parse_line(number: int, text: str, endpoint: str) -> ParsedLine | LineError:
-    """The checks that need only the line itself."""
+def _too_large(text: str, limit: int) -> bool:
+    """More than ``limit`` bytes of UTF-8 (a character is 1 to 4 bytes, so most lines need no encoding)."""
+    if len(text) <= limit // 4:
+        return False
+    return len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit
+
+
+def _shape_error(number: int, obj: object) -> LineError | None:
+    """Nesting or width past the bounds, found by an iterative walk (no recursion to exhaust)."""
+    stack: list[tuple[object, int]] = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if not isinstance(value, dict | list):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            return LineError(
+                "json_too_nested", number, f"This line nests JSON deeper than {MAX_JSON_DEPTH} levels.", None
+            )
+        if len(value) > MAX_JSON_WIDTH:
+            return LineError(
+                "json_too_wide",
+                number,
+                f"This line has a JSON array or object of more than {MAX_JSON_WIDTH} entries.",
+                None,
+            )
+        stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
+    return None
+
+
+DEFAULT_BOUNDS = Bounds()
+
+
+def parse_line(number: int, text: str, endpoint: str, bounds: Bounds = DEFAULT_BOUNDS) -> ParsedLine | LineError:
+    """The checks that need only the line itself: its size and shape, then its fields and their bounds."""
+    newline = 2 if text.endswith("\r\n") else 1 if text.endswith("\n") else 0  # the limit counts the request only
+    if _too_large(text, bounds.max_line_bytes + newline):
+        return LineError(
+            "line_too_large",
+            number,
+            f"This line is larger than {bounds.max_line_bytes} bytes; requests must be smaller.",
+            None,
+        )
     try:
         obj = _loads(text)
     except (ValueError, RecursionError):
         obj = None
     if not isinstance(obj, dict):
         return LineError("invalid_json_line", number, "This line is not parseable as valid JSON.", None)
+    if shape := _shape_error(number, obj):
+        return shape
     for name in _REQUIRED:
         if obj.get(name) in (None, ""):
             return LineError("missing_required_parameter", number, f"Missing required parameter: '{name}'.", name)
@@ -136,7 +191,19 @@ def parse_line(number: int, text: str, endpoint: str) -> ParsedLine | LineError:
         return LineError(
             "invalid_request", number, f"model must be a string of 1 to {MAX_MODEL} characters.", "body.model"
         )
-    return ParsedLine(number, custom_id, url, _dumps(body), model, prefix_key(body))
+    if problem := check_body(endpoint, body, bounds):
+        return LineError(problem.code, number, problem.message, problem.param)
+    return ParsedLine(
+        number, custom_id, url, _dumps(body), model, prefix_key(body), estimate_tokens(endpoint, body, bounds)
+    )
+
+
+def bounds_of(settings: Settings) -> Bounds:
+    return Bounds(
+        max_output_tokens=settings.max_output_tokens,
+        prompt_bytes_per_token=settings.prompt_bytes_per_token,
+        max_line_bytes=settings.max_line_bytes,
+    )
 
 
 def _lines(f: t.BinaryIO, limit: int) -> t.Iterator[tuple[int, bytes | None]]:
@@ -168,11 +235,19 @@ def validate_file(
             result.errors.append(err)
 
     allowed = frozenset(settings.model_list)
+    bounds = bounds_of(settings)
     seen: set[str] = set()
     requests = 0
     for number, raw in _lines(f, settings.max_line_bytes):
         if raw is None:
-            fail(LineError("line_too_long", number, f"This line is longer than {settings.max_line_bytes} bytes.", None))
+            fail(
+                LineError(
+                    "line_too_large",
+                    number,
+                    f"This line is larger than {settings.max_line_bytes} bytes; requests must be smaller.",
+                    None,
+                )
+            )
             continue
         if number == 1 and raw.startswith(_BOM):
             raw = raw[len(_BOM) :]
@@ -193,7 +268,7 @@ def validate_file(
                     None,
                 )
             )
-        parsed = parse_line(number, text, endpoint)
+        parsed = parse_line(number, text, endpoint, bounds)
         if isinstance(parsed, LineError):
             fail(parsed)
             continue
@@ -233,6 +308,7 @@ def validate_file(
             continue
         seen.add(parsed.custom_id)
         result.accepted += 1
+        result.tokens += parsed.tokens
         accept(parsed)
     if requests == 0 and result.error_count == 0:
         fail(LineError("empty_file", None, "The batch input file holds no requests.", None))

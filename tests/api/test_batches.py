@@ -202,6 +202,17 @@ def test_cancel_is_idempotent(acme, batch_file, rt, status):
     assert acme.batches.retrieve(b.id).status == status
 
 
+def test_five_batches_created_within_one_second_list_newest_first(acme, batch_file, rt):
+    """created_at is whole seconds; the list order comes from the creation sequence, not from the random ids."""
+    fid = batch_file([request_line("1")])
+    made = [_create(acme, fid).id for _ in range(5)]
+    with rt.store.transaction() as s:  # the same second for all five, however long the creates took here
+        s.execute(update(Batch).where(Batch.id.in_(made)).values(created_at=1_700_000_000))
+    assert [b.id for b in acme.batches.list().data] == made[::-1]
+    assert [b.id for b in acme.batches.list(limit=2)] == made[::-1]  # cursor pages agree
+    assert [b.id for b in acme.batches.list(after=made[2]).data] == made[1::-1]
+
+
 def test_cancel_running_batch_goes_through_cancel_batch(acme, batch_file, rt):
     b = _create(acme, batch_file([request_line("1"), request_line("2")]))
     cancelled = acme.batches.cancel(b.id)
@@ -216,7 +227,7 @@ def test_list_newest_first_with_cursor(acme, globex, batch_file):
     fid = batch_file([request_line("1")])
     made = [_create(acme, fid) for _ in range(5)]
     _create(globex, globex.files.create(file=("g.jsonl", jsonl([request_line("1")])), purpose="batch").id)
-    newest_first = [b.id for b in sorted(made, key=lambda b: (b.created_at, b.id), reverse=True)]
+    newest_first = [b.id for b in made[::-1]]  # creation order, even within one second (the batches' seq)
     page = acme.batches.list()
     assert [b.id for b in page.data] == newest_first and not page.has_more
     first = acme.batches.list(limit=2)

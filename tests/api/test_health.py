@@ -21,13 +21,19 @@ def test_ready_names_each_dependency_that_is_down(settings, tmp_path):
         redis_url=f"redis://127.0.0.1:{free_port()}/0",
         database_url=f"postgresql+psycopg2://postgres@127.0.0.1:{free_port()}/nowhere",
         blob_dir=str(tmp_path / "blobs"),
+        metrics_bind="127.0.0.1:9180",  # never bound here: the test client only says which port it came in on
     )
     runtime = Runtime(down)
     runtime.blobs.root.rmdir()  # the storage is gone too
     client = create_app(runtime=runtime).test_client()
+    # the public port names what failed, never why: a reason would show internal hosts, ports and paths
     r = client.get("/ready")
     assert r.status_code == 503
-    assert r.json["status"] == "not_ready"
+    assert r.json == {"status": "not_ready", "checks": dict.fromkeys(("sql", "redis", "storage"), "unavailable")}
+    # the metrics port (an operator's) tells the reasons
+    metrics_port = down.metrics_bind.rpartition(":")[2]
+    r = client.get("/ready", environ_overrides={"SERVER_PORT": metrics_port})
+    assert r.status_code == 503 and r.json["status"] == "not_ready"
     checks = r.json["checks"]
     assert checks["redis"].startswith("ConnectionError") and checks["sql"].startswith("OperationalError"), checks
     assert checks["storage"] == f"StorageUnavailable: {tmp_path / 'blobs'} is not a writable directory"

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from config.settings import SettingsError
@@ -17,54 +23,182 @@ from config.settings import env_name
 from tidal_api import create_app
 from tidal_engine.serve import free_port
 
+ACCESS_LOG = "tidal-access %(p)s %(r)s %(s)s"  # the answering worker's pid, the request line, the status
+STRONG_KEY = "sk-serve-" + "x7Q2" * 10  # production refuses weak keys
 
-def test_tidal_serve_runs_the_api_under_gunicorn(settings, rt, tmp_path):  # rt: an empty store
-    port = free_port()
+
+@dataclasses.dataclass
+class Served:
+    """A running `tidal serve`: its public and metrics URLs, the environment it runs in, its log."""
+
+    url: str
+    metrics_url: str
+    env: dict[str, str]
+    proc: subprocess.Popen
+    log_path: Path
+
+    def workers(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children()
+
+    def answered_by(self, tag: str) -> dict[str, str]:
+        """pid -> status of each request whose request line carries ``tag``, from the access log."""
+        found = re.findall(rf"tidal-access <(\d+)> \S+ \S*[?&]tag={tag}\S* \S+ (\d+)", self.log_path.read_text())
+        return dict(found)
+
+    def tidal(self, *args: str) -> str:
+        """A `tidal` command against the same store; its stdout."""
+        done = subprocess.run(
+            [sys.executable, "-m", "tidal_api.cli", *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+
+@pytest.fixture
+def served(settings, rt, tmp_path):  # rt: an empty store
+    port, metrics_port = free_port(), free_port()
     overrides = {
         "home": settings.home,
         "database_url": settings.database_url,
         "redis_url": settings.redis_url,
-        "api_keys": settings.api_keys,
+        "api_keys": f"acme:{STRONG_KEY}",
         "env": "prod",
         "bind": f"127.0.0.1:{port}",
+        "metrics_bind": f"127.0.0.1:{metrics_port}",
         "api_workers": 2,
         "api_threads": 2,
     }
     env = {**os.environ, **{env_name(k): str(v) for k, v in overrides.items()}}
-    log = open(tmp_path / "serve.log", "wb")
+    log_path = tmp_path / "serve.log"
+    log = open(log_path, "wb")
+    argv = ["serve", "--access-logformat", ACCESS_LOG, "--keep-alive", "600"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tidal_api.cli", "serve"],
+        [sys.executable, "-m", "tidal_api.cli", *argv],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    server = Served(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}", env, proc, log_path)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/openapi.json", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+        deadline = time.monotonic() + 120
+        while len(server.workers()) < 2 or not _answers(server.url + "/openapi.json"):
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.2)
-        with openai.OpenAI(base_url=url + "/v1", api_key="acme-key", max_retries=0) as client:
-            f = client.files.create(file=("a.jsonl", b"{}\n"), purpose="user_data")
-            assert [x.id for x in client.files.list().data] == [f.id]  # the store was migrated and keys synced
-        r = httpx.get(url + "/v1/files", headers={"Authorization": "Bearer tidal-dev-key"})
-        assert r.status_code == 401  # not dev mode: no dev key
-        assert b"gthread" in (tmp_path / "serve.log").read_bytes()
-        # /metrics merges the samples of both workers (multiprocess mode, set up by `tidal serve`)
-        for _ in range(20):
-            httpx.get(url + "/v1/files", headers={"Authorization": "Bearer acme-key"})
-        scrape = httpx.get(url + "/metrics").text
-        assert 'tidal_api_request_seconds_count{method="GET",route="/v1/files",status="200"} 21.0' in scrape
+        yield server
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)
         log.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_tidal_serve_runs_the_api_under_gunicorn(served):
+    with openai.OpenAI(base_url=served.url + "/v1", api_key=STRONG_KEY, max_retries=0) as client:
+        f = client.files.create(file=("a.jsonl", b"{}\n"), purpose="user_data")
+        assert [x.id for x in client.files.list().data] == [f.id]  # the store was migrated and keys synced
+    r = httpx.get(served.url + "/v1/files", headers={"Authorization": "Bearer tidal-dev-key"})
+    assert r.status_code == 401  # not dev mode: no dev key
+    assert b"gthread" in served.log_path.read_bytes()
+    # /metrics merges the samples of both workers (multiprocess mode, set up by `tidal serve`) ...
+    for _ in range(20):
+        httpx.get(served.url + "/v1/files", headers={"Authorization": f"Bearer {STRONG_KEY}"})
+    scrape = httpx.get(served.metrics_url + "/metrics").text
+    assert 'tidal_api_request_seconds_count{method="GET",route="/v1/files",status="200"} 21.0' in scrape
+    # ... on the metrics port only: the public port answers 404 as for any unknown URL, and the metrics port
+    # serves nothing of the API
+    public = httpx.get(served.url + "/metrics")
+    assert public.status_code == 404 and public.json()["error"]["code"] == "unknown_url"
+    assert "tidal_" not in public.text
+    assert (
+        httpx.get(served.metrics_url + "/v1/files", headers={"Authorization": f"Bearer {STRONG_KEY}"}).status_code
+        == 404
+    )
+    assert httpx.get(served.metrics_url + "/ready").json()["status"] == "ready"
+
+
+def _at_once(clients: list[httpx.Client], tags: list[str]) -> list[int]:
+    """Each client's first request, all released together (so the workers' accept loops share them)."""
+    go = threading.Barrier(len(clients))
+    statuses = [0] * len(clients)
+
+    def first(n: int) -> None:
+        go.wait()
+        statuses[n] = clients[n].get("/v1/files", params={"tag": tags[n]}).status_code
+
+    threads = [threading.Thread(target=first, args=(n,)) for n in range(len(clients))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return statuses
+
+
+def _one_connection_per_worker(served: Served, key: str, tag: str) -> dict[str, httpx.Client]:
+    """Keep-alive connections, one held by each gunicorn worker (a connection stays with the worker that took it)."""
+    pids = {str(w.pid) for w in served.workers()}
+    held: dict[str, httpx.Client] = {}
+    deadline = time.monotonic() + 120
+    while set(held) != pids:
+        assert time.monotonic() < deadline, f"only workers {sorted(held)} of {sorted(pids)} took a connection"
+        clients = [httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {key}"}) for _ in range(8)]
+        statuses = _at_once(clients, [f"{tag}-{n}" for n in range(len(clients))])
+        assert statuses == [200] * len(clients), statuses
+        for n, client in enumerate(clients):
+            pid = next(iter(served.answered_by(f"{tag}-{n}")), None)
+            if pid in pids and pid not in held:
+                held[pid] = client
+            else:
+                client.close()
+        tag += "x"
+    return held
+
+
+def test_a_revoked_key_is_refused_by_both_workers_at_their_next_request(served):
+    key = served.tidal("keys", "create", "--tenant", "initech", "--name", "to revoke").strip()
+    (key_id,) = [
+        json.loads(line)["id"]
+        for line in served.tidal("keys", "list", "--json").splitlines()
+        if json.loads(line)["tenant"] == "initech"
+    ]
+    held = _one_connection_per_worker(served, key, "before")  # each worker has served the key
+    served.tidal("keys", "revoke", key_id)  # another process; neither worker is told or restarted
+    for pid, client in held.items():
+        r = client.get("/v1/files", params={"tag": f"after-{pid}"})  # the same worker, its next request
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (pid, r.text)
+        assert served.answered_by(f"after-{pid}") == {pid: "401"}
+        client.close()
+    with openai.OpenAI(base_url=served.url + "/v1", api_key=STRONG_KEY, max_retries=0) as client:
+        client.files.list()  # other keys are untouched
+
+
+def _peak_rss(pid: int) -> int:
+    """VmHWM: the most memory the process has held since its peak was last reset, in bytes."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+
+
+def test_a_10_mb_json_body_is_refused_before_it_is_read(served):
+    workers = served.workers()
+    for w in workers:
+        Path(f"/proc/{w.pid}/clear_refs").write_text("5")  # reset each worker's peak RSS to its RSS now
+    before = {w.pid: w.memory_info().rss for w in workers}
+    body = b'{"input_file_id": "' + b"f" * (10 * 1024 * 1024) + b'", "endpoint": "/v1/chat/completions"}'
+    r = httpx.post(
+        served.url + "/v1/batches",
+        content=body,
+        headers={"Authorization": f"Bearer {STRONG_KEY}", "Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text[:300]
+    growth = {pid: _peak_rss(pid) - rss for pid, rss in before.items()}
+    assert all(g < 5 * 1024 * 1024 for g in growth.values()), f"peak RSS growth by worker (bytes): {growth}"
 
 
 BAD_PRICES = '{"tiny": [1, 2]'  # one brace short

@@ -35,8 +35,12 @@ def run_config(*args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+#: The passwords compose requires (no defaults), as an operator sets them in the shell or `.env`.
+PASSWORDS = {"POSTGRES_PASSWORD": "pg-secret", "REDIS_PASSWORD": "redis-secret", "FLOWER_BASIC_AUTH": "admin:secret"}
+
+
 def compose_config(*args: str) -> dict:
-    out = run_config(*args, FLOWER_BASIC_AUTH="admin:secret")
+    out = run_config(*args, **PASSWORDS)
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)
 
@@ -97,7 +101,7 @@ def test_monitoring_profile_scrapes_every_job_and_loads_the_shipped_files():
     targets = {job["job_name"]: job["static_configs"][0]["targets"][0] for job in scrape["scrape_configs"]}
     vllm_env = services["vllm"]["environment"]
     assert targets == {
-        "tidal-api": "api:8080",
+        "tidal-api": "api:9180",
         "tidal-worker": "worker:9187",
         "vllm": "vllm:8000",
         "tidal-scheduler": f"vllm:{vllm_env['TIDAL_SCHED_METRICS_PORT']}",
@@ -140,6 +144,55 @@ def test_vllm_runs_priority_policy_and_the_plugin():
 
 
 def test_flower_requires_basic_auth():
-    out = run_config(FLOWER_BASIC_AUTH="")
+    out = run_config(**{**PASSWORDS, "FLOWER_BASIC_AUTH": ""})
     assert out.returncode != 0
     assert "FLOWER_BASIC_AUTH" in out.stderr
+
+
+def test_every_password_is_required_and_none_has_a_default():
+    for name in PASSWORDS:
+        out = run_config(**{**PASSWORDS, name: ""})
+        assert out.returncode != 0 and f"set {name}" in out.stderr, (name, out.stderr)
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "PASSWORD:-" not in text and "AUTH:-" not in text
+
+
+def test_redis_requires_its_password_and_every_client_sends_it():
+    services = compose_config("--profile", "gpu")["services"]
+    redis = services["redis"]
+    assert "--requirepass" in " ".join(redis["command"]) and redis["environment"]["REDIS_PASSWORD"] == "redis-secret"
+    assert "redis-secret" not in " ".join(redis["command"])  # from the environment, not the command line
+    clients = {
+        name: svc["environment"]["TIDAL_REDIS_URL"]
+        for name, svc in services.items()
+        if "TIDAL_REDIS_URL" in svc.get("environment", {})
+    }
+    assert set(clients) == {"api", "ops", "beat", "flower", "worker"}
+    assert all(url.startswith("redis://:redis-secret@") for url in clients.values()), clients
+    assert all(
+        ":pg-secret@" in svc["environment"]["TIDAL_DATABASE_URL"]
+        for name, svc in services.items()
+        if name in clients and name != "flower"
+    )
+
+
+def test_metrics_listen_apart_from_the_public_port_and_are_not_published():
+    api = compose_config()["services"]["api"]
+    assert (
+        api["environment"]["TIDAL_METRICS_BIND"] == "0.0.0.0:9180"
+        and api["environment"]["TIDAL_BIND"] == "0.0.0.0:8080"
+    )
+    published = [str(p.get("target", p) if isinstance(p, dict) else p) for p in api["ports"]]
+    assert all("9180" not in p for p in published) and any("8080" in p for p in published)
+
+
+def test_minio_and_grafana_refuse_to_start_without_a_password():
+    """Both would start with a well-known default password: their entrypoints stop first, naming the variable."""
+    services = compose_config(*ALL_PROFILES)["services"]
+    for name, variable in (("minio", "MINIO_ROOT_PASSWORD"), ("grafana", "GF_SECURITY_ADMIN_PASSWORD")):
+        script = services[name]["entrypoint"][-1].replace("$$", "$")
+        guard = script.split(" && ")[0]
+        refused = subprocess.run(["sh", "-c", guard], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
+        assert refused.returncode != 0 and f"set {variable}" in refused.stderr, (name, refused)
+        env = {"PATH": os.environ["PATH"], variable: "secret"}
+        assert subprocess.run(["sh", "-c", guard], env=env).returncode == 0, name

@@ -25,6 +25,8 @@ from tidal_engine.serve import free_port
 
 GRACE_S = 20.0  # Supervisor.stop's 15 s, plus the time to exit
 
+UP_KEY = "sk-up-" + "Zq8w" * 9  # production mode refuses weak keys
+
 
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (children in their own sessions included), from /proc."""
@@ -61,7 +63,7 @@ def up(tmp_path, stub):
         redis_url=f"redis://127.0.0.1:{free_port()}/0",
         vllm_url=stub.url,
         bind=bind,
-        api_keys="acme:acme-key",
+        api_keys=f"acme:{UP_KEY}",
         env="prod",
         api_workers=2,
         api_threads=2,
@@ -106,7 +108,7 @@ def test_up_runs_a_batch_and_ctrl_c_stops_every_process(up):
     assert set(started) == {"redis", "api", "worker", "ops", "beat"}, log
 
     http = requests.Session()
-    http.headers["Authorization"] = "Bearer acme-key"
+    http.headers["Authorization"] = f"Bearer {UP_KEY}"
     lines = [
         {
             "custom_id": f"c{i}",
@@ -185,7 +187,7 @@ def test_children_die_with_a_killed_supervisor(up):
 
 
 def test_up_without_redis_or_redis_server_says_how_to_fix_it(tmp_path):
-    env = tidal_env(home=tmp_path / "home", redis_url=f"redis://127.0.0.1:{free_port()}/0", api_keys="a:k")
+    env = tidal_env(home=tmp_path / "home", redis_url=f"redis://127.0.0.1:{free_port()}/0", api_keys=f"a:{UP_KEY}")
     env["PATH"] = str(tmp_path)  # no redis-server to start
     done = subprocess.run(
         [sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60

@@ -47,6 +47,7 @@ def settings(settings, tiny_plugin_engine):
     return settings.replace(
         vllm_url=tiny_plugin_engine.url,
         worker_metrics_port=free_port(),
+        metrics_bind=f"127.0.0.1:{free_port()}",
         gate_mode="aimd",
         scrape_seconds=0.5,
         initial_inflight=4,
@@ -75,10 +76,12 @@ def host_port(url: str) -> str:
     return url.split("://", 1)[1].split("/", 1)[0]
 
 
-def test_every_dashboard_panel_has_data_from_a_real_run(rt, live_api, settings, tiny_plugin_engine, tmp_path):
+def test_every_dashboard_panel_has_data_from_a_real_run(
+    rt, live_api, metrics_api, settings, tiny_plugin_engine, tmp_path
+):
     engine = tiny_plugin_engine
     targets = {
-        "tidal-api": host_port(live_api.url),
+        "tidal-api": host_port(metrics_api.url),  # the API's metrics port (its public port has no /metrics)
         "tidal-worker": f"127.0.0.1:{settings.worker_metrics_port}",
         "vllm": host_port(engine.url),
         "tidal-scheduler": host_port(engine.plugin_metrics_url),

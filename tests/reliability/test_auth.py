@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import secrets
 from pathlib import Path
 
 import pytest
@@ -166,13 +167,15 @@ def test_key_lookup_sends_only_the_digest_to_the_database(rt):
 
     event.listen(rt.store.engine, "before_cursor_execute", spy)
     try:
-        assert rt.store.tenant_for_key("acme-key") == "acme"
+        assert rt.store.tenant_for_key("acme-key") == "acme"  # a read, and last_used_at written (first use)
+        assert rt.store.tenant_for_key("acme-key") == "acme"  # a read only: last use is kept to the minute
         assert rt.store.tenant_for_key("acme-kex") is None
     finally:
         event.remove(rt.store.engine, "before_cursor_execute", spy)
-    assert len(sent) == 2
-    for (statement, parameters), key in zip(sent, ("acme-key", "acme-kex")):
-        assert "api_keys.key_hash = " in statement
+    statements = [statement.split()[0] for statement, _ in sent]
+    assert statements == ["SELECT", "UPDATE", "SELECT", "SELECT"], sent
+    for (statement, parameters), key in zip(sent, ("acme-key", "acme-key", "acme-key", "acme-kex")):
+        assert "api_keys.key_hash = " in statement or "key_hash=" in statement.replace(" ", ""), statement
         values = list(parameters.values()) if isinstance(parameters, dict) else list(parameters)
         assert hashlib.sha256(key.encode()).hexdigest() in values and key not in values
 
@@ -180,11 +183,13 @@ def test_key_lookup_sends_only_the_digest_to_the_database(rt):
 def test_dev_key_works_only_in_dev_mode(rt, live_api):
     assert call(live_api.url, "GET", "/v1/files", "tidal-dev-key").status_code == 200  # env=dev
 
-    prod = type(live_api)(create_app(rt.settings.replace(env="prod")))  # same store, same Redis: production mode
+    strong = "sk-" + secrets.token_urlsafe(32)  # production refuses weak keys such as acme-key
+    prod_settings = rt.settings.replace(env="prod", api_keys=f"acme:{strong}")
+    prod = type(live_api)(create_app(prod_settings))  # same store, same Redis: production mode
     try:
         r = call(prod.url, "GET", "/v1/files", "tidal-dev-key")
         assert r.status_code == 401 and error_code(r) == "invalid_api_key"
-        assert call(prod.url, "GET", "/v1/files", "acme-key").status_code == 200
+        assert call(prod.url, "GET", "/v1/files", strong).status_code == 200
         # a dev-mode process that starts later on the same store writes the dev key back; production still refuses it
         rt.store.sync_keys()
         r = call(prod.url, "GET", "/v1/files", "tidal-dev-key")

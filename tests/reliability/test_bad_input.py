@@ -30,16 +30,23 @@ from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
 
 CHAT = "/v1/chat/completions"
-MAX_FILE_BYTES, MAX_UPLOAD_BYTES, MAX_FILE_LINES = 4096, 8192, 5
+MAX_FILE_BYTES, MAX_UPLOAD_BYTES, MAX_FILE_LINES = 400_000, 800_000, 5
+MAX_LINE_BYTES, MAX_OUTPUT_TOKENS = 250_000, 1000
+#: globex runs at tiny quotas, so a case can reach each one in a request or two (acme keeps the defaults,
+#: but for its enqueued tokens: a few lines without max_tokens, each counted at MAX_OUTPUT_TOKENS, pass it).
+TENANT_LIMITS = {"acme": {"enqueued_tokens": 5_000}, "globex": {"stored_bytes": 1_000, "open_batches": 1}}
 
 
 @pytest.fixture
 def settings(settings):
-    """Limits shrunk so over-limit files are a few kilobytes; two allowed models (mixed models, model_not_found)."""
+    """Limits shrunk so over-limit files are small; two allowed models (mixed models, model_not_found)."""
     return settings.replace(
         max_file_bytes=MAX_FILE_BYTES,
         max_upload_bytes=MAX_UPLOAD_BYTES,
         max_file_lines=MAX_FILE_LINES,
+        max_line_bytes=MAX_LINE_BYTES,
+        max_output_tokens=MAX_OUTPUT_TOKENS,
+        tenant_limits=json.dumps(TENANT_LIMITS),
         models="tiny,tiny-2",
     )
 
@@ -68,18 +75,22 @@ GOOD = jsonl(line("r1"), line("r2"))
 class Client:
     """acme's HTTP session against the live server, remembering what the case itself created."""
 
-    def __init__(self, url: str, rt):
+    def __init__(self, url: str, rt, key: str = "acme-key"):
         self.url, self.rt = url, rt
         self.http = requests.Session()
-        self.http.headers["Authorization"] = "Bearer acme-key"
+        self.http.headers["Authorization"] = f"Bearer {key}"
         self.files: set[str] = set()
         self.batches: set[str] = set()
+
+    def globex(self) -> Client:
+        """globex's session (tiny quotas); what it creates is not acme's to see."""
+        return Client(self.url, self.rt, "globex-key")
 
     def send(self, method: str, path: str, **kw) -> requests.Response:
         return self.http.request(method, self.url + path, timeout=30, **kw)
 
-    def upload(self, content: bytes, purpose: str = "batch") -> str:
-        r = self.send("POST", "/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": purpose})
+    def upload(self, content: bytes, purpose: str = "batch", **kw) -> str:
+        r = self.send("POST", "/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": purpose}, **kw)
         assert r.status_code == 200, r.text
         self.files.add(r.json()["id"])
         return r.json()["id"]
@@ -87,9 +98,9 @@ class Client:
     def create(self, **body) -> requests.Response:
         return self.send("POST", "/v1/batches", json={"endpoint": CHAT, "completion_window": "24h", **body})
 
-    def batch_of(self, content: bytes) -> requests.Response:
+    def batch_of(self, content: bytes, endpoint: str = CHAT) -> requests.Response:
         """Upload ``content`` and create a batch from it: the path of every file-validation case."""
-        r = self.create(input_file_id=self.upload(content))
+        r = self.create(input_file_id=self.upload(content), endpoint=endpoint)
         if r.status_code == 200:
             self.batches.add(r.json()["id"])
         return r
@@ -122,8 +133,8 @@ def request(name, call, status, code=None) -> Case:
     return Case(name, call, status, code)
 
 
-def ingest(name, content: bytes, code: str) -> Case:
-    return Case(name, lambda c: c.batch_of(content), 200, code, "ingest")
+def ingest(name, content: bytes, code: str, endpoint: str = CHAT) -> Case:
+    return Case(name, lambda c: c.batch_of(content, endpoint), 200, code, "ingest")
 
 
 def accepted(name, content: bytes) -> Case:
@@ -140,6 +151,39 @@ def metadata(meta) -> t.Callable[[Client], requests.Response]:
 
 def cancel_of(status: str) -> t.Callable[[Client], requests.Response]:
     return lambda c: c.send("POST", f"/v1/batches/{c.batch_with_status(status)}/cancel")
+
+
+def completion_line(**body) -> bytes:
+    return jsonl(
+        {
+            "custom_id": "r1",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "tiny", "prompt": "hi", **body},
+        }
+    )
+
+
+def nested(depth: int) -> object:
+    value: object = "deep"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def compact(obj: dict) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def expires_after(anchor: str | None, seconds: str) -> t.Callable[[Client], requests.Response]:
+    fields = {"file": ("a.jsonl", GOOD), "purpose": (None, "batch"), "expires_after[seconds]": (None, seconds)}
+    if anchor is not None:
+        fields["expires_after[anchor]"] = (None, anchor)
+    return lambda c: multipart(c, **fields)
+
+
+def output_expires_after(value: object) -> t.Callable[[Client], requests.Response]:
+    return lambda c: c.create(input_file_id=c.upload(GOOD), output_expires_after=value)
 
 
 TRAVERSAL, SQL = "../../../etc/passwd", "file-x' OR '1'='1' --"
@@ -252,6 +296,35 @@ CASES = [
     ingest("custom_id_not_a_string", jsonl({**line(), "custom_id": 7}), "invalid_request"),
     ingest("body_not_an_object", jsonl({**line(), "body": "hi"}), "invalid_request"),
     ingest("missing_model", jsonl({**line(), "body": {"messages": []}}), "invalid_request"),
+    # --- the body policy: fields the shared engine must not be asked for, and bounds
+    ingest("n_above_1", jsonl(line("r1", n=8)), "invalid_value"),
+    ingest("best_of_in_chat", jsonl(line("r1", best_of=2)), "unsupported_parameter"),
+    ingest("best_of_above_1", completion_line(best_of=2), "invalid_value", endpoint="/v1/completions"),
+    ingest("completion_logprobs_above_5", completion_line(logprobs=6), "invalid_value", endpoint="/v1/completions"),
+    ingest(
+        "kv_transfer_params", jsonl(line("r1", kv_transfer_params={"do_remote_prefill": True})), "unsupported_parameter"
+    ),
+    ingest("priority_in_body", jsonl(line("r1", priority=0)), "unsupported_parameter"),
+    ingest("request_id_in_body", jsonl(line("r1", request_id="mine")), "unsupported_parameter"),
+    ingest("guided_grammar", jsonl(line("r1", guided_json={"type": "object"})), "unsupported_parameter"),
+    ingest("prompt_logprobs", jsonl(line("r1", prompt_logprobs=5)), "unsupported_parameter"),
+    ingest("unknown_body_field", jsonl(line("r1", temperature_boost=2)), "unsupported_parameter"),
+    ingest("max_tokens_above_the_model_limit", jsonl(line("r1", max_tokens=MAX_OUTPUT_TOKENS + 1)), "invalid_value"),
+    ingest("max_tokens_zero", jsonl(line("r1", max_tokens=0)), "invalid_value"),
+    ingest("max_completion_tokens_as_text", jsonl(line("r1", max_completion_tokens="100")), "invalid_value"),
+    ingest("top_logprobs_above_20", jsonl(line("r1", logprobs=True, top_logprobs=21)), "invalid_value"),
+    ingest("chat_logprobs_not_a_boolean", jsonl(line("r1", logprobs=3)), "invalid_type"),
+    # --- lines bounded before they cost memory
+    ingest("line_over_the_size_limit", jsonl(line("r1", user="x" * MAX_LINE_BYTES)), "line_too_large"),
+    ingest(  # fewer characters than the limit, more bytes (UTF-8, not \u escapes)
+        "line_of_multibyte_text_over_the_limit",
+        json.dumps(line("r1", user="é" * (MAX_LINE_BYTES // 2)), ensure_ascii=False).encode() + b"\n",
+        "line_too_large",
+    ),
+    ingest("json_nested_too_deep", jsonl(line("r1", metadata=nested(40))), "json_too_nested"),
+    ingest("json_array_too_wide", compact(line("r1", stop_token_ids=[0] * 100_001)), "json_too_wide"),
+    # --- the enqueued-token quota (acme: 5,000; each line without max_tokens counts MAX_OUTPUT_TOKENS)
+    ingest("enqueued_tokens_over_the_quota", jsonl(*(line(f"r{i}") for i in range(5))), "token_limit_exceeded"),
     # --- odd but valid
     accepted("blank_lines_between_requests", b"\n" + jsonl(line("r1")) + b"\n  \n" + jsonl(line("r2"))),
     accepted("utf8_bom", BOM + GOOD),
@@ -313,6 +386,75 @@ CASES = [
     request("metadata_long_value", metadata({"k": "v" * 513}), 400, "invalid_value"),
     request("metadata_non_string_value", metadata({"k": 1}), 400, "invalid_type"),
     request("metadata_not_an_object", metadata(["k", "v"]), 400, "invalid_type"),
+    # --- bodies bounded before they are read (64 KB for JSON routes)
+    request(
+        "batch_body_over_64_kb",
+        lambda c: c.create(input_file_id="file-x", metadata={"k": "v" * 70_000}),
+        413,
+        "request_too_large",
+    ),
+    request(
+        "batch_body_chunked_over_64_kb",
+        lambda c: c.send(
+            "POST", "/v1/batches", data=(b"x" * 16_384 for _ in range(8)), headers={"Content-Type": "application/json"}
+        ),
+        413,
+        "request_too_large",
+    ),
+    request(
+        "cancel_with_a_large_body",
+        lambda c: c.send("POST", "/v1/batches/batch_x/cancel", data=b"x" * 100_000),
+        413,
+        "request_too_large",
+    ),
+    # --- idempotency keys
+    request("idempotency_key_reused_on_batches", lambda c: _reused_batch_key(c), 409, "idempotency_key_reused"),
+    request("idempotency_key_reused_on_files", lambda c: _reused_file_key(c), 409, "idempotency_key_reused"),
+    request(
+        "idempotency_key_too_long",
+        lambda c: c.send("POST", "/v1/batches", json={}, headers={"Idempotency-Key": "k" * 256}),
+        400,
+        "invalid_value",
+    ),
+    request(
+        "idempotency_key_with_a_tab",
+        lambda c: c.send("POST", "/v1/batches", json={}, headers={"Idempotency-Key": "a\tb"}),
+        400,
+        "invalid_value",
+    ),
+    # --- expiration policies
+    request("upload_expires_after_too_short", expires_after("created_at", "60"), 400, "invalid_value"),
+    request("upload_expires_after_too_long", expires_after("created_at", "2592001"), 400, "invalid_value"),
+    request("upload_expires_after_wrong_anchor", expires_after("last_active_at", "3600"), 400, "invalid_value"),
+    request("upload_expires_after_not_a_number", expires_after("created_at", "soon"), 400, "invalid_type"),
+    request("upload_expires_after_without_anchor", expires_after(None, "3600"), 400, "missing_required_parameter"),
+    request(
+        "batch_output_expires_after_too_short",
+        output_expires_after({"anchor": "created_at", "seconds": 59}),
+        400,
+        "invalid_value",
+    ),
+    request("batch_output_expires_after_not_an_object", output_expires_after("1h"), 400, "invalid_type"),
+    request(
+        "batch_output_expires_after_seconds_as_text",
+        output_expires_after({"anchor": "created_at", "seconds": "3600"}),
+        400,
+        "invalid_type",
+    ),
+    request(
+        "batch_output_expires_after_unknown_field",
+        output_expires_after({"anchor": "created_at", "seconds": 3600, "after": 1}),
+        400,
+        "invalid_value",
+    ),
+    # --- quotas (globex's are tiny)
+    request(
+        "upload_over_storage_quota",
+        lambda c: multipart(c.globex(), file=("a.bin", b"x" * 1_500), purpose=(None, "user_data")),
+        400,
+        "storage_limit_exceeded",
+    ),
+    request("batch_over_open_batch_quota", lambda c: _second_open_batch(c.globex()), 429, "batch_limit_exceeded"),
     # --- reads, cursors and ids
     request("files_limit_negative", lambda c: c.send("GET", "/v1/files", params={"limit": -1}), 400, "invalid_value"),
     request(
@@ -351,6 +493,37 @@ CASES = [
     request("wrong_method_on_a_batch", lambda c: c.send("DELETE", "/v1/batches/batch_x"), 405, "method_not_allowed"),
     request("wrong_method_on_a_file", lambda c: c.send("PATCH", "/v1/files/file-x"), 405, "method_not_allowed"),
 ]
+
+
+def _reused_batch_key(c: Client) -> requests.Response:
+    file_id, key = c.upload(GOOD), {"Idempotency-Key": "retry-1"}
+    first = c.send(
+        "POST",
+        "/v1/batches",
+        json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
+        headers=key,
+    )
+    assert first.status_code == 200, first.text
+    c.batches.add(first.json()["id"])
+    other = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h", "metadata": {"run": "2"}}
+    return c.send("POST", "/v1/batches", json=other, headers=key)
+
+
+def _reused_file_key(c: Client) -> requests.Response:
+    c.upload(GOOD, headers={"Idempotency-Key": "upload-1"})
+    return c.send(
+        "POST",
+        "/v1/files",
+        files={"file": ("in.jsonl", GOOD + GOOD)},
+        data={"purpose": "batch"},
+        headers={"Idempotency-Key": "upload-1"},
+    )
+
+
+def _second_open_batch(globex: Client) -> requests.Response:
+    first = globex.batch_of(GOOD)
+    assert first.status_code == 200 and first.json()["status"] == "in_progress", first.text
+    return globex.create(input_file_id=globex.upload(b"\n" + GOOD))
 
 
 def _deleted_file(c: Client) -> str:

@@ -15,6 +15,7 @@ from workers.worker_helpers import settled
 from workers.worker_helpers import wait_for
 
 from config.celery import celery_config
+from tidal_engine.serve import free_port
 from tidal_workers import keys
 from tidal_workers.metrics import BatchCollector
 from tidal_workers.queue import score_priority
@@ -27,7 +28,7 @@ NODE = "test-node"
 @pytest.fixture
 def settings(settings):
     """One item in flight at a time, so the order of submissions is the order of claims."""
-    return settings.replace(max_inflight=1, worker_threads=1)
+    return settings.replace(max_inflight=1, worker_threads=1, metrics_bind=f"127.0.0.1:{free_port()}")
 
 
 def set_counts(rt, batch_id: str, **values) -> None:
@@ -112,7 +113,7 @@ def test_each_item_is_sent_at_the_priority_current_when_it_is_submitted(rt, make
     assert set(sent) <= {100, r.priority} and sent == sorted(sent, reverse=True)
 
 
-def test_the_api_and_the_gauges_show_the_current_sla_state(rt, make_batch, live_api):
+def test_the_api_and_the_gauges_show_the_current_sla_state(rt, make_batch, live_api, metrics_api):
     batch = make_batch(4)
     set_counts(rt, batch, total=1_000_000)
     t0 = batch_row(rt, batch).expires_at - 24 * 3600
@@ -133,7 +134,7 @@ def test_the_api_and_the_gauges_show_the_current_sla_state(rt, make_batch, live_
     assert f'tidal_batch_priority{{batch="{batch}"}} 1.0' in text
     assert f'tidal_batch_observed_rate{{batch="{batch}"}} 2.0' in text
     assert f'tidal_batch_laxity_seconds{{batch="{batch}"}} {got["laxity_seconds"]!r}' in text
-    api_text = requests.get(f"{live_api.url}/metrics", timeout=30).text
+    api_text = requests.get(f"{metrics_api.url}/metrics", timeout=30).text  # the API's metrics port
     assert f'tidal_batch_priority{{batch="{batch}"}} 1.0' in api_text
 
 

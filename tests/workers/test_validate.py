@@ -150,11 +150,11 @@ def test_other_endpoints(tmp_path):
 
 def test_a_line_past_the_limit_is_an_error_and_is_skipped_unread(tmp_path):
     """A file that is one huge line must not become one huge string (ingest's memory bound)."""
-    small = load_settings(max_line_bytes=300)
-    long = line("b", padding="x" * 5000)
+    small = load_settings(max_line_bytes=1024)
+    long = line("b", messages=[{"role": "user", "content": "x" * 5000}])
     r = run(tmp_path, [line("a"), long, line("c")], settings=small)
-    assert codes(r) == [("line_too_long", 2, None)] and [p.custom_id for p in r.items] == ["a", "c"]
-    d, e = json.dumps(line("d")).encode(), json.dumps(line("e")).encode()
+    assert codes(r) == [("line_too_large", 2, None)] and [p.custom_id for p in r.items] == ["a", "c"]
+    d, e = json.dumps(line("d", messages=[{"role": "user", "content": "x" * 1100}])).encode(), json.dumps(line("e")).encode()
     at_limit = load_settings(max_line_bytes=len(d))  # the limit counts the line's bytes, not its newline
     assert run(tmp_path, [], raw=d + b"\n" + e, settings=at_limit).error_count == 0
-    assert codes(run(tmp_path, [], raw=d + b" ", settings=at_limit)) == [("line_too_long", 1, None)]
+    assert codes(run(tmp_path, [], raw=d + b" ", settings=at_limit)) == [("line_too_large", 1, None)]

@@ -10,6 +10,7 @@ from tidal_api.cli import config_cmd
 from tidal_api.cli import db
 from tidal_api.cli import engine
 from tidal_api.cli import flower
+from tidal_api.cli import keys
 from tidal_api.cli import report
 from tidal_api.cli import serve
 from tidal_api.cli import storage
@@ -32,7 +33,7 @@ def main() -> None:
     """Tidal: an OpenAI-compatible Batch API on the slack of live vLLM servers."""
 
 
-for module in (bench, config_cmd, db, engine, flower, report, serve, storage, up, watch, worker):
+for module in (bench, config_cmd, db, engine, flower, keys, report, serve, storage, up, watch, worker):
     for command in module.COMMANDS:
         main.add_command(command)
 

@@ -271,12 +271,20 @@ def load(url, key, duration, rate, uploads, upload_lines, workers, out) -> None:
 
     out_dir = output_dir(out)
     server = (
-        contextlib.nullcontext((url, key)) if url else served_api(load_settings().redis_url, workers, log_dir=out_dir)
+        contextlib.nullcontext((url, key, ""))
+        if url
+        else served_api(load_settings().redis_url, workers, log_dir=out_dir)
     )
-    with server as (live_url, live_key):
+    with server as (live_url, live_key, metrics_url):
         results = run_load(
             LoadConfig(
-                url=live_url, key=live_key, duration=duration, rate=rate, uploads=uploads, upload_lines=upload_lines
+                url=live_url,
+                key=live_key,
+                duration=duration,
+                rate=rate,
+                uploads=uploads,
+                upload_lines=upload_lines,
+                metrics_url=metrics_url,
             )
         )
     results = {**provenance("load"), "server": url or f"tidal serve, {workers} gunicorn workers, SQLite", **results}

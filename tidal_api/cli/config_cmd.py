@@ -1,6 +1,9 @@
 """`tidal config`: show the effective settings, or print docs/configuration.md's table."""
 
 import dataclasses
+import typing as t
+from urllib.parse import urlsplit
+from urllib.parse import urlunsplit
 
 import click
 
@@ -8,7 +11,7 @@ from config import load_settings
 from config.settings import documented_fields
 from config.settings import env_name
 
-SECRET_FIELDS = {"api_keys", "flower_basic_auth"}
+MASK = "***"
 
 
 @click.group("config")
@@ -21,10 +24,28 @@ def show() -> None:
     """Print every effective setting, secrets masked."""
     settings = load_settings()
     for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
-        if f.name in SECRET_FIELDS and value:
-            value = "***"
-        click.echo(f"{env_name(f.name)}={value}")
+        click.echo(f"{env_name(f.name)}={shown(f, getattr(settings, f.name))}")
+
+
+def shown(f: dataclasses.Field[t.Any], value: t.Any) -> t.Any:
+    """A setting as `config show` prints it: secrets (``secret`` metadata) masked, and any URL's password."""
+    if f.metadata.get("secret") and value:
+        return MASK
+    if isinstance(value, str) and "://" in value:
+        return _without_password(value)
+    return value
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    netloc = f"{user}:{MASK}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 BEGIN, END = "<!-- tidal config table: begin -->\n", "<!-- tidal config table: end -->"

@@ -46,6 +46,7 @@ class LoadConfig:
     uploads: int = 2  # concurrent uploaders, each: upload a file, create a batch from it, once a second
     upload_lines: int = 200  # requests per uploaded file
     pollers: int = 16  # threads (and keep-alive connections) sharing the polling schedule
+    metrics_url: str = ""  # the API's metrics listener (TIDAL_METRICS_BIND); empty: no server-side buckets
 
 
 @dataclasses.dataclass
@@ -194,11 +195,11 @@ def run_load(cfg: LoadConfig) -> dict:
         "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
         "errors": sum(s["errors"] for s in summary.values()),
         "kinds": summary,
-        "server_get_batch_within": _server_buckets(cfg.url),
+        "server_get_batch_within": _server_buckets(cfg.metrics_url) if cfg.metrics_url else None,
     }
 
 
-def _server_buckets(url: str) -> dict[str, float] | None:
+def _server_buckets(metrics_url: str) -> dict[str, float] | None:
     """Share of GET /v1/batches/{id} answered within each bucket, timed inside the app (the API's /metrics).
 
     Set beside the client-side percentiles it says how much of the tail is the
@@ -207,7 +208,7 @@ def _server_buckets(url: str) -> dict[str, float] | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     with contextlib.suppress(requests.RequestException):
-        text = requests.get(url + "/metrics", timeout=10).text
+        text = requests.get(metrics_url + "/metrics", timeout=10).text
         buckets = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -236,10 +237,11 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def served_api(
     redis_url: str, workers: int = 2, threads: int | None = None, log_dir: Path | None = None
-) -> t.Iterator[tuple[str, str]]:
-    """A private `tidal serve` on a loopback port: yields (url, key); stopped, and its Redis DB flushed, on exit."""
+) -> t.Iterator[tuple[str, str, str]]:
+    """A private `tidal serve` on loopback ports: yields (url, key, metrics url); stopped, and its Redis DB flushed,
+    on exit."""
     key = "load-" + secrets.token_hex(16)
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     queue_url = redis_url.rsplit("/", 1)[0] + f"/{LOAD_REDIS_DB}"
     with tempfile.TemporaryDirectory(prefix="tidal-load-") as home:
         env = {
@@ -251,6 +253,7 @@ def served_api(
             "TIDAL_ENV": "prod",
             "TIDAL_API_KEYS": f"load:{key}",
             "TIDAL_BIND": f"127.0.0.1:{port}",
+            "TIDAL_METRICS_BIND": f"127.0.0.1:{metrics_port}",
             "TIDAL_API_WORKERS": str(workers),
         }
         if threads:
@@ -268,7 +271,7 @@ def served_api(
             try:
                 url = f"http://127.0.0.1:{port}"
                 _wait_ready(url, proc, log_path)
-                yield url, key
+                yield url, key, f"http://127.0.0.1:{metrics_port}"
             finally:
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:

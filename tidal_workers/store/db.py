@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import sqlite3
-import time
 import typing as t
 
 from sqlalchemy import CursorResult
+from sqlalchemy import Delete
 from sqlalchemy import Update
 from sqlalchemy import create_engine
 from sqlalchemy import event
-from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
 
 from config import Settings
-from tidal_workers.store.models import ApiKey
 from tidal_workers.store.models import Base
-from tidal_workers.store.models import Tenant
 
 
 def make_engine(url: str) -> Engine:
@@ -42,15 +38,11 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
-def rows_updated(session: Session, stmt: Update) -> int:
-    """Run an UPDATE and return how many rows it changed (a conditional UPDATE's 1 is an election won)."""
+def rows_updated(session: Session, stmt: Update | Delete) -> int:
+    """Run an UPDATE (or DELETE) and return how many rows it changed (a conditional UPDATE's 1 is an election won)."""
     result = session.execute(stmt)
     assert isinstance(result, CursorResult)  # what an UPDATE returns; Session.execute is typed for SELECTs
     return result.rowcount
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class Store:
@@ -89,28 +81,19 @@ class Store:
         upgrade(self.engine)
 
     def sync_keys(self) -> None:
-        """Store the configured keys (hashed) and their tenants."""
-        now = int(time.time())
-        with self.transaction() as s:
-            for tenant, key in self.settings.configured_keys:
-                if s.get(Tenant, tenant) is None:
-                    s.add(Tenant(id=tenant, created_at=now))
-                    s.flush()
-                h = hash_key(key)
-                if s.get(ApiKey, h) is None:
-                    s.add(ApiKey(key_hash=h, tenant_id=tenant, created_at=now))
-            if self.settings.env != "dev":  # the dev key must not outlive dev mode
-                dev = s.get(ApiKey, hash_key("tidal-dev-key"))
-                if dev is not None:
-                    s.delete(dev)
+        """Store the configured keys (hashed) and their tenants; revoke configured keys no longer configured."""
+        from tidal_workers.store import api_keys
+
+        api_keys.sync(self)
 
     def tenant_for_key(self, key: str) -> str | None:
-        with self.read() as s:
-            row = s.execute(select(ApiKey.tenant_id).where(ApiKey.key_hash == hash_key(key))).first()
-            return row[0] if row else None
+        """The tenant of a live key, or None (unknown or revoked)."""
+        from tidal_workers.store import api_keys
+
+        return api_keys.tenant_for_key(self, key)
 
     def dispose(self) -> None:
         self.engine.dispose()
 
 
-__all__ = ["Base", "Store", "hash_key", "make_engine", "rows_updated"]
+__all__ = ["Base", "Store", "make_engine", "rows_updated"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import secrets
+import typing as t
 
 from sqlalchemy import JSON
 from sqlalchemy import BigInteger
@@ -14,9 +15,12 @@ from sqlalchemy import Integer
 from sqlalchemy import String
 from sqlalchemy import Text
 from sqlalchemy import UniqueConstraint
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import mapped_column
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
 
 
 class Base(DeclarativeBase):
@@ -25,6 +29,35 @@ class Base(DeclarativeBase):
 
 def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
+
+
+LIST_SEQUENCE = "tidal_list_seq"  # PostgreSQL's sequence behind files.seq and batches.seq
+
+
+class NextSeq(ColumnElement[int]):
+    """The next list-order number of a table, computed by the database inside the INSERT itself.
+
+    PostgreSQL takes it from a sequence; SQLite, whose single writer holds the lock for the whole INSERT, from the
+    table's largest ``seq`` plus one. Either way rows created in the same second get distinct, increasing numbers,
+    which ``created_at`` (whole seconds) cannot give.
+    """
+
+    inherit_cache = True
+    _traverse_internals = [("table", InternalTraversal.dp_string)]  # noqa: RUF012 (SQLAlchemy's own declaration)
+    type = BigInteger()
+
+    def __init__(self, table: str):
+        self.table = table
+
+
+@compiles(NextSeq, "postgresql")
+def _next_seq_postgresql(element: NextSeq, compiler: t.Any, **kw: t.Any) -> str:
+    return f"nextval('{LIST_SEQUENCE}')"
+
+
+@compiles(NextSeq)
+def _next_seq_default(element: NextSeq, compiler: t.Any, **kw: t.Any) -> str:
+    return f"(SELECT coalesce(max(seq), 0) + 1 FROM {element.table})"
 
 
 class BatchStatus(str, enum.Enum):
@@ -52,11 +85,25 @@ class Tenant(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 
+class KeySource(str, enum.Enum):
+    config = "config"  # TIDAL_API_KEYS: revoked when it leaves the setting
+    cli = "cli"  # `tidal keys create`: lives until `tidal keys revoke`
+    dev = "dev"  # the public dev key: present only in dev mode
+
+
 class ApiKey(Base):
     __tablename__ = "api_keys"
-    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex
+    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex; the key itself is never kept
+    id: Mapped[str] = mapped_column(String(32), default=lambda: new_id("key_")[:20])  # what `tidal keys` names
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    hint: Mapped[str] = mapped_column(String(16), default="")  # `sk-...wxyz`: enough to recognise, not to use
+    source: Mapped[str] = mapped_column(String(16), default=KeySource.config.value)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    last_used_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # kept to the minute
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (Index("ix_api_keys_id", "id", unique=True),)
 
 
 class File(Base):
@@ -71,9 +118,16 @@ class File(Base):
     expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="processed")
     blob: Mapped[str] = mapped_column(String(128))  # name inside the blob directory
-    deleted: Mapped[bool] = mapped_column(Boolean, default=False)
+    deleted: Mapped[bool] = mapped_column(Boolean, default=False)  # a tombstone: no bytes, kept for cursors
+    seq: Mapped[int] = mapped_column(BigInteger, default=NextSeq("files"))  # list order (creation order)
 
-    __table_args__ = (Index("ix_files_tenant_created", "tenant_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_files_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_files_tenant_seq", "tenant_id", "seq"),
+        Index("ix_files_seq", "seq"),
+        Index("ix_files_expires_at", "expires_at"),
+    )
+    __mapper_args__ = {"eager_defaults": True}  # noqa: RUF012 (seq comes back with the INSERT: RETURNING)
 
 
 class Batch(Base):
@@ -82,7 +136,7 @@ class Batch(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     endpoint: Mapped[str] = mapped_column(String(64))
     model: Mapped[str | None] = mapped_column(String(256), nullable=True)
-    input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    input_file_id: Mapped[str] = mapped_column(String(64))  # no foreign key: an expired input file's row goes
     completion_window: Mapped[str] = mapped_column(String(8), default="24h")
     status: Mapped[str] = mapped_column(String(16), default=BatchStatus.validating.value, index=True)
     output_file_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -115,8 +169,17 @@ class Batch(Base):
     # one began (NULL when none runs: not started yet, or the last one raised)
     ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ingest_started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # quotas and retention
+    enqueued_tokens: Mapped[int] = mapped_column(BigInteger, default=0)  # estimate, counted while unfinished
+    output_expires_after: Mapped[int | None] = mapped_column(Integer, nullable=True)  # seconds, for its files
+    seq: Mapped[int] = mapped_column(BigInteger, default=NextSeq("batches"))  # list order (creation order)
 
-    __table_args__ = (Index("ix_batches_tenant_created", "tenant_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_batches_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_batches_tenant_seq", "tenant_id", "seq"),
+        Index("ix_batches_seq", "seq"),
+    )
+    __mapper_args__ = {"eager_defaults": True}  # noqa: RUF012 (seq comes back with the INSERT: RETURNING)
 
 
 class Item(Base):
@@ -147,3 +210,16 @@ class Item(Base):
         UniqueConstraint("batch_id", "custom_id", name="uq_items_batch_custom_id"),
         Index("ix_items_batch_status", "batch_id", "status"),
     )
+
+
+class IdempotencyKey(Base):
+    """A create (``POST /v1/files``, ``POST /v1/batches``) sent with an ``Idempotency-Key`` header: for 24 hours
+    the same key and body answer the object it made; another body under the key is a conflict."""
+
+    __tablename__ = "idempotency_keys"
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    route: Mapped[str] = mapped_column(String(32), primary_key=True)  # "files" or "batches"
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_hash: Mapped[str] = mapped_column(String(64))  # sha256 of what the request asked for
+    object_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[int] = mapped_column(BigInteger, index=True)

@@ -1,14 +1,14 @@
 """ingest attempts: batches.ingest_attempts and batches.ingest_started_at
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0005
+Revises: 0004
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,112 @@
+"""Per-tenant quotas over real HTTP: open batches (429), stored bytes (400), enqueued tokens per model (the batch
+fails validation with token_limit_exceeded). Nothing refused is stored or queued."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from api_helpers import CHAT
+from api_helpers import error_of
+from api_helpers import jsonl
+from api_helpers import request_line
+from sqlalchemy import func
+from sqlalchemy import select
+
+from tidal_workers import keys
+from tidal_workers.policy.body import Bounds
+from tidal_workers.policy.body import estimate_tokens
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import File
+from tidal_workers.store.models import Item
+
+OPEN_BATCHES = 5
+LINES = 3
+MAX_TOKENS = 100
+
+
+@pytest.fixture
+def settings(settings):
+    line_tokens = _tokens(request_line("x", max_tokens=MAX_TOKENS))
+    limits = {
+        "acme": {
+            "open_batches": OPEN_BATCHES,
+            # two batches of LINES lines of tiny fit at once; tiny-2 has a budget of its own
+            "enqueued_tokens": {"*": 2 * LINES * line_tokens, "tiny-2": 10 * LINES * line_tokens},
+            "stored_bytes": 10_000,
+        },
+    }
+    return settings.replace(tenant_limits=json.dumps(limits))
+
+
+def _tokens(line: dict) -> int:
+    return estimate_tokens(CHAT, line["body"], Bounds())
+
+
+def _create(http: httpx.Client, file_id: str) -> httpx.Response:
+    return http.post("/v1/batches", json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"})
+
+
+def _upload(http: httpx.Client, content: bytes) -> httpx.Response:
+    return http.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"})
+
+
+def _lines(model: str = "tiny") -> bytes:
+    return jsonl([request_line(f"r{i}", f"hello {i}", model=model, max_tokens=MAX_TOKENS) for i in range(LINES)])
+
+
+def test_enqueued_tokens_per_model_fail_the_batch_that_would_pass_them(http, rt):
+    tiny = _upload(http, _lines()).json()["id"]
+    first, second, third = (_create(http, tiny).json() for _ in range(3))
+    assert (first["status"], second["status"]) == ("in_progress", "in_progress")
+    assert third["status"] == "failed" and third["request_counts"]["total"] == 0
+    (error,) = third["errors"]["data"]
+    line_tokens = _tokens(request_line("x", max_tokens=MAX_TOKENS))
+    limit = 2 * LINES * line_tokens
+    assert error["code"] == "token_limit_exceeded" and error["line"] is None
+    assert (
+        f"Enqueued token limit reached for tiny for tenant acme. Limit: {limit:,} enqueued tokens" in error["message"]
+    )
+    with rt.store.read() as s:
+        assert s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == third["id"])) == 0
+        held = dict(s.execute(select(Batch.id, Batch.enqueued_tokens)).all())
+    assert held[first["id"]] == held[second["id"]] > 0 and held[third["id"]] == 0
+    assert rt.redis.zcard(keys.ready(third["id"])) == 0
+    # another model has its own budget
+    other = _create(http, _upload(http, _lines("tiny-2")).json()["id"]).json()
+    assert other["status"] == "in_progress", other["errors"]
+    # a batch that finishes gives its tokens back
+    assert http.post(f"/v1/batches/{first['id']}/cancel").json()["status"] == "cancelled"
+    assert _create(http, tiny).json()["status"] == "in_progress"
+
+
+def test_lines_without_max_tokens_count_at_the_model_limit(rt):
+    bounds = Bounds(max_output_tokens=1000, prompt_bytes_per_token=4.0)
+    line = request_line("x", "12345678")  # 12 bytes of text ("user" and the content), one message
+    assert estimate_tokens(CHAT, line["body"], bounds) == 3 + 4 + 1000
+    assert estimate_tokens(CHAT, {**line["body"], "max_tokens": 10}, bounds) == 3 + 4 + 10
+    embedding = {"model": "e", "input": [[1, 2, 3], "abcd"]}  # token ids count one each; no output
+    assert estimate_tokens("/v1/embeddings", embedding, bounds) == 3 + 1
+
+
+def test_stored_bytes_refuse_an_upload_past_the_quota_and_keep_nothing(http, rt):
+    first = _upload(http, b"x" * 6_000)  # a batch file's content is checked later, at batch create
+    assert first.status_code == 200
+    r = _upload(http, b"y" * 6_000)
+    assert r.status_code == 400
+    err = error_of(r)
+    assert err["code"] == "storage_limit_exceeded" and "Limit: 10,000 bytes" in err["message"], err
+    # refused before reading: a declared body past the room left
+    big = http.post(
+        "/v1/files",
+        content=b"z" * 200_000,
+        headers={"Content-Type": "multipart/form-data; boundary=b", "Content-Length": "200000"},
+    )
+    assert big.status_code == 400 and error_of(big)["code"] == "storage_limit_exceeded"
+    with rt.store.read() as s:
+        assert [f.id for f in s.scalars(select(File))] == [first.json()["id"]]
+    assert len(list(rt.blobs.names())) == 1
+    # deleting frees the room
+    assert http.delete(f"/v1/files/{first.json()['id']}").status_code == 200
+    assert _upload(http, b"y" * 6_000).status_code == 200
