@@ -154,7 +154,10 @@ def test_a_line_past_the_limit_is_an_error_and_is_skipped_unread(tmp_path):
     long = line("b", messages=[{"role": "user", "content": "x" * 5000}])
     r = run(tmp_path, [line("a"), long, line("c")], settings=small)
     assert codes(r) == [("line_too_large", 2, None)] and [p.custom_id for p in r.items] == ["a", "c"]
-    d, e = json.dumps(line("d", messages=[{"role": "user", "content": "x" * 1100}])).encode(), json.dumps(line("e")).encode()
+    d, e = (
+        json.dumps(line("d", messages=[{"role": "user", "content": "x" * 1100}])).encode(),
+        json.dumps(line("e")).encode(),
+    )
     at_limit = load_settings(max_line_bytes=len(d))  # the limit counts the line's bytes, not its newline
     assert run(tmp_path, [], raw=d + b"\n" + e, settings=at_limit).error_count == 0
     assert codes(run(tmp_path, [], raw=d + b" ", settings=at_limit)) == [("line_too_large", 1, None)]
