@@ -4,7 +4,7 @@ One batch of ``items`` completions in ``groups`` groups, each group sharing a
 long prompt prefix (the tiny model's tokenizer is byte-level: one token per
 character, so a 400-character prefix is 400 tokens, many KV blocks). The input
 file lists the requests shuffled; Tidal's ingest sorts them by prompt prefix
-(``ingest.ordered``), so its ordinals claim a group's requests together. Both
+(``ingest.claim_key``), so its ordinals claim a group's requests together. Both
 orders are sent to the same engine with the same number in flight (as the
 claim loop keeps ``target`` in flight), and each run's hit rate is the delta of
 ``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total``.
@@ -25,7 +25,7 @@ import time
 import requests
 
 from tidal_workers.bench import engine_stats
-from tidal_workers.ingest import ordered
+from tidal_workers.ingest import claim_key
 from tidal_workers.validate import ParsedLine
 from tidal_workers.validate import parse_line
 
@@ -101,7 +101,7 @@ def send_all(cfg: PrefixConfig, order: list[ParsedLine]) -> dict:
 
 def run(cfg: PrefixConfig) -> dict:
     """(a) Tidal's claim order (ingest's prefix sort) and (b) the file's shuffled order, on fresh prefixes each."""
-    claim_order = ordered(parsed(batch_lines(cfg, "a")))
+    claim_order = sorted(parsed(batch_lines(cfg, "a")), key=claim_key)
     shuffled = parsed(batch_lines(cfg, "b"))
     return {
         "params": dataclasses.asdict(cfg),
