@@ -46,21 +46,34 @@ def _engine(
     settings=None,
     shape: str = "tiny",
     kv_bytes: str = "64M",
+    profile: str = "",
 ):
-    """The engine to measure: a URL as given, or a local one of ``shape`` started (and stopped) here."""
+    """The engine to measure: a URL as given, or a local one started (and stopped) here.
+
+    With ``profile`` (MODEL@GPU) the local engine is the GPU-timed twin, sized like that GPU (its KV pool,
+    and its slots unless ``max_num_seqs`` is given); otherwise the CPU engine of ``shape`` with ``kv_bytes``.
+    """
     if url:
         yield url
         return
     from tidal_engine.serve import start_tiny
+    from tidal_engine.serve import start_twin
 
-    engine = start_tiny(
-        settings or load_settings(),
-        log_path=log_dir / f"engine-{'B' if plugin else 'A'}.log",
-        tidal_scheduler=plugin,
-        max_num_seqs=max_num_seqs,
-        shape=shape,
-        kv_cache_bytes=kv_bytes,
-    )
+    log_path = log_dir / f"engine-{'B' if plugin else 'A'}.log"
+    settings = settings or load_settings()
+    if profile:
+        engine = start_twin(
+            settings, profile, log_path=log_path, tidal_scheduler=plugin, max_num_seqs=max_num_seqs or None
+        )
+    else:
+        engine = start_tiny(
+            settings,
+            log_path=log_path,
+            tidal_scheduler=plugin,
+            max_num_seqs=max_num_seqs,
+            shape=shape,
+            kv_cache_bytes=kv_bytes,
+        )
     try:
         yield engine.url
     finally:
