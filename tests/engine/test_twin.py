@@ -98,10 +98,11 @@ def test_tidal_scheduler_on_the_twin_shrinks_steps_while_online_traffic_runs(twi
     wait_for(lambda: any(r["num_tokens"] == TAU for r in read_trace(trace) if r["started_s"] >= started))
 
     online = complete(engine.url, [int(x) for x in rng.integers(0, 256, 100)], 30, priority=0, stream=True)
-    received = []  # (client time, tokens so far)
-    for line in online.iter_lines():
-        if line.startswith(b"data: {") and (usage := json.loads(line[6:]).get("usage")):
-            received.append((time.monotonic(), usage["completion_tokens"]))
+    received = [  # (client time, tokens so far)
+        (time.monotonic(), usage["completion_tokens"])
+        for line in online.iter_lines()
+        if line.startswith(b"data: {") and (usage := json.loads(line[6:]).get("usage"))
+    ]
     assert received[-1][1] == 30
     # The engine schedules its next step before the client reads a token, so the step after the online
     # request's last one (batch alone again) may start before the last token arrives: end the window at
