@@ -31,6 +31,33 @@ def provenance(command: str) -> dict:
     return {"command": f"tidal bench {command}", "machine": machine(), "date": dt.date.today().isoformat()}
 
 
+def full_provenance(command: str) -> dict:
+    """``provenance`` plus what a figure needs to be reproduced: argv, git commit, vLLM version, UTC time, load."""
+    import os
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    try:
+        vllm = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        vllm = "absent"
+    return {
+        **provenance(command),
+        "argv": sys.argv,
+        "commit": commit,
+        "vllm": vllm,
+        "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "load_average": os.getloadavg(),
+    }
+
+
 def output_dir(out: str) -> Path:
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
@@ -46,21 +73,34 @@ def _engine(
     settings=None,
     shape: str = "tiny",
     kv_bytes: str = "64M",
+    profile: str = "",
 ):
-    """The engine to measure: a URL as given, or a local one of ``shape`` started (and stopped) here."""
+    """The engine to measure: a URL as given, or a local one started (and stopped) here.
+
+    With ``profile`` (MODEL@GPU) the local engine is the GPU-timed twin, sized like that GPU (its KV pool,
+    and its slots unless ``max_num_seqs`` is given); otherwise the CPU engine of ``shape`` with ``kv_bytes``.
+    """
     if url:
         yield url
         return
     from tidal_engine.serve import start_tiny
+    from tidal_engine.serve import start_twin
 
-    engine = start_tiny(
-        settings or load_settings(),
-        log_path=log_dir / f"engine-{'B' if plugin else 'A'}.log",
-        tidal_scheduler=plugin,
-        max_num_seqs=max_num_seqs,
-        shape=shape,
-        kv_cache_bytes=kv_bytes,
-    )
+    log_path = log_dir / f"engine-{'B' if plugin else 'A'}.log"
+    settings = settings or load_settings()
+    if profile:
+        engine = start_twin(
+            settings, profile, log_path=log_path, tidal_scheduler=plugin, max_num_seqs=max_num_seqs or None
+        )
+    else:
+        engine = start_tiny(
+            settings,
+            log_path=log_path,
+            tidal_scheduler=plugin,
+            max_num_seqs=max_num_seqs,
+            shape=shape,
+            kv_cache_bytes=kv_bytes,
+        )
     try:
         yield engine.url
     finally:
@@ -397,6 +437,97 @@ def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_by
     path.write_text(json.dumps(results, indent=2))
     click.echo(json.dumps(results, indent=2))
     click.echo(f"results: {path}", err=True)
+
+
+@bench.command()
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="Twin profile to run (MODEL@GPU).")
+@click.option("--reps", default=3, show_default=True, help="Repetitions of the grid and of the CPU load.")
+@click.option("--steps", default=8, show_default=True, help="Steps of each cell's shape per repetition.")
+@click.option("--cells", default="", help="Comma-separated indices into the grid (default: all; see docs/engine.md).")
+@click.option("--cpu-duration", default=30.0, show_default=True, help="Seconds of load per CPU repetition; 0: skip.")
+@click.option("--online-rate", default=20.0, show_default=True, help="Online requests/s during the CPU load.")
+@click.option("--batch-lanes", default=48, show_default=True, help="Batch requests in flight during the CPU load.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/twin", show_default=True)
+def twin(profile, reps, steps, cells, cpu_duration, online_rate, batch_lanes, out) -> None:
+    """The timed twin: whole-step time against the profile's T(P, C) over the grid, and its CPU use under load.
+
+    Starts the twin of --profile (stock scheduler: vLLM's CPU platform forces the synchronous one); run it
+    under the engine lock. Attainability is reported for every tabulated profile from this run's floors.
+    """
+    from tidal_engine.serve import start_twin
+    from tidal_engine.twin import load_profile
+    from tidal_engine.twin import profile_names
+    from tidal_workers.bench import twin as tw
+
+    if reps < 3:
+        click.echo("note: fewer than 3 repetitions: the intervals are not figures to report", err=True)
+    out_dir = output_dir(out)
+    grid = [tw.GRID[int(i)] for i in cells.split(",")] if cells else list(tw.GRID)
+    trace = out_dir / "twin-trace.csv"
+    trace.unlink(missing_ok=True)
+    spec = load_profile(profile)
+    load = tw.LoadConfig(online_rate=online_rate, batch_lanes=batch_lanes)
+    results: dict = {
+        **full_provenance("twin"),
+        "profile": dataclasses.asdict(spec),
+        "params": {"reps": reps, "steps": steps, "cpu_duration": cpu_duration, "load": dataclasses.asdict(load)},
+        "scheduler": "stock vLLM Scheduler, synchronous (the CPU platform forces async_scheduling off)",
+    }
+    engine = start_twin(load_settings(), profile, log_path=out_dir / "twin.log", trace_path=trace.resolve())
+    results["engine_start_s"] = engine.started_s
+    try:
+        click.echo(f"fidelity: {len(grid)} cells x {reps} reps ...", err=True)
+        samples = tw.fidelity(engine.url, spec.name, trace, grid, reps, steps)
+        profiles = [load_profile(n) for n in profile_names()]
+        results["cells"] = [tw.summarize_cell(c, samples[c.label], profiles) for c in grid]
+        if cpu_duration > 0:
+            cpu_reps = []
+            for rep in range(reps):
+                click.echo(f"CPU use under load, rep {rep + 1}/{reps} ...", err=True)
+                cpu_reps.append(tw.cpu_use(engine.url, spec.name, engine.pid, load, cpu_duration, seed=rep))
+            results["cpu"] = {"cores": tw.summarize_cpu(cpu_reps), "reps": cpu_reps}
+        rows = tw.read_trace(trace)
+        results["overruns"] = {"steps": len(rows), "overruns": int(rows[-1]["overruns"]) if rows else 0}
+    finally:
+        engine.stop()
+    results["load_average_end"] = __import__("os").getloadavg()
+    path = out_dir / "twin.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps(tw.report(results), indent=2))
+    click.echo(f"results: {path}; step trace: {trace}", err=True)
+
+
+@bench.command()
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="Profile whose model is timed.")
+@click.option("--device", default="cuda", show_default=True, help="torch device: cuda (the real run) or cpu.")
+@click.option("--tiny", is_flag=True, help="A two-layer stack over small cells: checks the script (CPU tests).")
+@click.option("--reps", default=10, show_default=True, help="Timed steps per cell.")
+@click.option("--budget-seconds", default=480.0, show_default=True, help="Cells not started by then are skipped.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/calibrate", show_default=True)
+def calibrate(profile, device, tiny, reps, budget_seconds, out) -> None:
+    """Time a 7B-class transformer stack (random weights, PyTorch only) over the twin's grid; fit a measured profile.
+
+    Writes calibrate.json (samples, derived against measured per cell, the fit) and profile-measured.toml
+    (a [gpus."GPU-measured"] table to put beside the derived one in tidal_engine/twin_profiles.toml).
+    """
+    from tidal_engine.twin import load_profile
+    from tidal_engine.twin import profile_tables
+    from tidal_workers.bench import calibrate as cb
+    from tidal_workers.bench.twin import GRID
+
+    spec = load_profile(profile)
+    model, _, gpu = profile.partition("@")
+    shape = cb.TINY if tiny else cb.StackShape.of(spec, cb.INTERMEDIATE[model])
+    out_dir = output_dir(out)
+    measured = cb.run(spec, shape, cb.TINY_GRID if tiny else GRID, device, reps, budget_seconds)
+    results = {**full_provenance("calibrate"), "profile": profile, "tiny": tiny, **measured}
+    (out_dir / "calibrate.json").write_text(json.dumps(results, indent=2))
+    if measured["fit"]:
+        (out_dir / "profile-measured.toml").write_text(
+            cb.measured_toml(gpu, profile_tables()["gpus"][gpu], measured["fit"])
+        )
+    click.echo(json.dumps({k: measured[k] for k in ("device", "seconds", "table", "fit", "skipped")}, indent=2))
+    click.echo(f"results: {out_dir}/calibrate.json, {out_dir}/profile-measured.toml", err=True)
 
 
 @bench.command()
