@@ -28,6 +28,9 @@ def engine_url_option(what: str) -> t.Callable[[t.Callable], t.Callable]:
     return click.option("--engine-url", help=f"Engine to measure. Default: start {what} here.")
 
 
+MODEL_OPTION = click.option("--model", default="tiny", show_default=True, help="Model name clients send.")
+
+
 def begin(name: str, out: str) -> tuple[Path, dict]:
     """The output folder, made, and the provenance block taken now (argv, commit, vLLM, machine, UTC, load)."""
     from tidal_workers.bench import provenance
@@ -183,7 +186,7 @@ def harvest(
 
 @bench.command()
 @engine_url_option("the tiny CPU engine (stock scheduler)")
-@click.option("--model", default="tiny", show_default=True)
+@MODEL_OPTION
 @click.option("--duration", default=40.0, show_default=True, help="Seconds of batch trickle, burst included.")
 @click.option("--burst-at", default=12.0, show_default=True, help="Seconds into the run when the online burst fires.")
 @click.option("--burst-requests", default=32, show_default=True, help="Online requests in the burst (priority 0).")
@@ -257,7 +260,7 @@ def load(
 
 @bench.command()
 @click.option("--engine-urls", help="Comma-separated replicas to use. Default: start two tiny engines, one per core.")
-@click.option("--model", default="tiny", show_default=True)
+@MODEL_OPTION
 @click.option("--period", default=120.0, show_default=True, help="Seconds of one online day (the seed used 600).")
 @click.option("--periods", default=2.0, show_default=True, help="Days per run; each mode runs this long.")
 @click.option("--rate", default=4.0, show_default=True, help="Mean online requests/s per replica.")
@@ -320,7 +323,7 @@ def fleet(
 
 @bench.command()
 @engine_url_option("the tiny CPU engine with --kv-cache-bytes")
-@click.option("--model", default="tiny", show_default=True)
+@MODEL_OPTION
 @click.option("--items", default=96, show_default=True, help="Requests in the batch.")
 @click.option("--groups", default=12, show_default=True, help="Distinct shared prompt prefixes.")
 @click.option("--prefix-chars", default=400, show_default=True, help="Shared prefix length (tokens on the tiny model).")

@@ -75,7 +75,7 @@ class Sampler:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         with contextlib.suppress(requests.RequestException):

@@ -70,7 +70,7 @@ class _RecordingSession(requests.Session):
 
     last_text: str | None = None
 
-    def get(self, url, **kwargs):
+    def get(self, url: str | bytes, **kwargs: t.Any) -> requests.Response:
         self.last_text = None
         resp = super().get(url, **kwargs)
         self.last_text = resp.text
@@ -147,7 +147,7 @@ class Trickle:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self._pool.shutdown(wait=True)  # in-flight requests finish; nothing new is sent
