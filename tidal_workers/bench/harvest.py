@@ -178,7 +178,7 @@ class Harvest:
                 lanes.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await lanes
-            readings = sampler.readings[:-1]  # the closing read comes after the lanes were cancelled
+            readings = sampler.readings  # the closing read too: the lanes are cancelled only after it
             first, last = readings[0], readings[-1]
             window = last.at - first.at
             return {
@@ -197,11 +197,11 @@ class Harvest:
 
     def online_phase(self, engine: BenchEngine, trace: str, stack: TidalStack | None = None) -> dict:
         """The online load of ``trace`` from the client process; with a stack, Tidal harvests beside it."""
-        duration = self.plan.phase_s(trace)
         times = _first_n(
-            online.arrivals(self.plan.rate_fn(trace), duration * 1.5, seed=self.rng.randrange(1 << 30)),
+            online.arrivals(self.plan.rate_fn(trace), self.plan.phase_s(trace) * 1.5, seed=self.rng.randrange(1 << 30)),
             self.plan.samples,
         )
+        window = times[-1]  # the last arrival closes the window: online load is present all through it
         requests = online_requests(times, self.plan.workload, self._prompts(engine), self.rng)
         before = stack.progress() if stack else None
         cpu_before = stack.worker_cpu_seconds() if stack else None
@@ -211,11 +211,11 @@ class Harvest:
             with engine_stats.Sampler(engine.url, also=stack.gate if stack else None) as sampler:
                 opens = client.open()
                 start = _read_at(engine, opens)
-                end = _read_at(engine, opens + duration)
+                end = _read_at(engine, opens + window)
                 after = stack.progress() if stack else None
-                records = client.wait(timeout=duration + 900)
+                records = client.wait(timeout=window + 900)
         generated = end.generation_tokens - start.generation_tokens
-        online_tokens = samples.tokens_until(records, duration)
+        online_tokens = samples.tokens_until(records, window)
         result: dict[str, t.Any] = {
             "window_s": end.at - start.at,
             "rate": self.plan.rate(trace),
@@ -228,8 +228,8 @@ class Harvest:
         }
         if stack is not None and before is not None and after is not None and cpu_before is not None:
             result["tidal_items_completed"] = after.items - before.items
-            result["tidal_output_tokens_per_s"] = (after.output_tokens - before.output_tokens) / duration
-            result["worker_cpu_cores"] = (stack.worker_cpu_seconds() - cpu_before) / duration
+            result["tidal_output_tokens_per_s"] = (after.output_tokens - before.output_tokens) / window
+            result["worker_cpu_cores"] = (stack.worker_cpu_seconds() - cpu_before) / window
             result["gate"] = [
                 (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight")) for at, g in sampler.also_readings
             ]
