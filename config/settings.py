@@ -268,6 +268,13 @@ class Settings:
         "The /metrics pages of a disaggregated deployment, as `SOURCE=URL` pairs separated by commas, SOURCE one of `prefill`, `decode`, `router`; e.g. `prefill=http://10.0.0.5:8000/metrics,decode=http://10.0.0.6:8000/metrics`. Each source `TIDAL_GATE_SIGNALS` reads must be named.",
     )
 
+    # --- A-P freeze / thaw --------------------------------------------------
+    kv_storage_usd_per_gib_hour: float = _setting(
+        3.2e-5,
+        "Price of holding frozen KV (A-P), USD per GiB-hour, billed in `tidal report` and the batch's `tidal.kv_storage_usd`. Default: S3 Standard's list price, 0.023 USD per GB-month.",
+        ge=0,
+    )
+
     # --- TidalScheduler (read inside vLLM's engine-core process) ----------
     sched_tbt_slo_ms: float = _setting(
         200.0,
