@@ -82,9 +82,11 @@ def prompt(seed: str, tokens: int) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(tokens))
 
 
-def ask(url: str, model: str, text: str, max_tokens: int, timeout: float = 300.0) -> Answer:
+def ask(
+    url: str, model: str, text: str, max_tokens: int, timeout: float = 300.0, kv_transfer_params: dict | None = None
+) -> Answer:
     """One greedy streamed completion; TTFT is the first chunk that carries tokens."""
-    body = {
+    body: dict[str, t.Any] = {
         "model": model,
         "prompt": text,
         "max_tokens": max_tokens,
@@ -94,6 +96,8 @@ def ask(url: str, model: str, text: str, max_tokens: int, timeout: float = 300.0
         "return_token_ids": True,
         "stream_options": {"include_usage": True},
     }
+    if kv_transfer_params:
+        body["kv_transfer_params"] = kv_transfer_params
     started = time.perf_counter()
     ttft: float | None = None
     ids: list[int] = []
