@@ -269,6 +269,10 @@ class Settings:
     )
 
     # --- A-P freeze / thaw --------------------------------------------------
+    kv_freeze_dir: str = _setting(
+        "",
+        "Folder the engines' TidalFreezeConnector freezes batch KV under (its `shared_storage_path`, one subfolder per batch; mounted on every node). Beat's retention sweep measures and bills each batch's folder and deletes it when the batch ends. Empty: A-P storage is not accounted.",
+    )
     kv_storage_usd_per_gib_hour: float = _setting(
         3.2e-5,
         "Price of holding frozen KV (A-P), USD per GiB-hour, billed in `tidal report` and the batch's `tidal.kv_storage_usd`. Default: S3 Standard's list price, 0.023 USD per GB-month.",

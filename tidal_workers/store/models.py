@@ -177,6 +177,7 @@ class Batch(Base):
     phase_split: Mapped[str] = mapped_column(String(8), default="auto", server_default="never")
     kv_stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     kv_byte_seconds: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    kv_accounted_at: Mapped[float | None] = mapped_column(nullable=True)  # the last pass that found frozen KV
     seq: Mapped[int] = mapped_column(BigInteger, default=NextSeq("batches"))  # list order (creation order)
 
     __table_args__ = (
