@@ -25,7 +25,7 @@ from tidal_workers.bench.kv_probe import prompt
 
 pytestmark = pytest.mark.engine
 
-BLOCK = 16  # vLLM's block size on this build: a thaw loads the prompt's whole blocks but its last token's
+BLOCK = 128  # the CPU backend's KV block: a thaw loads the prompt's whole blocks but its last token's
 TAU = 2048
 
 
