@@ -15,6 +15,7 @@ from config import load_settings
 from tidal_workers.queue import Queue
 
 SCRATCH_DB = 15
+MODEL = "bench"
 
 
 def _scratch(redis_url: str) -> redis.Redis:
@@ -26,10 +27,17 @@ def claim_throughput(q: Queue, items: int, per_call: int, batches: int = 10) -> 
     q.redis.flushdb()
     per_batch = items // batches
     for b in range(batches):
-        q.enqueue_batch(f"batch_{b}", 100, 1e9 + b, ((b * per_batch + i, i) for i in range(per_batch)))
+        q.enqueue_batch(
+            f"batch_{b}",
+            100,
+            1e9 + b,
+            ((b * per_batch + i, i) for i in range(per_batch)),
+            model=MODEL,
+            tenant=f"t{b % 2}",
+        )
     claimed = 0
     start = time.perf_counter()
-    while got := q.claim("bench-node", per_call, 600):
+    while got := q.claim("bench-node", per_call, 600, [MODEL]):
         claimed += len(got)
     elapsed = time.perf_counter() - start
     assert claimed == per_batch * batches
@@ -41,7 +49,9 @@ def rescore_seconds(q: Queue, size: int, repeats: int = 200) -> float:
     q.redis.flushdb()
     for b in range(10):
         n = size if b == 0 else 1000
-        q.enqueue_batch(f"batch_{b}", 100, 1e9 + b, ((b * 10_000_000 + i, i) for i in range(n)))
+        q.enqueue_batch(
+            f"batch_{b}", 100, 1e9 + b, ((b * 10_000_000 + i, i) for i in range(n)), model=MODEL, tenant="t"
+        )
     times = []
     for k in range(repeats):
         start = time.perf_counter()
