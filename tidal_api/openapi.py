@@ -123,11 +123,14 @@ SCHEMAS: dict[str, t.Any] = {
                     "priority": INT,
                     "laxity_seconds": NUM_OR_NULL,
                     "observed_rate": NUM_OR_NULL,
+                    "model_served": {"type": ["boolean", "null"]},
                     "cost": _obj({"batch_usd": NUM, "online_usd": NUM, "saved_usd": NUM}),
                 },
                 description="Tidal's extension: the batch's vLLM priority (100 = least urgent), seconds of "
                 "slack left before it would miss its window at the observed rate, and that rate "
-                "in items per second (null until the first re-score); and the cost in USD of "
+                "in items per second (null until the first re-score); for a batch in progress, "
+                "whether a live worker node's engine serves its model (false: its items wait, "
+                "queued, until one does or the window closes; null otherwise); and the cost in USD of "
                 "its completed items at the batch price, at the online price, and the "
                 "difference saved.",
             ),
