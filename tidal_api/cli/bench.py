@@ -400,6 +400,47 @@ def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_by
 
 
 @bench.command()
+@click.option("--weights", default="1:1,3:1,1:3", show_default=True, help="heavy:light weight pairs to run.")
+@click.option("--reps", default=5, show_default=True, help="Runs per weight pair (at least 2).")
+@click.option("--nodes", default=4, show_default=True, help="Claiming nodes (threads, one connection each).")
+@click.option("--inflight", default=8, show_default=True, help="Items each node keeps leased.")
+@click.option("--items", default=1500, show_default=True, help="Items per tenant (heavy: in 100 batches).")
+@click.option("--service-ms", default=4.0, show_default=True, help="Mean simulated engine time per item.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/fairness", show_default=True)
+def fairness(weights, reps, nodes, inflight, items, service_ms, out) -> None:
+    """Two tenants' shares of claims against their weights, under concurrent nodes (scratch Redis DB 14)."""
+    import subprocess
+    import sys
+
+    from tidal_workers.bench import fairness as fair
+    from tidal_workers.bench.stack import BENCH_REDIS_DB
+
+    if reps < 2:
+        raise click.BadParameter("at least 2, for an interval", param_hint="--reps")
+    settings = load_settings()
+    redis_url = settings.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+    pairs = [tuple(float(w) for w in pair.split(":")) for pair in weights.split(",")]
+    configs = [fair.FairnessConfig(redis_url, (h, lt), nodes, inflight, 100, items, service_ms) for h, lt in pairs]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    results = {
+        **provenance("fairness"),
+        "argv": sys.argv,
+        "commit": commit or "unknown",
+        "setup": fair.config_summary(configs[0]),
+        "pairs": [fair.measure(cfg, reps) for cfg in configs],
+    }
+    path = output_dir(out) / "fairness.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps({k: v for k, v in results.items() if k != "pairs"}, indent=2))
+    for pair in results["pairs"]:
+        click.echo(
+            f"weights {pair['weights']['heavy']:g}:{pair['weights']['light']:g}  heavy share / its weight's: "
+            f"{pair['share_ratio_mean']:.4f} (95 % {pair['share_ratio_95'][0]:.4f}-{pair['share_ratio_95'][1]:.4f})"
+        )
+    click.echo(f"results: {path}", err=True)
+
+
+@bench.command()
 @click.option("--items", default=200_000, show_default=True, help="Items queued for the claim-throughput runs.")
 def queue(items) -> None:
     """Claim throughput from the Redis sorted sets and re-score cost against batch size (scratch Redis DB)."""
