@@ -1,4 +1,5 @@
-"""Queue benchmark (not a test): claim throughput from the sorted sets, and re-score cost against batch size.
+"""Queue benchmark (not a test): claim throughput from the sorted sets (one tenant, two taking turns), and re-score
+cost against batch size.
 
 Runs against a scratch Redis DB, which it flushes before and after:
 ``python -c "from tidal_workers.bench_queue import main; main()"``.
@@ -22,8 +23,9 @@ def _scratch(redis_url: str) -> redis.Redis:
     return redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + f"/{SCRATCH_DB}", decode_responses=True)
 
 
-def claim_throughput(q: Queue, items: int, per_call: int, batches: int = 10) -> float:
-    """Items per second one node claims (leases included), ``per_call`` items per Lua call."""
+def claim_throughput(q: Queue, items: int, per_call: int, tenants: int, batches: int = 10) -> float:
+    """Items per second one node claims (leases included), ``per_call`` items per Lua call, from batches of
+    ``tenants`` tenants at one priority (one: runs of items; two: their turns alternate item by item)."""
     q.redis.flushdb()
     per_batch = items // batches
     for b in range(batches):
@@ -33,7 +35,7 @@ def claim_throughput(q: Queue, items: int, per_call: int, batches: int = 10) -> 
             1e9 + b,
             ((b * per_batch + i, i) for i in range(per_batch)),
             model=MODEL,
-            tenant=f"t{b % 2}",
+            tenant=f"t{b % tenants}",
         )
     claimed = 0
     start = time.perf_counter()
@@ -64,9 +66,11 @@ def main(items: int = 200_000) -> None:
     client = _scratch(load_settings().redis_url)
     q = Queue(client)
     try:
-        for per_call in (1, 16, 64, 256):
-            n = items if per_call > 1 else items // 10  # one round trip per item: a smaller run says enough
-            print(f"claim  {per_call:>4} per call: {claim_throughput(q, n, per_call):>9,.0f} items/s")
+        for tenants in (1, 2):
+            for per_call in (1, 16, 64, 256):
+                n = items if per_call > 1 else items // 10  # one round trip per item: a smaller run says enough
+                rate = claim_throughput(q, n, per_call, tenants)
+                print(f"claim  {per_call:>4} per call, {tenants} tenant(s): {rate:>9,.0f} items/s")
         for size in (100, 1_000, 10_000, 100_000):
             print(f"rescore {size:>7,} queued items: {rescore_seconds(q, size) * 1e6:>6.0f} µs (median)")
     finally:

@@ -133,9 +133,10 @@ CLAIM = (
 -- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes
 -- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds  ARGV[4] = turn
 -- ARGV[5..] = the models the node's engine serves
--- Item by item: the lowest priority queued for any of those models (models tied there take turns, from `turn`);
--- at that level the tenant of lowest pass, whose pass then grows by 1 / its weight; that tenant's
--- earliest-deadline batch; its lowest ordinal. Leases each item. Returns {item id, lease, batch id, ...}.
+-- Item by item, as if one at a time: the lowest priority queued for any of those models (models tied there take
+-- turns, from `turn`); at that level the tenant of lowest pass, whose pass then grows by 1 / its weight per item;
+-- that tenant's earliest-deadline batch; its lowest ordinals. A tenant takes at once the items it would take in a
+-- row (all of them when it is alone at the level). Leases each item. Returns {item id, lease, batch id, ...}.
 """
     + _PLACEMENT
     + _LEASE
@@ -156,17 +157,17 @@ local function level()
       end
     end
   end
-  if best == nil then return nil, nil end
+  if best == nil then return nil, nil, 0 end
   turn = turn + 1
-  return tied[turn % #tied + 1], best
+  return tied[turn % #tied + 1], best, #tied
 end
--- Every pass claims an item or removes something empty, so the loop ends.
+-- Every pass claims items or removes something empty, so the loop ends.
 local want = tonumber(ARGV[2])
 while want > 0 do
-  local m, p = level()
+  local m, p, tied = level()
   if not m then break end
   local ts = K.tenants(m, p)
-  local top = redis.call('ZRANGE', ts, 0, 0, 'WITHSCORES')
+  local top = redis.call('ZRANGE', ts, 0, 1, 'WITHSCORES')
   if #top == 0 then
     redis.call('ZREM', K.levels(m), p)
   else
@@ -175,13 +176,19 @@ while want > 0 do
     if not b then
       prune(m, p, tenant)
     else
-      local popped = redis.call('ZPOPMIN', K.ready(b), 1)
-      if #popped > 0 then
+      local weight = tonumber(redis.call('HGET', K.WEIGHTS, tenant) or 1)
+      local run = 1  -- items in a row: while its pass stays below the next tenant's (a tie goes back to ZRANGE)
+      if tied == 1 then
+        run = want
+        if #top > 2 then run = math.max(1, math.ceil((tonumber(top[4]) - pass) * weight)) end
+      end
+      local popped = redis.call('ZPOPMIN', K.ready(b), math.min(run, want))
+      local got = #popped / 2
+      if got > 0 then
         lease(popped, b, K.ITEM)
-        local weight = tonumber(redis.call('HGET', K.WEIGHTS, tenant) or 1)
-        redis.call('ZADD', ts, pass + 1 / weight, tenant)
-        redis.call('HSET', K.vtime(m), p, pass)
-        want = want - 1
+        redis.call('ZADD', ts, pass + got / weight, tenant)
+        redis.call('HSET', K.vtime(m), p, pass + (got - 1) / weight)
+        want = want - got
       end
       if redis.call('EXISTS', K.ready(b)) == 0 then unlink_at(b, m, p, tenant) end
     end
