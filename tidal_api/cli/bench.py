@@ -421,7 +421,10 @@ def fairness(weights, reps, nodes, inflight, items, service_ms, out) -> None:
     redis_url = settings.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
     pairs = [tuple(float(w) for w in pair.split(":")) for pair in weights.split(",")]
     configs = [fair.FairnessConfig(redis_url, (h, lt), nodes, inflight, 100, items, service_ms) for h, lt in pairs]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    here = Path(__file__).resolve().parent
+    commit = subprocess.run(
+        ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     results = {
         **provenance("fairness"),
         "argv": sys.argv,
