@@ -57,6 +57,9 @@ class SchedulerMetrics:
         # Per-step accounting of what the gate decided (tests/e2e/test_plugin_accounting.py reads it).
         self.batch_tokens = Counter("tidal_sched_batch_tokens", "Tokens scheduled for batch requests.", registry=r)
         self.online_tokens = Counter("tidal_sched_online_tokens", "Tokens scheduled for online requests.", registry=r)
+        self.capped_steps = Counter(
+            "tidal_sched_capped_steps", "Steps with online traffic in which batch tokens reached the cap X.", registry=r
+        )
         self.batch_over_cap_tokens = Counter(
             "tidal_sched_batch_over_cap_tokens",
             "Batch tokens scheduled past a step's cap X; only online's unused reservation can supply them "

@@ -120,6 +120,11 @@ class StepPlan:
     batch_waited: bool = False  # batch work waited while online traffic set the budget
 
     @property
+    def batch_capped(self) -> bool:
+        """Online traffic set a budget and batch reached its cap X: the step the cap exists for."""
+        return self.mode is not Mode.NO_ONLINE and self.batch_scheduled >= self.batch_cap
+
+    @property
     def batch_over_cap(self) -> int:
         """Batch tokens past X. Only online's unused reservation can supply them (an online prompt that hit the
         prefix cache needs less than its reserved demand); the step's total stays inside the budget."""
@@ -309,6 +314,7 @@ class TidalScheduler(Scheduler):
             (m.batch_over_cap_tokens, plan.batch_over_cap),
             (m.online_deferred_tokens, plan.online_deferred),
             (m.online_preempted, len(plan.online_preempted)),
+            (m.capped_steps, int(plan.batch_capped)),
         ):
             if value:  # most are 0 on most steps: skip the counter's lock
                 counter.inc(value)

@@ -248,7 +248,7 @@ def test_every_step_stays_inside_its_plan(make_scheduler):
     s = make_scheduler(TidalScheduler, num_blocks=301, settings=settings(), max_num_seqs=8)
     rng = np.random.default_rng(14)
     shared = [3] * 64  # a prefix some online prompts share: their reservation is loose by what the cache returns
-    totals = {"batch": 0, "online": 0, "over": 0, "deferred": 0}
+    totals = {"batch": 0, "online": 0, "over": 0, "deferred": 0, "capped": 0}
     for step in range(300):
         if rng.random() < 0.3:
             size = int(rng.integers(8, 80))
@@ -270,12 +270,14 @@ def test_every_step_stays_inside_its_plan(make_scheduler):
         totals["online"] += plan.online_scheduled
         totals["over"] += plan.batch_over_cap
         totals["deferred"] += plan.online_deferred
+        totals["capped"] += plan.batch_capped
     sample = s.tidal_metrics.registry.get_sample_value
     assert sample("tidal_sched_batch_tokens_total") == totals["batch"] > 0
     assert sample("tidal_sched_online_tokens_total") == totals["online"] > 0
     assert sample("tidal_sched_batch_over_cap_tokens_total") == totals["over"]
     assert sample("tidal_sched_online_deferred_tokens_total") == totals["deferred"]
     assert sample("tidal_sched_online_preempted_total") == 0
+    assert sample("tidal_sched_capped_steps_total") == totals["capped"] > 0  # the cap bound, not vacuous
     assert sample("tidal_sched_steps_total") == 300
 
 
