@@ -13,6 +13,7 @@ from workers.worker_helpers import batch_row
 from workers.worker_helpers import queued
 from workers.worker_helpers import settled
 from workers.worker_helpers import wait_for
+from workers.worker_helpers import wait_lease_expired
 
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.execute import execute_item
@@ -31,7 +32,7 @@ NODE = "test-node"
 def test_stale_attempt_is_dropped_and_first_write_wins(rt, make_batch, stub):
     batch = make_batch(1)
     (old,) = rt.queue.claim(NODE, 1, 0.2, ["m"])
-    time.sleep(0.3)
+    wait_lease_expired(rt, old.item_id)
     rt.queue.reclaim_expired()  # the first worker "died": its lease expired
     (new,) = rt.queue.claim("node-b", 1, 30, ["m"])
     assert new.item_id == old.item_id and new.attempt == 2
