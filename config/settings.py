@@ -189,7 +189,7 @@ class Settings:
     )
     worker_threads: int = _setting(
         16,
-        "Threads in the worker's pool (HTTP calls to vLLM); an upper bound on in-flight items.",
+        "Threads in the worker's pool (HTTP calls to vLLM); an upper bound on claimed items, so at least the gate's ceiling plus `TIDAL_DISPATCH_PREFETCH`.",
         ge=1,
     )
     max_inflight: int = _setting(
@@ -205,6 +205,17 @@ class Settings:
     claim_idle_seconds: float = _setting(
         0.1,
         "How long the claim loop sleeps when it claims nothing (a settled item on the node wakes it early).",
+        gt=0,
+    )
+    dispatch_prefetch: int = _setting(
+        2,
+        "Items a node claims beyond its gate's target, each waiting on a pool thread for an engine token, so a request the engine answers is replaced in milliseconds; none while the target is 0.",
+        ge=0,
+        le=64,
+    )
+    prefetch_max_age_seconds: float = _setting(
+        2.0,
+        "A claimed item that has not reached the engine after this long (no engine token, or its task never started) goes back to the queue for any node.",
         gt=0,
     )
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.", gt=0)

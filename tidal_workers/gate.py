@@ -1,7 +1,8 @@
-"""The admission gate: how many batch items this node may have in flight right now.
+"""The admission gate: how many batch requests this node may have at the engine right now.
 
-The claim loop calls ``gate.poll(now, inflight)`` each pass and claims up to
-``target - inflight``. :class:`AimdGate` is the I/O edge of the pure rule in
+The claim loop calls ``gate.poll(now, outstanding)`` each pass with O, the node's
+requests at the engine, and hands the target to the LeaseBook, whose engine
+tokens the tasks wait for; it claims up to the target plus a small prefetch. :class:`AimdGate` is the I/O edge of the pure rule in
 :mod:`tidal_workers.policy.aimd`: once per period it scrapes the co-located
 vLLM's ``/metrics``, turns the text into an :class:`Observation` and steps the
 controller. Anything it cannot trust (no answer within half a period, an HTTP
@@ -13,11 +14,14 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 import typing as t
 
 import prometheus_client
 import requests
 
+from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.aimd import DECISIONS
 from tidal_workers.policy.aimd import FAILSAFE
 from tidal_workers.policy.aimd import AimdConfig
@@ -38,7 +42,6 @@ RUNNING = "vllm:num_requests_running"
 PREEMPTIONS = "vllm:num_preemptions_total"
 
 TARGET = prometheus_client.Gauge("tidal_gate_target", "The AIMD gate's in-flight target for batch items on this node.")
-INFLIGHT = prometheus_client.Gauge("tidal_gate_inflight", "Batch items this node has in flight, as the gate last saw.")
 KV_EWMA = prometheus_client.Gauge("tidal_gate_kv_ewma", "Smoothed KV cache usage of the co-located vLLM (0..1).")
 WAITING_EWMA = prometheus_client.Gauge("tidal_gate_waiting_ewma", "Smoothed count of online requests waiting in vLLM.")
 DECIDED = prometheus_client.Counter("tidal_gate_decisions", "AIMD controller steps by decision.", ["decision"])
@@ -47,7 +50,9 @@ for _decision in DECISIONS:
 
 
 class Gate(t.Protocol):
-    def poll(self, now: float, inflight: int) -> int: ...
+    def poll(self, now: float, inflight: int) -> int:
+        """The target for the node's batch requests at the engine, given ``inflight`` (O) of them there now."""
+        ...
 
 
 class FixedGate:
@@ -114,7 +119,6 @@ class AimdGate:
         TARGET.set(self.state.target)
 
     def poll(self, now: float, inflight: int) -> int:
-        INFLIGHT.set(inflight)
         if self._scraped_at is not None and 0 <= now - self._scraped_at < self.period:
             return self.state.target
         self._scraped_at = now
@@ -161,8 +165,35 @@ class AimdGate:
             )
 
 
-def make_gate(settings: Settings) -> Gate:
+class SteppedGate:
+    """An AimdGate stepped on a thread of its own, so a slow or hanging scrape never holds up the claim loop:
+    ``poll`` answers the last target at once. A change of target wakes the claim loop and the waiting tasks."""
+
+    def __init__(self, gate: AimdGate, book: LeaseBook):
+        self.gate, self.book = gate, book
+
+    def poll(self, now: float, inflight: int) -> int:
+        return self.gate.state.target
+
+    def runner(self, stopping: threading.Event) -> t.Callable[[], None]:
+        def run() -> None:
+            while not stopping.is_set():
+                before = self.gate.state.target
+                try:
+                    target = self.gate.poll(time.time(), self.book.outstanding())
+                except Exception:  # a bug in a step must not stop the scrapes: the target stays where it was
+                    log.exception("gate step failed")
+                    target = before
+                if target != before:
+                    self.book.set_target(target)
+                    self.book.released.set()
+                stopping.wait(self.gate.period)
+
+        return run
+
+
+def make_gate(settings: Settings, session: requests.Session | None = None) -> Gate:
     """The gate ``TIDAL_GATE_MODE`` names (Settings admits only ``aimd`` and ``fixed``)."""
     if settings.gate_mode == "fixed":
         return FixedGate(settings.max_inflight)
-    return AimdGate(settings)
+    return AimdGate(settings, session)

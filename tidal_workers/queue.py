@@ -183,6 +183,31 @@ end
 return out
 """
 
+GIVE_BACK = """
+-- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight  KEYS[4] = tidal:lease
+-- KEYS[5] = tidal:item:{item}
+-- ARGV[1] = item id  ARGV[2] = lease  ARGV[3] = batch key prefix  ARGV[4] = ready key prefix  ARGV[5] = ready suffix
+-- A claim that never reached the engine goes back at its ordinal, its batch back at its stored score, if
+-- ARGV[2] is still its lease; an item of a dropped batch is abandoned.
+-- Returns 1 = requeued, 2 = abandoned, 0 = the lease was not current.
+if redis.call('HGET', KEYS[4], ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+local f = redis.call('HMGET', KEYS[5], 'batch', 'ord')
+local score = false
+if f[1] then score = redis.call('HGET', ARGV[3] .. f[1], 'score') end
+if not score then
+  redis.call('DEL', KEYS[5])
+  return 2
+end
+redis.call('ZADD', ARGV[4] .. f[1] .. ARGV[5], f[2], ARGV[1])
+redis.call('ZADD', KEYS[1], score, f[1])
+return 1
+"""
+
 RESCORE = """
 -- KEYS[1] = tidal:batches  KEYS[2] = tidal:batch:{batch}
 -- ARGV[1] = batch id  ARGV[2] = new score
@@ -286,6 +311,7 @@ class Queue:
         self._renew = client.register_script(RENEW)
         self._complete = client.register_script(COMPLETE)
         self._reclaim = client.register_script(RECLAIM)
+        self._give_back = client.register_script(GIVE_BACK)
         self._rescore = client.register_script(RESCORE)
         self._drop = client.register_script(DROP)
         self._batch_inflight = client.register_script(BATCH_INFLIGHT)
@@ -357,6 +383,17 @@ class Queue:
             self._complete(
                 keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.item(item_id)],
                 args=[item_id, lease],
+            )
+        )
+
+    def give_back(self, item_id: int, lease: str) -> int:
+        """Requeue a claim that never reached the engine, if ``lease`` is current: 1 requeued, 2 abandoned (its
+        batch was dropped), 0 stale. The next claim of it is a new attempt."""
+        node, _ = parse_lease(lease)
+        return int(
+            self._give_back(
+                keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.item(item_id)],
+                args=[item_id, lease, keys.BATCH_PREFIX, keys.READY_PREFIX, keys.READY_SUFFIX],
             )
         )
 

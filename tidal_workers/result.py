@@ -1,4 +1,4 @@
-"""Record one item's outcome in SQL exactly once, then release its lease.
+"""Record one item's outcome in SQL exactly once, then release its lease (finalizing is the caller's to ask for).
 
 Delivery is at least once (a dead worker's item runs again), so the write is
 idempotent: ``UPDATE items ... WHERE status = 'pending'`` lets the first write
@@ -15,7 +15,6 @@ import prometheus_client
 from sqlalchemy import select
 from sqlalchemy import update
 
-from tidal_workers.finalize import maybe_finalize
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.queue import parse_lease
 from tidal_workers.runtime import Runtime
@@ -96,5 +95,4 @@ def record(rt: Runtime, item_id: int, batch_id: str, lease: str, outcome: Outcom
         HARVESTED.labels("input").inc(usage.input_tokens)
         HARVESTED.labels("output").inc(usage.output_tokens)
     rt.queue.complete(item_id, lease)
-    maybe_finalize(rt, batch_id)
     return written

@@ -185,3 +185,11 @@ def test_a_clock_stepping_back_does_not_freeze_the_controller():
     state = ctl.step(AimdState(target=8), obs(kv=0.99), 1000.0)
     assert state.target == 4
     assert ctl.step(state, obs(kv=0.99), 10.0).target == 2
+
+
+def test_online_waiting_is_exact_when_our_requests_all_run():
+    """O = 20 of ours at the engine, all running beside 8 online ones: the one waiting request is online."""
+    assert Observation(0.5, waiting=1, running=28, preemptions_total=0, batch_inflight=20).online_waiting == 1
+    assert Observation(0.5, waiting=0, running=28, preemptions_total=0, batch_inflight=20).online_waiting == 0
+    # 5 of ours cannot be running (only 15 run): at most 5 of the 7 waiting are ours
+    assert Observation(0.5, waiting=7, running=15, preemptions_total=0, batch_inflight=20).online_waiting == 2

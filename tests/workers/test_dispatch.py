@@ -10,6 +10,7 @@ from workers.worker_helpers import item_ids
 from workers.worker_helpers import settled
 from workers.worker_helpers import wait_for
 
+from tidal_workers import task_names
 from tidal_workers.store.models import Item
 
 
@@ -18,7 +19,8 @@ def test_batch_runs_to_completed_with_openai_lines_usage_and_priority(rt, make_b
     started = []
 
     def seen(sender=None, task_id=None, **_):
-        started.append(task_id)
+        if sender.name == task_names.RUN_ITEM:  # not the ops worker's finalize, which this worker also consumes
+            started.append(task_id)
 
     task_prerun.connect(seen, weak=False)
     try:

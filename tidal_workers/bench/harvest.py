@@ -166,8 +166,11 @@ def measure_online(cfg: HarvestConfig, stack: TidalStack | None = None) -> dict:
         result["tidal_output_tokens_per_s"] = (after.output_tokens - before.output_tokens) / elapsed
         result["tidal_items_x_max_tokens_per_s"] = items * cfg.batch_max_tokens / elapsed
         result["worker_cpu_cores"] = (stack.worker_cpu_seconds() - cpu_before) / elapsed
-        result["gate"] = [(at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight")) for at, g in s.also_readings]
-        for key in ("target", "inflight"):
+        result["gate"] = [
+            (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight"), g.get("tidal_gate_engine_outstanding"))
+            for at, g in s.also_readings
+        ]
+        for key in ("target", "inflight", "engine_outstanding"):
             seen = [g[f"tidal_gate_{key}"] for _, g in s.also_readings if f"tidal_gate_{key}" in g]
             result[f"gate_{key}_mean"] = sum(seen) / len(seen) if seen else None
     if plugin_before is not None and cfg.plugin_metrics_url:

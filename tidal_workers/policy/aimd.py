@@ -13,7 +13,7 @@ queue. One :meth:`AimdController.step` per scrape of the co-located vLLM:
   scraped, so one burst seen by several scrapes does not collapse the target.
 * Growth: no pressure and KV EWMA < ``kv_low`` add one, at most once per
   period and not within a period of the last change, and only while the gate
-  is in use (``batch_inflight >= target - 1``): an idle node's target stays
+  is in use (``batch_inflight >= target - 1``, O: requests at the engine): an idle node's target stays
   where it is instead of ballooning, so a burst of batch work starts from a
   target that was earned under load.
 * Between ``kv_low`` and ``kv_high`` the target holds (hysteresis).
@@ -87,7 +87,7 @@ class Observation:
     waiting: float  # requests in the engine's waiting queue, online and batch alike
     running: float
     preemptions_total: float  # a counter
-    batch_inflight: int  # this node's batch items sent and not yet answered
+    batch_inflight: int  # O: this node's batch requests at the engine (POSTs sent and not yet answered)
     ok: bool = True  # False: unreachable, malformed or stale
 
     @classmethod
@@ -96,18 +96,18 @@ class Observation:
 
     @property
     def online_waiting(self) -> float:
-        """Waiting requests that cannot be ours: ``max(0, waiting - batch_inflight)``.
+        """Waiting requests that cannot be ours: ``max(0, W - max(0, O - R))``.
 
-        vLLM does not label its queue by origin, but this node's batch items can
-        account for at most ``batch_inflight`` of the waiting requests. The
-        estimate is biased low: when some of our items are running, the
-        remainder of ``batch_inflight`` still "absorbs" that many online waiters,
-        so online waiting is seen only once it exceeds our unanswered items. The
-        bias errs toward admitting batch work, and the target bounds it: at
-        most ``target`` online requests can hide behind our own. Other nodes do
-        not share this engine, so their items never appear here.
+        vLLM does not label its queue by origin. Of this node's O requests at
+        the engine, at least ``O - R`` are not running (R running, ours or not),
+        so at most ``max(0, O - R)`` of the W waiting are ours. The estimate errs
+        toward online traffic: it is exact whenever our requests are all
+        running, it never hides an online request behind one of ours that is in
+        fact running, and it can only over-count (some of ours wait while online
+        ones run), which closes the gate sooner. Other nodes do not share this
+        engine, so their requests never appear here.
         """
-        return max(0.0, self.waiting - self.batch_inflight)
+        return max(0.0, self.waiting - max(0.0, self.batch_inflight - self.running))
 
 
 @dataclasses.dataclass(frozen=True)
