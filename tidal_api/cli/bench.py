@@ -400,6 +400,43 @@ def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_by
 
 
 @bench.command()
+@click.option(
+    "--scenarios",
+    default="250:64,30:8",
+    show_default=True,
+    help="Comma-separated engine-ms:max_tokens pairs: the fixed engine's time per request and the items' max_tokens.",
+)
+@click.option("--target", default=8, show_default=True, help="The gate's (fixed) target: engine slots to keep busy.")
+@click.option("--reps", default=3, show_default=True, help="Repetitions per scenario (ABBA order).")
+@click.option("--window", default=15.0, show_default=True, help="Seconds measured per run.")
+@click.option("--out", default="bench-out/dispatch", show_default=True)
+def dispatch(scenarios, target, reps, window, out) -> None:
+    """Batch requests at a fixed-time engine against the gate's target, batch tokens/s against a closed loop
+    holding as many requests, and the dispatch-overhead percentiles."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from tidal_workers.bench import dispatch as dp
+
+    cfg = dp.DispatchConfig(
+        scenarios=tuple(dp.Scenario(float(ms), int(mt)) for ms, mt in (p.split(":") for p in scenarios.split(","))),
+        target=target,
+        reps=reps,
+        window=window,
+    )
+    out_dir = output_dir(out)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    results = {**provenance("dispatch"), "argv": sys.argv, "commit": commit, "config": dataclasses.asdict(cfg)}
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-dispatch-") as home:
+        results["scenarios"] = [dp.run_scenario(cfg, sc, load_settings(), Path(home)) for sc in cfg.scenarios]
+    path = out_dir / "dispatch.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps([{"scenario": r["scenario"], **r["summary"]} for r in results["scenarios"]], indent=2))
+    click.echo(f"results: {path}", err=True)
+
+
+@bench.command()
 @click.option("--items", default=200_000, show_default=True, help="Items queued for the claim-throughput runs.")
 def queue(items) -> None:
     """Claim throughput from the Redis sorted sets and re-score cost against batch size (scratch Redis DB)."""
