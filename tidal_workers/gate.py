@@ -12,6 +12,7 @@ error, text that does not parse, a missing series, samples stamped older than
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -24,10 +25,12 @@ import requests
 from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.aimd import DECISIONS
 from tidal_workers.policy.aimd import FAILSAFE
+from tidal_workers.policy.aimd import UNKNOWN_ENGINE_CEILING
 from tidal_workers.policy.aimd import AimdConfig
 from tidal_workers.policy.aimd import AimdController
 from tidal_workers.policy.aimd import AimdState
 from tidal_workers.policy.aimd import Observation
+from tidal_workers.policy.aimd import engine_ceiling
 from tidal_workers.scrape import fetch
 from tidal_workers.scrape import samples
 
@@ -40,8 +43,12 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # current 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 PREEMPTIONS = "vllm:num_preemptions_total"
+CACHE_CONFIG = "vllm:cache_config_info"
 
 TARGET = prometheus_client.Gauge("tidal_gate_target", "The AIMD gate's in-flight target for batch items on this node.")
+CEILING = prometheus_client.Gauge(
+    "tidal_gate_ceiling", "The gate's ceiling: TIDAL_MAX_INFLIGHT, or what the engine allows beside its online peak."
+)
 KV_EWMA = prometheus_client.Gauge("tidal_gate_kv_ewma", "Smoothed KV cache usage of the co-located vLLM (0..1).")
 WAITING_EWMA = prometheus_client.Gauge("tidal_gate_waiting_ewma", "Smoothed count of online requests waiting in vLLM.")
 DECIDED = prometheus_client.Counter("tidal_gate_decisions", "AIMD controller steps by decision.", ["decision"])
@@ -105,32 +112,74 @@ def parse_metrics(text: str, now: float, stale_seconds: float, batch_inflight: i
     )
 
 
+def kv_capacity_tokens(text: str) -> int | None:
+    """Tokens the engine's KV cache holds (``num_gpu_blocks × block_size`` of ``vllm:cache_config_info``; the
+    smallest engine's), or None where the page does not say (an older vLLM, blocks not yet allocated)."""
+    sizes = []
+    try:
+        for sample in samples(text):
+            if sample.name == CACHE_CONFIG:
+                blocks, size = sample.labels.get("num_gpu_blocks", ""), sample.labels.get("block_size", "")
+                if blocks.isdigit() and size.isdigit():
+                    sizes.append(int(blocks) * int(size))
+    except Exception:  # text that is not an exposition: parse_metrics says why
+        return None
+    return min(sizes) if sizes else None
+
+
+def configured_ceiling(settings: Settings, kv_tokens: int | None = None) -> int:
+    """The gate's ceiling: ``TIDAL_MAX_INFLIGHT`` if set, else what the engine allows beside its online peak."""
+    if settings.max_inflight:
+        return settings.max_inflight
+    allowed = engine_ceiling(settings.max_num_seqs, kv_tokens, settings.batch_request_tokens, settings.online_headroom)
+    return allowed or UNKNOWN_ENGINE_CEILING
+
+
 class AimdGate:
-    """The in-flight target, set by the AIMD rule from the co-located vLLM's /metrics."""
+    """The target for requests at the engine, set by the AIMD rule from the co-located vLLM's /metrics."""
 
     def __init__(self, settings: Settings, session: requests.Session | None = None):
+        self.settings = settings
         self.url = settings.vllm_url.rstrip("/") + "/metrics"
         self.period = settings.scrape_seconds
         self.stale_seconds = settings.metrics_stale_seconds
         self.session = session or requests.Session()
-        self.controller = AimdController(AimdConfig.from_settings(settings))
+        self.controller = AimdController(AimdConfig.from_settings(settings, configured_ceiling(settings)))
         self.state = self.controller.initial()
         self._scraped_at: float | None = None
+        self._kv_seen = bool(settings.max_inflight)  # an override needs nothing from the engine
         TARGET.set(self.state.target)
+        CEILING.set(self.controller.config.max_target)
 
     def poll(self, now: float, inflight: int) -> int:
         if self._scraped_at is not None and 0 <= now - self._scraped_at < self.period:
             return self.state.target
         self._scraped_at = now
         try:
-            obs = parse_metrics(self._scrape(), now, self.stale_seconds, inflight)
+            text = self._scrape()
+            obs = parse_metrics(text, now, self.stale_seconds, inflight)
             why = ""
+            if not self._kv_seen:
+                self._size(text)
         except MetricsError as exc:
             obs, why = Observation.failed(inflight), str(exc)
         before = self.state
         self.state = self.controller.step(before, obs, now)
         self._export(before, obs, why)
         return self.state.target
+
+    def _size(self, text: str) -> None:
+        """Once the engine shows its KV capacity: the ceiling it allows (the target is clamped under it)."""
+        kv = kv_capacity_tokens(text)
+        if kv is None:
+            return
+        self._kv_seen = True
+        ceiling = configured_ceiling(self.settings, kv)
+        if ceiling != self.controller.config.max_target:
+            log.info("gate ceiling %d (engine: %d KV tokens, %d slots)", ceiling, kv, self.settings.max_num_seqs)
+            self.controller = AimdController(AimdConfig.from_settings(self.settings, ceiling))
+            self.state = dataclasses.replace(self.state, target=min(self.state.target, ceiling))
+            CEILING.set(ceiling)
 
     def _scrape(self) -> str:
         try:
@@ -195,5 +244,5 @@ class SteppedGate:
 def make_gate(settings: Settings, session: requests.Session | None = None) -> Gate:
     """The gate ``TIDAL_GATE_MODE`` names (Settings admits only ``aimd`` and ``fixed``)."""
     if settings.gate_mode == "fixed":
-        return FixedGate(settings.max_inflight)
+        return FixedGate(configured_ceiling(settings))
     return AimdGate(settings, session)

@@ -42,6 +42,19 @@ FAILSAFE = "failsafe"
 DECISIONS = (HALVE, GROW, HOLD, FAILSAFE)
 
 
+#: The gate's ceiling while the engine has told neither its slots nor its KV capacity (the CPU engine's value).
+UNKNOWN_ENGINE_CEILING = 4
+
+
+def engine_ceiling(slots: int, kv_tokens: int | None, request_tokens: int, headroom: float) -> int | None:
+    """Batch requests the engine can hold beside its online peak: its slots and the requests its KV cache fits,
+    the smaller, less ``headroom`` of it (at least one); None while neither is known (``slots`` 0: unknown)."""
+    bounds = [b for b in (slots, kv_tokens // request_tokens if kv_tokens else 0) if b > 0]
+    if not bounds:
+        return None
+    return max(1, int(min(bounds) * (1 - headroom)))
+
+
 @dataclasses.dataclass(frozen=True)
 class AimdConfig:
     kv_high: float = 0.85
@@ -65,17 +78,18 @@ class AimdConfig:
             )
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> AimdConfig:
+    def from_settings(cls, settings: Settings, ceiling: int) -> AimdConfig:
+        """The rule as configured, under ``ceiling`` (``TIDAL_MAX_INFLIGHT``, or what the engine allows)."""
         return cls(
             kv_high=settings.kv_high,
             kv_low=settings.kv_low,
             alpha=settings.ewma_alpha,
             period=settings.scrape_seconds,
             online_waiting_tolerance=settings.online_waiting_tolerance,
-            min_target=settings.min_inflight,
-            max_target=settings.max_inflight,
+            min_target=min(settings.min_inflight, ceiling),
+            max_target=ceiling,
             # a misconfigured start value is clamped rather than fatal: the bounds are what matter
-            initial_target=min(max(settings.initial_inflight, settings.min_inflight), settings.max_inflight),
+            initial_target=min(max(settings.initial_inflight, settings.min_inflight), ceiling),
         )
 
 
