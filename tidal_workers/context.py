@@ -19,6 +19,7 @@ from tidal_workers.health import Check
 from tidal_workers.health import dependency_checks
 from tidal_workers.health import engine_answers
 from tidal_workers.leases import LeaseBook
+from tidal_workers.result import ResultWriter
 from tidal_workers.runtime import Runtime
 
 
@@ -26,9 +27,13 @@ from tidal_workers.runtime import Runtime
 class WorkerContext:
     rt: Runtime
     leases: LeaseBook
+    results: ResultWriter = dataclasses.field(init=False)
     # The engine preflight's verdict, which /ready reports. Until a preflight replaces it with its own last
     # result, the co-located engine's /health answering stands in for it.
     preflight: t.Callable[[], Check] | None = None
+
+    def __post_init__(self) -> None:
+        self.results = ResultWriter(self.rt)
 
     def ready_checks(self) -> list[Check]:
         """What the worker's /ready reports: its dependencies, then its engine preflight."""
@@ -47,6 +52,7 @@ class ContextStep(bootsteps.StartStopStep):
         w.app.tidal_context = WorkerContext(rt, LeaseBook())
 
     def shutdown(self, w: WorkController) -> None:
+        w.app.tidal_context.results.close()
         w.app.tidal_context.rt.close()
 
 

@@ -29,6 +29,7 @@ from tidal_workers.finalize import finalize_if_due
 from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome
+from tidal_workers.result import Write
 from tidal_workers.result import record
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
@@ -101,12 +102,14 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outc
     )
 
 
-def _give_back(rt: Runtime, item_id: int, lease: str, batch_id: str) -> str:
+def _give_back(rt: Runtime, item_id: int, lease: str) -> str:
     """No engine token within the prefetch age: the item goes back to the queue for any node."""
     given = rt.queue.give_back(item_id, lease)
-    if given == 2:  # its batch was dropped (cancelled, expired) meanwhile
-        finalize_if_due(rt, batch_id)
-    return {0: "stale", 1: "given_back", 2: "abandoned"}[given]
+    if given is None:
+        return "stale"
+    if not given.requeued and given.batch_id:  # its batch was dropped (cancelled, expired) meanwhile
+        finalize_if_due(rt, given.batch_id)
+    return "given_back" if given.requeued else "abandoned"
 
 
 def _post(rt: Runtime, book: LeaseBook, item_id: int, lease: str, row: Row[str, str, str, str]) -> Outcome | str:
@@ -117,7 +120,7 @@ def _post(rt: Runtime, book: LeaseBook, item_id: int, lease: str, row: Row[str, 
     while True:
         got, freed_at = book.take_token(item_id, lease, s.prefetch_max_age_seconds)
         if not got:
-            return _give_back(rt, item_id, lease, row.batch_id)
+            return _give_back(rt, item_id, lease)
         # The re-checks, at the moment of sending: the lease, then the batch's status and priority now.
         if not rt.queue.lease_current(item_id, lease):
             book.return_token(item_id, lease, freed_at)
@@ -151,8 +154,9 @@ def _post(rt: Runtime, book: LeaseBook, item_id: int, lease: str, row: Row[str, 
             return "stale"
 
 
-def execute_item(rt: Runtime, book: LeaseBook, item_id: int, lease: str) -> str:
-    """Run one claimed attempt (booked in ``book``) to its outcome; returns what happened (for Flower and tests)."""
+def execute_item(rt: Runtime, book: LeaseBook, item_id: int, lease: str, write: Write | None = None) -> str:
+    """Run one claimed attempt (booked in ``book``) to its outcome; returns what happened (for Flower and tests).
+    ``write``: the worker's ResultWriter (group commit); by default the outcome gets a transaction of its own."""
     if not book.start(item_id, lease) or not rt.queue.lease_current(item_id, lease):
         return "stale"
     row = _load(rt, item_id)
@@ -163,7 +167,7 @@ def execute_item(rt: Runtime, book: LeaseBook, item_id: int, lease: str) -> str:
     if isinstance(outcome, str):
         return outcome
     answered = time.monotonic()
-    written = record(rt, item_id, row.batch_id, lease, outcome)
+    written = record(rt, item_id, row.batch_id, lease, outcome, write)
     book.discard(item_id, lease)  # released: the claim loop may fill the room
     RELEASE_SECONDS.observe(time.monotonic() - answered)
     finalize_if_due(rt, row.batch_id)
@@ -175,6 +179,6 @@ def execute_item(rt: Runtime, book: LeaseBook, item_id: int, lease: str) -> str:
 def run_item(self: Task, item_id: int, lease: str) -> str:
     ctx = worker_context(self.app)
     try:
-        return execute_item(ctx.rt, ctx.leases, item_id, lease)
+        return execute_item(ctx.rt, ctx.leases, item_id, lease, ctx.results.write)
     finally:
         ctx.leases.discard(item_id, lease)

@@ -109,8 +109,8 @@ def _settle(
     written: list[str] = []
     try:
         with rt.store.transaction() as s:
-            if not _move(s, batch_id, frm, to, now):
-                return False
+            # Items before the batch row, in the order result writes take them: the two never deadlock on
+            # PostgreSQL. A caller that then loses the election rolls its item changes back.
             if pending_as is not None:
                 code, message = PENDING_ERRORS[pending_as]
                 s.execute(
@@ -118,6 +118,8 @@ def _settle(
                     .where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
                     .values(status=pending_as.value, error_code=code, error_message=message, finished_at=now)
                 )
+            if not _move(s, batch_id, frm, to, now):
+                return False
             batch = s.get(Batch, batch_id)
             assert batch is not None  # the UPDATE above just moved it
             file_ids = {}

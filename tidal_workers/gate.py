@@ -45,7 +45,9 @@ RUNNING = "vllm:num_requests_running"
 PREEMPTIONS = "vllm:num_preemptions_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 
-TARGET = prometheus_client.Gauge("tidal_gate_target", "The AIMD gate's in-flight target for batch items on this node.")
+TARGET = prometheus_client.Gauge(
+    "tidal_gate_target", "The gate's target: the most batch requests this node keeps at its engine."
+)
 CEILING = prometheus_client.Gauge(
     "tidal_gate_ceiling", "The gate's ceiling: TIDAL_MAX_INFLIGHT, or what the engine allows beside its online peak."
 )
@@ -67,6 +69,8 @@ class FixedGate:
 
     def __init__(self, target: int):
         self.target = target
+        TARGET.set(target)
+        CEILING.set(target)
 
     def poll(self, now: float, inflight: int) -> int:
         return self.target

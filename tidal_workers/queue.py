@@ -189,9 +189,9 @@ GIVE_BACK = """
 -- ARGV[1] = item id  ARGV[2] = lease  ARGV[3] = batch key prefix  ARGV[4] = ready key prefix  ARGV[5] = ready suffix
 -- A claim that never reached the engine goes back at its ordinal, its batch back at its stored score, if
 -- ARGV[2] is still its lease; an item of a dropped batch is abandoned.
--- Returns 1 = requeued, 2 = abandoned, 0 = the lease was not current.
+-- Returns {1 = requeued / 2 = abandoned / 0 = the lease was not current, batch id or ''}.
 if redis.call('HGET', KEYS[4], ARGV[1]) ~= ARGV[2] then
-  return 0
+  return {0, ''}
 end
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -201,11 +201,11 @@ local score = false
 if f[1] then score = redis.call('HGET', ARGV[3] .. f[1], 'score') end
 if not score then
   redis.call('DEL', KEYS[5])
-  return 2
+  return {2, f[1] or ''}
 end
 redis.call('ZADD', ARGV[4] .. f[1] .. ARGV[5], f[2], ARGV[1])
 redis.call('ZADD', KEYS[1], score, f[1])
-return 1
+return {1, f[1]}
 """
 
 RESCORE = """
@@ -386,16 +386,15 @@ class Queue:
             )
         )
 
-    def give_back(self, item_id: int, lease: str) -> int:
-        """Requeue a claim that never reached the engine, if ``lease`` is current: 1 requeued, 2 abandoned (its
-        batch was dropped), 0 stale. The next claim of it is a new attempt."""
+    def give_back(self, item_id: int, lease: str) -> Reclaimed | None:
+        """Requeue a claim that never reached the engine, if ``lease`` is current (None if not); the item is
+        abandoned instead if its batch was dropped. The next claim of it is a new attempt."""
         node, _ = parse_lease(lease)
-        return int(
-            self._give_back(
-                keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.item(item_id)],
-                args=[item_id, lease, keys.BATCH_PREFIX, keys.READY_PREFIX, keys.READY_SUFFIX],
-            )
+        code, batch_id = self._give_back(
+            keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.item(item_id)],
+            args=[item_id, lease, keys.BATCH_PREFIX, keys.READY_PREFIX, keys.READY_SUFFIX],
         )
+        return Reclaimed(item_id, batch_id, int(code) == 1) if int(code) else None
 
     def lease_current(self, item_id: int, lease: str) -> bool:
         return self.redis.hget(keys.LEASES, str(item_id)) == lease

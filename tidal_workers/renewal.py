@@ -3,7 +3,7 @@
 Every ``lease_seconds / 3`` it renews every attempt the LeaseBook holds (a slow
 claim pass, scrape or result write can never let them lapse and the engine's
 work be redone), forgets the ones Redis no longer holds for us, gives back
-claims whose task never started (a revoked or lost message), requeues expired
+claims whose task has not started within a lease (a revoked or lost message), requeues expired
 leases of dead nodes (``RECLAIM``; their batches' finalization goes to the ops
 worker) and rebuilds the queue from SQL at start and after Redis lost its data.
 """
@@ -16,6 +16,7 @@ import typing as t
 
 from tidal_workers.context import WorkerContext
 from tidal_workers.enqueue import rebuild
+from tidal_workers.finalize import request_finalize
 from tidal_workers.sweeps import reclaim
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,10 @@ class Renewal:
         s, q = self.settings, self.rt.queue
         lost = q.renew(s.node, self.leases.items(), s.lease_seconds)
         self.leases.forget(lost)
-        for item_id, lease in self.leases.take_unstarted(s.prefetch_max_age_seconds):
-            q.give_back(item_id, lease)
+        for item_id, lease in self.leases.take_unstarted(s.lease_seconds):
+            given = q.give_back(item_id, lease)
+            if given is not None and not given.requeued and given.batch_id:  # its batch was dropped meanwhile
+                request_finalize(self.rt, given.batch_id)
         reclaim(self.rt)
         if not self._built or not q.is_built():
             if self._built:

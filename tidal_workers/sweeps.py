@@ -90,7 +90,9 @@ def reconcile(rt: Runtime, now: float | None = None) -> int:
     return queued
 
 
-@shared_task(name=task_names.FINALIZE, bind=True)
+# A request is sent once, by the item task that settled the batch's last item: a transient failure (the SQL store
+# busy or restarting) is retried here, so the batch does not wait for beat's reconcile.
+@shared_task(name=task_names.FINALIZE, bind=True, autoretry_for=(Exception,), retry_backoff=1, max_retries=8)
 def finalize_task(self: Task, batch_id: str) -> bool:
     """An item task found its batch's work over (or the batch cancelling): settle it here, on the ops worker."""
     return finalize.maybe_finalize(worker_context(self.app).rt, batch_id)

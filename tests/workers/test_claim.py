@@ -47,13 +47,14 @@ def test_nothing_is_prefetched_while_the_gate_is_closed(rt, make_batch, settings
 
 
 def test_renewal_keeps_held_leases_and_forgets_lost_ones(rt, make_batch, settings):
-    rt.settings = settings.replace(lease_seconds=2.0, prefetch_max_age_seconds=60.0, dispatch_prefetch=0)
+    rt.settings = settings.replace(lease_seconds=2.0, dispatch_prefetch=0)
     make_batch(2)
     sent: list = []
     loop = loop_for(rt, 2, sent)
     renewal = Renewal(WorkerContext(rt, loop.leases))
     loop.tick(time.time())
     held, lost = sent
+    assert loop.leases.start(held.item_id, held.lease)  # its task runs (one that never starts is given back)
     rt.queue.complete(lost.item_id, lost.lease)
     for _ in range(6):  # well past one lease: renewal keeps `held` alive
         time.sleep(0.5)
@@ -64,7 +65,7 @@ def test_renewal_keeps_held_leases_and_forgets_lost_ones(rt, make_batch, setting
 
 def test_a_claim_whose_task_never_starts_is_given_back(rt, make_batch, settings):
     """A revoked or lost run_item message: its claim goes back to the queue at its ordinal, for any node."""
-    rt.settings = settings.replace(prefetch_max_age_seconds=0.2, dispatch_prefetch=0)
+    rt.settings = settings.replace(lease_seconds=0.2, dispatch_prefetch=0)
     batch = make_batch(3)
     sent: list = []
     loop = loop_for(rt, 1, sent)
