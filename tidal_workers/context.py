@@ -8,7 +8,6 @@ Workers run the threads pool, so the claim thread and the tasks share it.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import typing as t
 
 from celery import Celery
@@ -19,50 +18,22 @@ from tidal_workers.blobs.sentinel import prepare_storage
 from tidal_workers.health import Check
 from tidal_workers.health import dependency_checks
 from tidal_workers.health import engine_answers
+from tidal_workers.leases import LeaseBook
+from tidal_workers.result import ResultWriter
 from tidal_workers.runtime import Runtime
-
-
-class LeaseBook:
-    """item_id -> lease of every item this process claimed and has not settled (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._leases: dict[int, str] = {}
-        self._lock = threading.Lock()
-        # Set when a task gives its lease up: there may be room under the gate's target again, and the
-        # claim loop waits on this rather than sleeping out its idle period while the engine runs short.
-        self.released = threading.Event()
-
-    def add(self, item_id: int, lease: str) -> None:
-        with self._lock:
-            self._leases[item_id] = lease
-
-    def discard(self, item_id: int, lease: str) -> None:
-        with self._lock:
-            if self._leases.get(item_id) == lease:
-                del self._leases[item_id]
-                self.released.set()
-
-    def forget(self, item_ids: list[int]) -> None:
-        with self._lock:
-            for item_id in item_ids:
-                self._leases.pop(item_id, None)
-
-    def items(self) -> list[tuple[int, str]]:
-        with self._lock:
-            return list(self._leases.items())
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._leases)
 
 
 @dataclasses.dataclass
 class WorkerContext:
     rt: Runtime
     leases: LeaseBook
+    results: ResultWriter = dataclasses.field(init=False)
     # The engine preflight's verdict, which /ready reports. Until a preflight replaces it with its own last
     # result, the co-located engine's /health answering stands in for it.
     preflight: t.Callable[[], Check] | None = None
+
+    def __post_init__(self) -> None:
+        self.results = ResultWriter(self.rt)
 
     def ready_checks(self) -> list[Check]:
         """What the worker's /ready reports: its dependencies, then its engine preflight."""
@@ -81,6 +52,7 @@ class ContextStep(bootsteps.StartStopStep):
         w.app.tidal_context = WorkerContext(rt, LeaseBook())
 
     def shutdown(self, w: WorkController) -> None:
+        w.app.tidal_context.results.close()
         w.app.tidal_context.rt.close()
 
 

@@ -1,11 +1,12 @@
-"""The ``tidal.run_item`` task: POST one claimed item to the co-located vLLM, then record what came back.
+"""The ``tidal.run_item`` task: one attempt through prefetched → sent → answered → released.
 
-Priority is read from the batch at each submission, so an escalation reaches
-items not yet sent. Transient failures (connection errors, timeouts, 5xx,
-429) are retried here with exponential backoff while the claim thread keeps
-renewing the lease; they become an error line only once ``retry_budget`` is
-spent. A 4xx is the request's own fault: an error line with the engine's
-status and body.
+The task waits in the node's LeaseBook for an engine token (the gate's target bounds requests at the
+engine, not leases), then re-checks its lease and its batch's status and priority and POSTs, so an
+escalation or a cancel reaches items claimed but not yet sent. The token is freed the moment the POST
+returns. Transient failures (connection errors, timeouts, 5xx, 429) are retried with exponential
+backoff while the renewal thread keeps the lease; they become an error line only once ``retry_budget``
+is spent. A 4xx is the request's own fault: an error line with the engine's status and body. See
+docs/architecture.md, "The lease state machine".
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import time
 import typing as t
 
+import prometheus_client
 import requests
 from celery import Task
 from celery import shared_task
@@ -23,9 +25,11 @@ from sqlalchemy import select
 
 from tidal_workers import task_names
 from tidal_workers.context import worker_context
-from tidal_workers.finalize import maybe_finalize
+from tidal_workers.finalize import finalize_if_due
+from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome
+from tidal_workers.result import Write
 from tidal_workers.result import record
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
@@ -36,6 +40,22 @@ from tidal_workers.store.models import ItemStatus
 log = logging.getLogger(__name__)
 
 BACKOFF_CAP_SECONDS = 30.0
+
+# Dispatch overhead is milliseconds against requests of seconds: buckets from 1 ms to 10 min.
+_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0)
+TOKEN_TO_POST = prometheus_client.Histogram(
+    "tidal_dispatch_token_to_post_seconds",
+    "An engine token freed (a batch request answered) to the next batch POST sent on this node.",
+    buckets=_BUCKETS,
+)
+POST_SECONDS = prometheus_client.Histogram(
+    "tidal_dispatch_post_seconds", "One batch POST to the engine, sent to answered.", buckets=_BUCKETS
+)
+RELEASE_SECONDS = prometheus_client.Histogram(
+    "tidal_dispatch_release_seconds",
+    "A batch POST answered to its lease released (the result written, the lease dropped).",
+    buckets=_BUCKETS,
+)
 
 
 class Transient(Exception):
@@ -56,9 +76,9 @@ def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int]:
 
 
 def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outcome:
-    """One POST to the engine; raises Transient for anything worth retrying."""
+    """One POST to the engine on the process's pooled client; raises Transient for anything worth retrying."""
     try:
-        resp = requests.post(
+        resp = rt.http.post(
             rt.settings.vllm_url.rstrip("/") + url,
             json={**body, "priority": priority},
             timeout=rt.settings.request_timeout_seconds,
@@ -82,48 +102,83 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outc
     )
 
 
-def execute_item(rt: Runtime, item_id: int, lease: str) -> str:
-    """Run one claimed item to its outcome; returns what happened (for Flower and tests)."""
-    if not rt.queue.lease_current(item_id, lease):
+def _give_back(rt: Runtime, item_id: int, lease: str) -> str:
+    """No engine token within the prefetch age: the item goes back to the queue for any node."""
+    given = rt.queue.give_back(item_id, lease)
+    if given is None:
+        return "stale"
+    if not given.requeued and given.batch_id:  # its batch was dropped (cancelled, expired) meanwhile
+        finalize_if_due(rt, given.batch_id)
+    return "given_back" if given.requeued else "abandoned"
+
+
+def _post(rt: Runtime, book: LeaseBook, item_id: int, lease: str, row: Row[str, str, str, str]) -> Outcome | str:
+    """prefetched → sent → answered, retrying transient failures; the Outcome, or why the attempt stopped."""
+    s = rt.settings
+    body = json.loads(row.body)
+    failures = 0
+    while True:
+        got, freed_at = book.take_token(item_id, lease, s.prefetch_max_age_seconds)
+        if not got:
+            return _give_back(rt, item_id, lease)
+        # The re-checks, at the moment of sending: the lease, then the batch's status and priority now.
+        if not rt.queue.lease_current(item_id, lease):
+            book.return_token(item_id, lease, freed_at)
+            return "stale"
+        batch = _batch_now(rt, row.batch_id)
+        if batch.status != BatchStatus.in_progress.value:  # cancelled or expired since it was claimed
+            book.return_token(item_id, lease, freed_at)
+            rt.queue.complete(item_id, lease)
+            finalize_if_due(rt, row.batch_id)
+            return "abandoned"
+        sent = time.monotonic()
+        if freed_at is not None:
+            TOKEN_TO_POST.observe(sent - freed_at)
+        try:
+            return submit(rt, row.url, body, batch.priority)
+        except Transient as exc:
+            failures += 1
+            if failures > s.retry_budget:
+                return Outcome(
+                    status=ItemStatus.failed,
+                    error_code="retry_budget_exhausted",
+                    error_message=f"The engine failed {failures} times; last: {exc}",
+                )
+            delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
+            log.info("item %s: %s; retry %d in %.2fs", item_id, exc, failures, delay)
+        finally:
+            book.answered(item_id, lease)
+            POST_SECONDS.observe(time.monotonic() - sent)
+        time.sleep(delay)  # the token is free meanwhile; the renewal thread keeps the lease
+        if not rt.queue.lease_current(item_id, lease):
+            return "stale"
+
+
+def execute_item(rt: Runtime, book: LeaseBook, item_id: int, lease: str, write: Write | None = None) -> str:
+    """Run one claimed attempt (booked in ``book``) to its outcome; returns what happened (for Flower and tests).
+    ``write``: the worker's ResultWriter (group commit); by default the outcome gets a transaction of its own."""
+    if not book.start(item_id, lease) or not rt.queue.lease_current(item_id, lease):
         return "stale"
     row = _load(rt, item_id)
     if row is None or row.status != ItemStatus.pending.value:  # already settled by an earlier attempt
         rt.queue.complete(item_id, lease)
         return "done"
-    body = json.loads(row.body)
-    s = rt.settings
-    failures = 0
-    while True:
-        batch = _batch_now(rt, row.batch_id)
-        if batch.status != BatchStatus.in_progress.value:  # cancelled or expired since it was claimed
-            rt.queue.complete(item_id, lease)
-            maybe_finalize(rt, row.batch_id)
-            return "abandoned"
-        try:
-            outcome = submit(rt, row.url, body, batch.priority)
-            break
-        except Transient as exc:
-            failures += 1
-            if failures > s.retry_budget:
-                outcome = Outcome(
-                    status=ItemStatus.failed,
-                    error_code="retry_budget_exhausted",
-                    error_message=f"The engine failed {failures} times; last: {exc}",
-                )
-                break
-            delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
-            log.info("item %s: %s; retry %d in %.2fs", item_id, exc, failures, delay)
-            time.sleep(delay)
-            if not rt.queue.lease_current(item_id, lease):
-                return "stale"
+    outcome = _post(rt, book, item_id, lease, row)
+    if isinstance(outcome, str):
+        return outcome
+    answered = time.monotonic()
+    written = record(rt, item_id, row.batch_id, lease, outcome, write)
+    book.discard(item_id, lease)  # released: the claim loop may fill the room
+    RELEASE_SECONDS.observe(time.monotonic() - answered)
+    finalize_if_due(rt, row.batch_id)
     # "dropped": the lease went stale, or another attempt wrote first.
-    return outcome.status.value if record(rt, item_id, row.batch_id, lease, outcome) else "dropped"
+    return outcome.status.value if written else "dropped"
 
 
 @shared_task(name=task_names.RUN_ITEM, bind=True)
 def run_item(self: Task, item_id: int, lease: str) -> str:
     ctx = worker_context(self.app)
     try:
-        return execute_item(ctx.rt, item_id, lease)
+        return execute_item(ctx.rt, ctx.leases, item_id, lease, ctx.results.write)
     finally:
         ctx.leases.discard(item_id, lease)

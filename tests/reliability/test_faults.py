@@ -110,6 +110,7 @@ def test_kill_9_of_a_worker_mid_batch_10_trials(rt, live_api, stub, settings, pr
     """Each trial kills the worker that holds leases; a survivor (and the next worker) finish the batch."""
     stub.delay = 0.4  # 24 items over two 4-slot workers: ~1.2 s of work, so the doomed one is mid-request
     procs.append(start_worker(settings, "survivor", tmp_path))
+    procs.append(start_worker(settings, "ops", tmp_path, ops=True))  # finalization runs there, as deployed
     doomed = start_worker(settings, "doomed-0", tmp_path)
     procs.append(doomed)
     recoveries = []
@@ -137,6 +138,7 @@ def test_redis_restart_without_persistence_rebuilds_the_queue_from_sql(
 ):
     stub.delay = 0.3
     procs.append(start_worker(settings, NODE, tmp_path))
+    procs.append(start_worker(settings, "ops", tmp_path, ops=True))
     batch = upload_batch(live_api.url, 40)
     wait_for(lambda: batch_row(rt, batch).completed >= 4 and rt.queue.inflight(NODE) > 0, 120, what="progress")
     done_before, in_flight = batch_row(rt, batch).completed, rt.queue.inflight(NODE)
@@ -163,6 +165,7 @@ def test_vllm_killed_and_restarted_mid_batch(rt, live_api, settings, procs, tmp_
             vllm_url=engine.url, retry_budget=20, retry_backoff_seconds=0.5, request_timeout_seconds=120.0
         )
         procs.append(start_worker(worker_settings, NODE, tmp_path))
+        procs.append(start_worker(worker_settings, "ops", tmp_path, ops=True))
         # 40 items of exactly 128 tokens, 4 at a time: tens of seconds of work even on an idle machine, so the
         # kill lands mid-batch however fast the engine runs (12 items of 8 tokens once finished before the kill).
         batch = upload_batch(live_api.url, N_RESTART, model="tiny", max_tokens=128, ignore_eos=True)
@@ -242,6 +245,7 @@ def test_api_killed_mid_upload_leaves_no_visible_file(rt, settings, procs, tmp_p
 def test_postgres_restart_mid_batch(private_pg, rt, live_api, stub, settings, procs, tmp_path):
     stub.delay = 0.3
     procs.append(start_worker(settings, NODE, tmp_path))
+    procs.append(start_worker(settings, "ops", tmp_path, ops=True))
     batch = upload_batch(live_api.url, 40)
     wait_for(lambda: batch_row(rt, batch).completed >= 4 and rt.queue.inflight(NODE) > 0, 120, what="progress")
     done_before = batch_row(rt, batch).completed

@@ -57,6 +57,8 @@ def test_batch_goes_to_the_idle_node_and_follows_the_pressure(rt, settings, make
                 log=tmp_path / f"node-{i}.log",
             )
         )
+    # Finalization runs on the ops worker, as deployed.
+    children.append(spawn(gated, "worker", "--ops", "--loglevel=warning", log=tmp_path / "ops.log"))
     wait_for(lambda: all(e.scrapes >= 2 for e in engines), timeout=60, what="both workers' gates to scrape")
 
     first = make_batch(40)

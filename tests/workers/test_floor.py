@@ -14,9 +14,9 @@ from workers.worker_helpers import queued
 from workers.worker_helpers import settled
 
 from tidal_workers.claim import ClaimLoop
-from tidal_workers.context import LeaseBook
 from tidal_workers.context import WorkerContext
 from tidal_workers.gate import FixedGate
+from tidal_workers.leases import LeaseBook
 from tidal_workers.rescore import rescore
 
 FLOOR_RATE = 4.0
@@ -25,17 +25,22 @@ FLOOR_RATE = 4.0
 @pytest.fixture
 def settings(settings):
     """The real AIMD gate, starting closed; a floor fast enough to measure in seconds."""
-    return settings.replace(gate_mode="aimd", initial_inflight=0, floor_rate=FLOOR_RATE, scrape_seconds=0.5)
+    return settings.replace(
+        gate_mode="aimd", initial_inflight=0, floor_rate=FLOOR_RATE, scrape_seconds=0.5, dispatch_prefetch=0
+    )
 
 
 def loop_for(rt, target: int, sent: list, settle: bool):
+    book = LeaseBook()
+
     def send(claims):
         sent.extend(claims)
         for c in claims if settle else ():  # an engine that answers at once: the slot is free again
             rt.queue.complete(c.item_id, c.lease)
+            book.discard(c.item_id, c.lease)
         return claims
 
-    return ClaimLoop(WorkerContext(rt, LeaseBook()), FixedGate(target), send)
+    return ClaimLoop(WorkerContext(rt, book), FixedGate(target), send)
 
 
 def urgent_pair(rt, make_batch, n: int = 100):

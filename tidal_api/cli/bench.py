@@ -595,6 +595,38 @@ def fairness(weights: str, reps: int, nodes: int, inflight: int, items: int, ser
 
 
 @bench.command()
+@click.option(
+    "--scenarios",
+    default="250:64,30:8",
+    show_default=True,
+    help="Comma-separated engine-ms:max_tokens pairs: the fixed engine's time per request and the items' max_tokens.",
+)
+@click.option("--target", default=8, show_default=True, help="The gate's (fixed) target: engine slots to keep busy.")
+@click.option("--reps", default=3, show_default=True, help="Repetitions per scenario (ABBA order).")
+@click.option("--window", default=15.0, show_default=True, help="Seconds measured per run.")
+@out_option("dispatch")
+def dispatch(scenarios: str, target: int, reps: int, window: float, out: str) -> None:
+    """Batch requests at a fixed-time engine against the gate's target, batch tokens/s against a closed loop
+    holding as many requests, and the dispatch-overhead percentiles."""
+    import tempfile
+
+    from tidal_workers.bench import dispatch as dp
+
+    cfg = dp.DispatchConfig(
+        scenarios=tuple(dp.Scenario(float(ms), int(mt)) for ms, mt in (p.split(":") for p in scenarios.split(","))),
+        target=target,
+        reps=reps,
+        window=window,
+    )
+    out_dir, origin = begin("dispatch", out)
+    results: dict = {"config": dataclasses.asdict(cfg)}
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-dispatch-") as home:
+        results["scenarios"] = [dp.run_scenario(cfg, sc, load_settings(), Path(home)) for sc in cfg.scenarios]
+    headline = [{"scenario": r["scenario"], **r["summary"]} for r in results["scenarios"]]
+    finish("dispatch", origin, results, out_dir, headline)
+
+
+@bench.command()
 @click.option("--items", default=200_000, show_default=True, help="Items queued for the claim-throughput runs.")
 @out_option("queue")
 def queue(items: int, out: str) -> None:

@@ -232,8 +232,9 @@ class Harvest:
             result["tidal_items_completed"] = after.items - before.items
             result["tidal_output_tokens_per_s"] = (after.output_tokens - before.output_tokens) / window
             result["worker_cpu_cores"] = (stack.worker_cpu_seconds() - cpu_before) / window
-            result["gate"] = [
-                (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight")) for at, g in sampler.also_readings
+            result["gate"] = [  # (time, target, leases held, requests at the engine)
+                (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight"), g.get("tidal_gate_engine_outstanding"))
+                for at, g in sampler.also_readings
             ]
         if plugin_before is not None and engine.plugin_metrics_url:
             result["plugin"] = _plugin_delta(plugin_before, engine_stats.read_plugin(engine.plugin_metrics_url))

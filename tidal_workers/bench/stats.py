@@ -94,3 +94,10 @@ def percentile(values: t.Sequence[float], q: float) -> float | None:
     lo = int(k)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def interval(values: t.Sequence[float]) -> dict[str, float | int | None]:
+    """A figure for the JSON: the mean with its bootstrap interval, or, under MIN_REPS, the mean alone."""
+    if len(values) >= MIN_REPS:
+        return {**bootstrap(values).as_dict()}
+    return {"value": statistics.fmean(values) if values else None, "low": None, "high": None, "reps": len(values)}
