@@ -262,9 +262,10 @@ def test_postgres_restart_mid_batch(private_pg, rt, live_api, stub, settings, pr
     )
 
 
-def test_a_task_that_fails_before_its_claim_is_booked_leaves_no_lease_behind(rt, live_api):
+def test_a_task_that_fails_before_its_claim_is_booked_leaves_no_lease_behind(rt, live_api, stub):
     """The race the PostgreSQL restart exposed: a task died on SQL before the claim thread booked its lease,
-    so the lease was booked after the task discarded it and renewed forever: the item never ran again."""
+    so the lease was booked after the task discarded it and renewed forever: the item never ran again.
+    (The stub engine is there for its /v1/models: the loop claims only the models an engine serves.)"""
     upload_batch(live_api.url, 2)
     ctx = WorkerContext(rt, LeaseBook())
 
