@@ -37,6 +37,8 @@ from tidal_workers.bench.intervals import bootstrap
 
 VOCAB = 256  # the byte symbols of the twin's tokenizer: any of them is an ordinary token
 TOLERANCE = 0.10  # the issue's fidelity bound at p50
+TAU = 2048  # every profile's max_num_batched_tokens
+MAX_MODEL_LEN = 16384  # the longest prefill cell's prompt (8,192) plus its two tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +92,16 @@ def _complete(
 
 
 def drive_cell(url: str, model: str, cell: Cell, steps: int, rng: np.random.Generator) -> None:
-    """Make about ``steps`` steps of the cell's shape on the engine."""
+    """Make about ``steps`` steps of the cell's shape on the engine.
+
+    A decode cell's requests are admitted over the steps their prefills take (n·c tokens, τ per step);
+    each generates for that long and ``steps`` more, so that the last ``steps`` decode all n together.
+    """
     if cell.kind == "decode":
         prompts = [_prompt(rng, cell.context) for _ in range(cell.tokens)]
-        with concurrent.futures.ThreadPoolExecutor(min(cell.tokens, 64)) as pool:
-            list(pool.map(lambda p: _complete(url, model, p, steps + 2), prompts))
+        ramp = -(-cell.tokens * cell.context // TAU) + 2
+        with concurrent.futures.ThreadPoolExecutor(cell.tokens) as pool:
+            list(pool.map(lambda p: _complete(url, model, p, ramp + steps), prompts))
         return
     for _ in range(steps):
         _complete(url, model, _prompt(rng, cell.context + cell.tokens), 2)
