@@ -232,7 +232,7 @@ def _cpu_seconds(procs: list[psutil.Process]) -> float:
 
 def cpu_use(url: str, model: str, server_pid: int, cfg: LoadConfig, duration: float, seed: int = 0) -> dict[str, t.Any]:
     """Cores used by each of the twin's processes, per window, under online arrivals plus a batch backlog."""
-    rng = np.random.default_rng(seed)
+    rng, arrival_rng = np.random.default_rng(seed), np.random.default_rng(seed + 1000)
     lock = threading.Lock()
     stop = threading.Event()
     errors: list[str] = []
@@ -257,7 +257,8 @@ def cpu_use(url: str, model: str, server_pid: int, cfg: LoadConfig, duration: fl
     groups = twin_processes(server_pid)
     windows: dict[str, list[float]] = {k: [] for k in [*groups, "total"]}
     lanes = [threading.Thread(target=batch_lane, daemon=True) for _ in range(cfg.batch_lanes)]
-    with concurrent.futures.ThreadPoolExecutor(256) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(256)
+    try:
         for lane in lanes:
             lane.start()
         started = time.monotonic()
@@ -280,11 +281,12 @@ def cpu_use(url: str, model: str, server_pid: int, cfg: LoadConfig, duration: fl
                 break
             if now >= arrivals:
                 pool.submit(online)
-                arrivals += rng.exponential(1.0 / cfg.online_rate)
+                arrivals += arrival_rng.exponential(1.0 / cfg.online_rate)
             time.sleep(max(min(arrivals, next_window) - time.monotonic(), 0.0))
+    finally:
         stop.set()
-        for lane in lanes:
-            lane.join(timeout=600)  # each ends after its request: the next measurement starts from an idle engine
+        # Arrivals not yet sent are dropped; requests in flight end on their own (the engine outlives them).
+        pool.shutdown(wait=False, cancel_futures=True)
     return {"cores_per_window": windows, "errors": errors[:20], "num_errors": len(errors)}
 
 
