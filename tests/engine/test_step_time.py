@@ -111,3 +111,12 @@ def test_pacer_counts_steps_it_cannot_slow_down_to():
     assert pacer.sleep_seconds(0.008, 0.003) == 0.0  # 3 ms forward + 6 ms outside > an 8 ms target
     assert pacer.sleep_seconds(0.020, 0.003) == pytest.approx(0.011)
     assert (pacer.steps, pacer.overruns) == (2, 1)
+
+
+def test_tidal_engine_twin_refuses_an_unknown_profile_before_starting_anything():
+    from click.testing import CliRunner
+
+    from tidal_api.cli.engine import twin
+
+    result = CliRunner().invoke(twin, ["--profile", "qwen2.5-7b@a100"])
+    assert result.exit_code == 2 and "MODEL@GPU" in result.output
