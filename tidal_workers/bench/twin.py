@@ -94,12 +94,13 @@ def _complete(
 def drive_cell(url: str, model: str, cell: Cell, steps: int, rng: np.random.Generator) -> None:
     """Make about ``steps`` steps of the cell's shape on the engine.
 
-    A decode cell's requests are admitted over the steps their prefills take (n·c tokens, τ per step);
+    A decode cell's requests are admitted over the steps their prefills take (n·c tokens, at most τ − n
+    per step beside the decodes);
     each generates for that long and ``steps`` more, so that the last ``steps`` decode all n together.
     """
     if cell.kind == "decode":
         prompts = [_prompt(rng, cell.context) for _ in range(cell.tokens)]
-        ramp = -(-cell.tokens * cell.context // TAU) + 2
+        ramp = -(-cell.tokens * cell.context // (TAU - cell.tokens)) + 2  # decodes share τ with the prefills
         with concurrent.futures.ThreadPoolExecutor(cell.tokens) as pool:
             list(pool.map(lambda p: _complete(url, model, p, ramp + steps), prompts))
         return
