@@ -53,8 +53,9 @@ def test_the_summary_reports_the_p50_ratio_with_an_interval_and_attainability():
     reps = [cell_samples(steps, 0.0, 10.0, cell)] * 3
     summary = summarize_cell(cell, reps, [load_profile("qwen2.5-7b@a6000"), load_profile("qwen2.5-7b@h200")])
     ratio = summary["interval_over_target_p50"]
-    assert ratio["value"] == pytest.approx(1.0) and ratio["n"] == 120
+    assert ratio["value"] == pytest.approx(1.0) and ratio["reps"] == 3 and summary["steps"] == 120
     assert ratio["low"] == pytest.approx(1.0) and ratio["high"] == pytest.approx(1.0)  # every step on time
+    assert "refused" in summarize_cell(cell, reps[:2], [])["interval_over_target_p50"]  # under 3 repetitions
     assert summary["within_tolerance"] and summary["overrun_fraction"] == 0.0
     assert summary["floor_s_p90"] == pytest.approx(0.005)
     # A 5 ms floor: the A6000's 24.7 ms decode step is attainable here, and so is the H200's 6.7 ms.

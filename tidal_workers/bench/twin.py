@@ -33,7 +33,8 @@ import requests
 from tidal_engine.step_time import Profile
 from tidal_engine.step_time import decode_seconds
 from tidal_engine.step_time import prefill_seconds
-from tidal_workers.bench.intervals import bootstrap
+from tidal_workers.bench.stats import TooFewRepetitions
+from tidal_workers.bench.stats import bootstrap
 
 VOCAB = 256  # the byte symbols of the twin's tokenizer: any of them is an ordinary token
 TOLERANCE = 0.10  # the issue's fidelity bound at p50
@@ -153,18 +154,27 @@ def fidelity(
     return results
 
 
+def interval(per_rep: list[float]) -> dict[str, t.Any]:
+    """The mean over repetitions with its bootstrap interval (bench.stats), or the refusal under 3 repetitions."""
+    try:
+        return bootstrap(per_rep).as_dict()
+    except TooFewRepetitions as exc:
+        return {"refused": str(exc)}
+
+
 def summarize_cell(cell: Cell, reps: list[list[StepSample]], profiles: t.Sequence[Profile]) -> dict[str, t.Any]:
+    """Per repetition the p50 of interval ÷ T over the cell's steps; their mean with a 95 % interval."""
     pooled = [s for rep in reps for s in rep]
-    ratios = [s.interval_s / s.target_s for s in pooled]
+    per_rep = [float(np.median([s.interval_s / s.target_s for s in rep])) for rep in reps if rep]
+    ratio = interval(per_rep)
     floors = [s.floor_s for s in pooled]
-    ratio = bootstrap(ratios)
     floor_p90 = float(np.percentile(floors, 90)) if floors else None
     return {
         "cell": dataclasses.asdict(cell),
         "steps": len(pooled),
         "interval_over_target_p50": ratio,
-        "per_rep_p50": [float(np.median([s.interval_s / s.target_s for s in rep])) if rep else None for rep in reps],
-        "within_tolerance": ratio["value"] is not None and abs(ratio["value"] - 1.0) <= TOLERANCE,
+        "per_rep_p50": per_rep,
+        "within_tolerance": "value" in ratio and abs(ratio["value"] - 1.0) <= TOLERANCE,
         "overrun_fraction": (sum(s.overrun for s in pooled) / len(pooled)) if pooled else None,
         "floor_s_p50": float(np.median(floors)) if floors else None,
         "floor_s_p90": floor_p90,
@@ -292,8 +302,9 @@ def cpu_use(url: str, model: str, server_pid: int, cfg: LoadConfig, duration: fl
 
 
 def summarize_cpu(reps: list[dict[str, t.Any]]) -> dict[str, t.Any]:
+    """Per process group, cores used: each repetition's mean over its windows; their mean with a 95 % interval."""
     keys = reps[0]["cores_per_window"].keys() if reps else []
-    return {k: bootstrap([x for rep in reps for x in rep["cores_per_window"][k]], statistic=np.mean) for k in keys}
+    return {k: interval([float(np.mean(rep["cores_per_window"][k])) for rep in reps]) for k in keys}
 
 
 def report(results: dict[str, t.Any]) -> dict[str, t.Any]:
