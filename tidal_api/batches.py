@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import typing as t
 
+import redis
 from flask import Blueprint
 from flask import Response
 from flask import jsonify
@@ -37,6 +38,7 @@ from tidal_workers.policy.phase import AUTO
 from tidal_workers.policy.phase import SPLIT_MODES
 from tidal_workers.quotas import lock_tenant
 from tidal_workers.quotas import open_batch_message
+from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 
@@ -120,10 +122,18 @@ def _extension(value: object) -> dict[str, str]:
     return {"phase_split": mode}
 
 
+def _served(rt: Runtime) -> frozenset[str] | None:
+    """The models live nodes serve, for the ``tidal`` extension; None when Redis cannot say (the answer still comes)."""
+    try:
+        return frozenset(rt.queue.served_models())
+    except redis.RedisError:
+        return None
+
+
 def _batch_answer(batch_id: str) -> Response:
     rt = current_runtime()
     with rt.store.read() as s:
-        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings))
+        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings, _served(rt)))
 
 
 @bp.post("")
@@ -193,8 +203,9 @@ def create() -> Response:
 
 @bp.get("/<path:batch_id>")
 def retrieve(batch_id: str) -> Response:
-    with current_runtime().store.read() as s:
-        return jsonify(serialize.batch_object(_owned_batch(s, batch_id), current_runtime().settings))
+    rt = current_runtime()
+    with rt.store.read() as s:
+        return jsonify(serialize.batch_object(_owned_batch(s, batch_id), rt.settings, _served(rt)))
 
 
 @bp.post("/<path:batch_id>/cancel")
@@ -207,7 +218,7 @@ def cancel(batch_id: str) -> Response:
     if status not in ALREADY_CANCELLED:
         cancel_batch(rt, batch_id)
     with rt.store.read() as s:
-        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings))
+        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings, _served(rt)))
 
 
 @bp.get("")
@@ -226,4 +237,6 @@ def list_batches() -> Response:
             order="desc",
             not_found=batch_not_found(after or "", "after"),
         )
-    return jsonify(list_body([serialize.batch_object(b, current_runtime().settings) for b in rows], has_more))
+    rt = current_runtime()
+    served = _served(rt) if any(b.status == BatchStatus.in_progress.value for b in rows) else None
+    return jsonify(list_body([serialize.batch_object(b, rt.settings, served) for b in rows], has_more))

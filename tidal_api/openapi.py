@@ -124,6 +124,7 @@ SCHEMAS: dict[str, t.Any] = {
                     "priority": INT,
                     "laxity_seconds": NUM_OR_NULL,
                     "observed_rate": NUM_OR_NULL,
+                    "model_served": {"type": ["boolean", "null"]},
                     "cost": _obj({"batch_usd": NUM, "online_usd": NUM, "saved_usd": NUM}),
                     "phase_split": {"enum": list(SPLIT_MODES)},
                     "kv_stored_bytes": INT,
@@ -131,7 +132,9 @@ SCHEMAS: dict[str, t.Any] = {
                 },
                 description="Tidal's extension: the batch's vLLM priority (100 = least urgent), seconds of "
                 "slack left before it would miss its window at the observed rate, and that rate "
-                "in items per second (null until the first re-score); the cost in USD of "
+                "in items per second (null until the first re-score); for a batch in progress, "
+                "whether a live worker node's engine serves its model (false: its items wait, "
+                "queued, until one does or the window closes; null otherwise); and the cost in USD of "
                 "its completed items at the batch price, at the online price, and the "
                 "difference saved; its A-P split mode, the frozen KV it holds now in bytes, and "
                 "what holding frozen KV has cost in USD.",

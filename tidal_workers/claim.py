@@ -4,7 +4,7 @@ It lives in the consumer's lifecycle, so claiming stops when the broker
 connection is lost and resumes with the consumer. Each pass it renews this
 process's leases (every third of a lease), reclaims expired ones, rebuilds the
 queue from SQL if Redis lost its data, and claims up to the gate's in-flight
-target. Past the gate, the floor admits each urgent batch (``tidal:urgent``,
+target, only of the models its engine serves (``served.py``). Past the gate, the floor admits each urgent batch (``tidal:urgent``,
 kept by the re-score) at up to ``floor_rate`` items/s on this node through a
 per-batch token bucket, so a batch about to miss its window still progresses
 when the gate is closed; those items count as in flight like any other, so an
@@ -31,6 +31,7 @@ from tidal_workers.gate import Gate
 from tidal_workers.gate import make_gate
 from tidal_workers.policy.laxity import TokenBucket
 from tidal_workers.queue import Claim
+from tidal_workers.served import ServedModels
 from tidal_workers.sweeps import reclaim
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class ClaimLoop:
         self._next_upkeep = 0.0
         self._started = False
         self.buckets: dict[str, TokenBucket] = {}  # urgent batch -> its floor bucket on this node
+        self.served = ServedModels(ctx.rt)  # only batches of these models are claimed here
 
     def upkeep(self) -> None:
         """Renew our leases, requeue expired ones, and rebuild the queue at start or if Redis lost it."""
@@ -62,7 +64,7 @@ class ClaimLoop:
             rebuild(self.rt)
             self._started = True
 
-    def floor(self, now: float, inflight: int) -> list[Claim]:
+    def floor(self, now: float, inflight: int, models: tuple[str, ...]) -> list[Claim]:
         """Claims the token buckets of urgent batches admit now, past the gate (never past the threads)."""
         s, q = self.settings, self.rt.queue
         if s.floor_rate <= 0:  # the floor is off
@@ -71,7 +73,7 @@ class ClaimLoop:
         claims: list[Claim] = []
         for batch_id, bucket in self.buckets.items():
             while inflight + len(claims) < s.worker_threads and bucket.take(now):
-                claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds)
+                claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds, models)
         return claims
 
     def tick(self, now: float) -> int:
@@ -79,11 +81,12 @@ class ClaimLoop:
         if now >= self._next_upkeep:
             self.upkeep()
             self._next_upkeep = now + s.lease_seconds / 3
+        models = self.served.refresh(now)
         inflight = q.inflight(s.node)
-        claims = self.floor(now, inflight)
+        claims = self.floor(now, inflight, models)
         inflight += len(claims)
         want = min(self.gate.poll(now, inflight), s.worker_threads) - inflight
-        claims += q.claim(s.node, want, s.lease_seconds)
+        claims += q.claim(s.node, want, s.lease_seconds, models)
         # Book leases before publishing: a task can fail and discard its lease before send() returns, and a
         # lease booked after that would be renewed forever. One that failed to publish expires and is reclaimed.
         for c in claims:

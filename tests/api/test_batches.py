@@ -62,6 +62,7 @@ def test_create_validates_inline_and_stores_items_in_prefix_order(acme, batch_fi
         "priority": 100,
         "laxity_seconds": None,
         "observed_rate": None,
+        "model_served": False,  # no worker node runs in this test: its items wait, queued
         "cost": {"batch_usd": 0.0, "online_usd": 0.0, "saved_usd": 0.0},
         "phase_split": "auto",
         "kv_stored_bytes": 0,

@@ -67,7 +67,7 @@ def test_batch_goes_to_the_idle_node_and_follows_the_pressure(rt, settings, make
     engines[0].metrics, engines[1].metrics = IDLE, BUSY
     seen = [e.scrapes for e in engines]
     # node-1 halves once per scrape (4 -> 2 -> 1 -> 0), node-0 grows from 0
-    wait_for(lambda: all(e.scrapes >= n + 4 for e, n in zip(engines, seen)), timeout=30, what="the gates to turn")
+    wait_for(lambda: all(e.scrapes >= n + 4 for e, n in zip(engines, seen)), timeout=120, what="the gates to turn")
     second = make_batch(40)
     b, _, err = settled(rt, second)
     assert (b.completed, err) == (40, [])

@@ -1,13 +1,13 @@
 """A-P freeze / thaw (issue 21): batches.phase_split, kv_stored_bytes, kv_byte_seconds and kv_accounted_at
 
-Revision ID: 0006_kv
+Revision ID: 0006
 Revises: 0005
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006_kv"
+revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
