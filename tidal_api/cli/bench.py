@@ -424,7 +424,13 @@ def twin(
         "params": {"reps": reps, "steps": steps, "cpu_duration": cpu_duration, "load": dataclasses.asdict(load)},
         "scheduler": "stock vLLM Scheduler, synchronous (the CPU platform forces async_scheduling off)",
     }
-    engine = start_twin(load_settings(), profile, log_path=out_dir / "twin.log", trace_path=trace.resolve())
+    engine = start_twin(
+        load_settings(),
+        profile,
+        log_path=out_dir / "twin.log",
+        trace_path=trace.resolve(),
+        max_model_len=tw.MAX_MODEL_LEN,
+    )
     results["engine_start_s"] = engine.started_s
     try:
         click.echo(f"fidelity: {len(grid)} cells x {reps} reps ...", err=True)
