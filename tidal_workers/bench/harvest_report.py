@@ -91,6 +91,13 @@ def table(phases: Phases) -> str:
     for key in LATENCY_KEYS:
         for phase in ("baseline", "coserved"):
             row(f"{key.replace('_', ' ')}, {phase}", f"{phase}_{key}_ms", _ms, "")
+    if "A" in figures and "B" in figures:
+        lines.append("")
+        for trace in ("flat", "diurnal"):
+            a, b = figures["A"].get(trace, {}), figures["B"].get(trace, {})
+            if "harvest_pct" in a and "harvest_pct" in b:
+                paired = [y / x for x, y in zip(a["harvest_pct"], b["harvest_pct"]) if x]
+                lines.append(f"B ÷ A harvest, {trace} (same repetition): {figure_text(paired, ratio_text)}")
     return "\n".join(lines)
 
 
