@@ -484,24 +484,21 @@ def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: 
 )
 @click.option("--thaw/--no-thaw", default=True, show_default=True, help="Also time thawed TTFT against recompute.")
 @click.option("--reps", default=5, show_default=True, help="Prompts per length in the thaw timing.")
-@click.option("--out", type=click.Path(file_okay=False), default="bench-out/kv-probe", show_default=True)
-def kv_probe(connectors, thaw, reps, out) -> None:
+@out_option("kv-probe")
+def kv_probe(connectors: str, thaw: bool, reps: int, out: str) -> None:
     """KV connectors on this engine build: freeze, restart, thaw (docs/engine.md); thawed TTFT (docs/benchmarks.md)."""
     from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import kv_probe as kp
 
-    out_dir = output_dir(out)
+    out_dir, origin = begin("kv-probe", out)
     settings = load_settings()
     model_dir = build_tiny(settings.home, "dense")
-    results: dict = {**provenance("kv-probe"), "engine": "dense vLLM-CPU, float32, eager"}
+    results: dict = {"engine": "dense vLLM-CPU, float32, eager"}
     names = [n.strip() for n in connectors.split(",") if n.strip()]
     results["probe"] = kp.probe(kp.ProbeConfig(home=Path(settings.home), model_dir=model_dir, work=out_dir), names)
     if thaw:
         results["thaw"] = kp.thaw_ttft(kp.ThawConfig(model_dir=model_dir, work=out_dir, reps=reps))
-    path = out_dir / "kv_probe.json"
-    path.write_text(json.dumps(results, indent=2))
-    click.echo(json.dumps(results, indent=2))
-    click.echo(f"results: {path}", err=True)
+    finish("kv-probe", origin, results, out_dir, results)
 
 
 @bench.command()
@@ -509,8 +506,8 @@ def kv_probe(connectors, thaw, reps, out) -> None:
 @click.option("--reps", default=2, show_default=True, help="ABBA blocks (each runs both arms).")
 @click.option("--online-rate", default=1.0, show_default=True, help="Online requests/s through the router.")
 @click.option("--max-inflight", default=4, show_default=True, help="Ceiling of the gate's batch target.")
-@click.option("--out", type=click.Path(file_okay=False), default="bench-out/disagg", show_default=True)
-def disagg(duration, reps, online_rate, max_inflight, out) -> None:
+@out_option("disagg")
+def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, out: str) -> None:
     """A-D: prefill engine + decode engine + KV through TidalFreezeConnector + a router, against the same two engines
     run unified; batch admitted by the gate through the `disagg` signal map (docs/benchmarks.md)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -520,7 +517,7 @@ def disagg(duration, reps, online_rate, max_inflight, out) -> None:
     from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import disagg as dg
 
-    out_dir = output_dir(out)
+    out_dir, origin = begin("disagg", out)
     settings = load_settings()
     storage = out_dir / "frozen"
     storage.mkdir(exist_ok=True)
@@ -561,15 +558,11 @@ def disagg(duration, reps, online_rate, max_inflight, out) -> None:
         for e in engines:
             e.stop()
     results = {
-        **provenance("disagg"),
         "engine": "2 x dense vLLM-CPU (one core each), TidalFreezeConnector on a shared folder",
         "params": dataclasses.asdict(cfg),
         "arms": arms,
     }
-    path = out_dir / "disagg.json"
-    path.write_text(json.dumps(results, indent=2))
-    click.echo(json.dumps(results, indent=2))
-    click.echo(f"results: {path}", err=True)
+    finish("disagg", origin, results, out_dir, results)
 
 
 @bench.command()
