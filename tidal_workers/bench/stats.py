@@ -1,9 +1,11 @@
 """The statistics every benchmark figure goes through: repetitions in ABBA order, a 95 % bootstrap interval over
 them, and the rule that a ratio whose interval spans 1.0 is "no measurable change".
 
-Pure (no I/O, stdlib only), so the rules are unit-tested apart from any engine. The unit of resampling is the
+Pure (no I/O), so the rules are unit-tested apart from any engine. For figures the unit of resampling is the
 repetition: one figure per repetition (a harvest share, a percentile ratio), the repetitions resampled with
-replacement. Within-repetition sampling error (a p99 over 1,000 samples) shows up as spread between repetitions.
+replacement; within-repetition sampling error (a p99 over 1,000 samples) shows up as spread between
+repetitions. ``sample_bootstrap`` resamples raw samples instead (the twin's step intervals), for a statistic of
+one large sample.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import dataclasses
 import random
 import statistics
 import typing as t
+
+import numpy as np
 
 MIN_REPS = 3  # fewer repetitions than this give no interval worth printing
 CONFIDENCE = 0.95
@@ -94,3 +98,20 @@ def percentile(values: t.Sequence[float], q: float) -> float | None:
     lo = int(k)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def sample_bootstrap(
+    samples: t.Sequence[float],
+    statistic: t.Callable[[np.ndarray], float] = np.median,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, float | int | None]:
+    """``statistic`` of the samples with its 95 % percentile-bootstrap interval (None where there are no samples)."""
+    values = np.asarray(samples, dtype=np.float64)
+    if values.size == 0:
+        return {"value": None, "low": None, "high": None, "n": 0}
+    rng = np.random.default_rng(seed)
+    draws = rng.choice(values, size=(resamples, values.size), replace=True)
+    stats = np.apply_along_axis(statistic, 1, draws)
+    low, high = np.percentile(stats, [2.5, 97.5])
+    return {"value": float(statistic(values)), "low": float(low), "high": float(high), "n": int(values.size)}

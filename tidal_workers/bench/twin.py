@@ -33,7 +33,7 @@ import requests
 from tidal_engine.step_time import Profile
 from tidal_engine.step_time import decode_seconds
 from tidal_engine.step_time import prefill_seconds
-from tidal_workers.bench.intervals import bootstrap
+from tidal_workers.bench.stats import sample_bootstrap
 
 VOCAB = 256  # the byte symbols of the twin's tokenizer: any of them is an ordinary token
 TOLERANCE = 0.10  # the fidelity bound at p50
@@ -149,7 +149,7 @@ def summarize_cell(cell: Cell, reps: list[list[StepSample]], profiles: t.Sequenc
     pooled = [s for rep in reps for s in rep]
     ratios = [s.interval_s / s.target_s for s in pooled]
     floors = [s.floor_s for s in pooled]
-    ratio = bootstrap(ratios)
+    ratio = sample_bootstrap(ratios)
     floor_p90 = float(np.percentile(floors, 90)) if floors else None
     return {
         "cell": dataclasses.asdict(cell),
@@ -283,7 +283,9 @@ def cpu_use(url: str, model: str, server_pid: int, cfg: LoadConfig, duration: fl
 
 def summarize_cpu(reps: list[dict[str, t.Any]]) -> dict[str, t.Any]:
     keys = reps[0]["cores_per_window"].keys() if reps else []
-    return {k: bootstrap([x for rep in reps for x in rep["cores_per_window"][k]], statistic=np.mean) for k in keys}
+    return {
+        k: sample_bootstrap([x for rep in reps for x in rep["cores_per_window"][k]], statistic=np.mean) for k in keys
+    }
 
 
 def report(results: dict[str, t.Any]) -> dict[str, t.Any]:

@@ -55,3 +55,11 @@ def test_percentile_interpolates():
     assert stats.percentile([], 0.5) is None
     assert stats.percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert stats.percentile([0.0, 10.0], 0.99) == pytest.approx(9.9)
+
+
+def test_sample_bootstrap_gives_the_statistic_and_an_interval_around_it():
+    result = stats.sample_bootstrap([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert result["value"] == 3.0  # the median by default
+    assert result["low"] <= 3.0 <= result["high"]
+    assert result["n"] == 5
+    assert stats.sample_bootstrap([])["value"] is None
