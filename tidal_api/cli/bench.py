@@ -42,14 +42,21 @@ def begin(name: str, out: str) -> tuple[Path, dict]:
 
 
 def finish(
-    name: str, origin: dict, results: dict, out_dir: Path, headline: t.Any, files: t.Sequence[Path] = ()
+    name: str,
+    origin: dict,
+    results: dict,
+    out_dir: Path,
+    headline: t.Any,
+    files: t.Sequence[Path] = (),
+    *,
+    indent: int | None = 2,
 ) -> None:
     """Every bench command's ending: NAME.json (provenance first), the headline on stdout, the paths on stderr."""
     from tidal_workers.bench import provenance
 
     path = out_dir / f"{name}.json"
     origin = {**origin, "finished_utc": provenance.utc_now(), "load_average_end": provenance.load_average()}
-    path.write_text(json.dumps({**origin, **results}, indent=2, default=str))
+    path.write_text(json.dumps({**origin, **results}, indent=indent, default=str))
     click.echo(headline if isinstance(headline, str) else json.dumps(headline, indent=2, default=str))
     click.echo(f"results: {path}" + "".join(f"; {f}" for f in files), err=True)
 
@@ -184,7 +191,8 @@ def harvest(
     click.echo(f"expected duration: about {expected / 60:.0f} min ({plan.reps} reps, ABBA)", err=True)
     results = hv.run_harvest(plan, engines, load_settings(), out_dir, lambda line: click.echo(line, err=True))
     files = harvest_report.plot(results["phases"], out_dir)
-    finish("harvest", origin, results, out_dir, harvest_report.table(results["phases"]), files)
+    # Compact: the raw records (every chunk of ~12,000 online requests) would triple in size indented.
+    finish("harvest", origin, results, out_dir, harvest_report.table(results["phases"]), files, indent=None)
 
 
 @bench.command()
@@ -504,7 +512,7 @@ def kv_probe(connectors: str, thaw: bool, reps: int, out: str) -> None:
     results["probe"] = kp.probe(kp.ProbeConfig(home=Path(settings.home), model_dir=model_dir, work=out_dir), names)
     if thaw:
         results["thaw"] = kp.thaw_ttft(kp.ThawConfig(model_dir=model_dir, work=out_dir, reps=reps))
-    finish("kv_probe", origin, results, out_dir, results)
+    finish("kv-probe", origin, results, out_dir, results)
 
 
 @bench.command()

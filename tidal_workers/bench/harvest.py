@@ -220,6 +220,7 @@ class Harvest:
         online_tokens = samples.tokens_until(records, window)
         result: dict[str, t.Any] = {
             "window_s": end.at - start.at,
+            "opens_at_s": start.at - sampler.readings[0].at,  # where the window starts on the series' clock
             "rate": self.plan.rate(trace),
             "batch_tokens_per_s": max(0.0, generated - online_tokens) / (end.at - start.at),
             "online_tokens_in_window": online_tokens,
