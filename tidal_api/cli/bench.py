@@ -460,7 +460,9 @@ def disagg(duration, reps, online_rate, max_inflight, out) -> None:
         max_num_seqs=16,
         extra_args=("--kv-transfer-config", json.dumps(connector)),
     )
-    with ThreadPoolExecutor(2) as pool:  # one core each: the default binds both engines to core 0
+    # One core each (the default binds both engines to core 0). Started from threads that outlive the run: an
+    # engine gets SIGTERM when the thread that spawned it ends (PR_SET_PDEATHSIG follows the thread).
+    with ThreadPoolExecutor(2) as pool:
         starts = [
             pool.submit(
                 start_engine, options, log_path=out_dir / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}
@@ -468,22 +470,22 @@ def disagg(duration, reps, online_rate, max_inflight, out) -> None:
             for i, name in enumerate(("prefill", "decode"))
         ]
         engines = [f.result() for f in starts]
-    router = dg.Router(engines[0].url, engines[1].url)
-    gate_settings = settings.replace(
-        gate_mode="aimd",
-        gate_signals="disagg",
-        gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
-        min_inflight=0,
-        max_inflight=max_inflight,
-        initial_inflight=1,
-    )
-    cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
-    try:
-        arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
-    finally:
-        router.stop()
-        for e in engines:
-            e.stop()
+        router = dg.Router(engines[0].url, engines[1].url)
+        gate_settings = settings.replace(
+            gate_mode="aimd",
+            gate_signals="disagg",
+            gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
+            min_inflight=0,
+            max_inflight=max_inflight,
+            initial_inflight=1,
+        )
+        cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
+        try:
+            arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
+        finally:
+            router.stop()
+            for e in engines:
+                e.stop()
     results = {
         **provenance("disagg"),
         "engine": "2 x dense vLLM-CPU (one core each), TidalFreezeConnector on a shared folder",
