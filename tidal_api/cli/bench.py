@@ -547,7 +547,9 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
         max_num_seqs=16,
         extra_args=("--kv-transfer-config", json.dumps(connector)),
     )
-    with ThreadPoolExecutor(2) as pool:  # one core each: the default binds both engines to core 0
+    # One core each (the default binds both engines to core 0). Started from threads that outlive the run: an
+    # engine gets SIGTERM when the thread that spawned it ends (PR_SET_PDEATHSIG follows the thread).
+    with ThreadPoolExecutor(2) as pool:
         starts = [
             pool.submit(
                 start_engine, options, log_path=out_dir / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}
@@ -555,22 +557,22 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
             for i, name in enumerate(("prefill", "decode"))
         ]
         engines = [f.result() for f in starts]
-    router = dg.Router(engines[0].url, engines[1].url)
-    gate_settings = settings.replace(
-        gate_mode="aimd",
-        gate_signals="disagg",
-        gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
-        min_inflight=0,
-        max_inflight=max_inflight,
-        initial_inflight=1,
-    )
-    cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
-    try:
-        arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
-    finally:
-        router.stop()
-        for e in engines:
-            e.stop()
+        router = dg.Router(engines[0].url, engines[1].url)
+        gate_settings = settings.replace(
+            gate_mode="aimd",
+            gate_signals="disagg",
+            gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
+            min_inflight=0,
+            max_inflight=max_inflight,
+            initial_inflight=1,
+        )
+        cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
+        try:
+            arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
+        finally:
+            router.stop()
+            for e in engines:
+                e.stop()
     results = {
         "engine": "2 x dense vLLM-CPU (one core each), TidalFreezeConnector on a shared folder",
         "params": dataclasses.asdict(cfg),
