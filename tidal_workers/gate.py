@@ -139,6 +139,12 @@ def configured_ceiling(settings: Settings, kv_tokens: int | None = None) -> int:
     return allowed or UNKNOWN_ENGINE_CEILING
 
 
+def pool_threads(settings: Settings) -> int:
+    """A GPU node worker's pool size: ``TIDAL_WORKER_THREADS``, else room for the ceiling known at start (the slot
+    bound; the KV bound read later can only lower it), the prefetch, and two spare."""
+    return settings.worker_threads or configured_ceiling(settings) + settings.dispatch_prefetch + 2
+
+
 class AimdGate:
     """The target for requests at the engine, set by the AIMD rule from the co-located vLLM's /metrics."""
 
