@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from tidal_workers.bench import engine_stats
+from tidal_workers.bench import histograms
 from tidal_workers.bench import online
 from tidal_workers.bench.stack import TidalStack
 
@@ -144,6 +145,7 @@ def measure_online(cfg: HarvestConfig, stack: TidalStack | None = None) -> dict:
     times = online.arrivals(cfg.rate_fn(), cfg.duration)
     before = stack.progress() if stack else None
     cpu_before = stack.worker_cpu_seconds() if stack else None
+    hist_before = stack.histograms() if stack else None
     plugin_before = engine_stats.read_plugin(cfg.plugin_metrics_url) if cfg.plugin_metrics_url else None
     with engine_stats.Sampler(cfg.engine_url, also=stack.gate if stack else None) as s:
         started = time.monotonic()
@@ -170,6 +172,12 @@ def measure_online(cfg: HarvestConfig, stack: TidalStack | None = None) -> dict:
             (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight"), g.get("tidal_gate_engine_outstanding"))
             for at, g in s.also_readings
         ]
+        if hist_before is not None:  # engine token freed → next POST, POST time, POST end → lease released
+            hist_after = stack.histograms()
+            result["dispatch"] = {
+                name: histograms.summarize_histogram(histograms.delta(hist_after[name], hist_before[name]))
+                for name in histograms.HISTOGRAMS
+            }
         for key in ("target", "inflight", "engine_outstanding"):
             seen = [g[f"tidal_gate_{key}"] for _, g in s.also_readings if f"tidal_gate_{key}" in g]
             result[f"gate_{key}_mean"] = sum(seen) / len(seen) if seen else None
