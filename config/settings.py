@@ -189,7 +189,7 @@ class Settings:
     )
     worker_threads: int = _setting(
         0,
-        "Threads in a GPU node worker's pool, each holding one claimed item (waiting for its engine token, at the engine, or being recorded): the most items the node claims. 0: the gate's ceiling as known at start (`TIDAL_MAX_INFLIGHT`, else `TIDAL_MAX_NUM_SEQS` less the headroom, else 4) plus `TIDAL_DISPATCH_PREFETCH` plus 2.",
+        "Threads in a GPU node worker's pool, each holding one claimed item (waiting for its engine token, at the engine, or being recorded): the most items the node claims. 0: the gate's ceiling as known at start (`TIDAL_MAX_INFLIGHT`, else `TIDAL_MAX_NUM_SEQS` less the headroom, else 64) plus `TIDAL_DISPATCH_PREFETCH` plus 2.",
         ge=0,
     )
     max_inflight: int = _setting(

@@ -417,3 +417,4 @@ def test_the_pool_has_a_thread_for_each_item_the_node_may_claim(gate_settings):
     assert pool_threads(from_engine) == 48 + 2 + 2  # the slot-bound ceiling, the prefetch, two spare
     assert pool_threads(from_engine.replace(max_inflight=10)) == 14
     assert pool_threads(from_engine.replace(worker_threads=7)) == 7
+    assert pool_threads(from_engine.replace(max_num_seqs=0)) == 64 + 2 + 2  # room for what the KV cache allows
