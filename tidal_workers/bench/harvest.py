@@ -32,6 +32,7 @@ from pathlib import Path
 from config import Settings
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import harvest_report
+from tidal_workers.bench import histograms
 from tidal_workers.bench import online
 from tidal_workers.bench import provenance
 from tidal_workers.bench import samples
@@ -207,6 +208,7 @@ class Harvest:
         requests = online_requests(times, self.plan.workload, self._prompts(engine), self.rng)
         before = stack.progress() if stack else None
         cpu_before = stack.worker_cpu_seconds() if stack else None
+        hist_before = stack.histograms() if stack else None
         plugin_before = engine_stats.read_plugin(engine.plugin_metrics_url) if engine.plugin_metrics_url else None
         with tempfile.TemporaryDirectory(prefix="tidal-client-") as tmp:
             client = _OnlineClient(Path(tmp), engine, requests)
@@ -215,6 +217,7 @@ class Harvest:
                 start = _read_at(engine, opens)
                 end = _read_at(engine, opens + window)
                 after = stack.progress() if stack else None
+                hist_after = stack.histograms() if stack else None
                 records = client.wait(timeout=window + 900)
         generated = end.generation_tokens - start.generation_tokens
         online_tokens = samples.tokens_until(records, window)
@@ -237,6 +240,11 @@ class Harvest:
                 (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight"), g.get("tidal_gate_engine_outstanding"))
                 for at, g in sampler.also_readings
             ]
+        if hist_before is not None and hist_after is not None:  # freed token → next POST, POST, POST end → release
+            result["dispatch"] = {
+                name: histograms.summarize_histogram(histograms.delta(hist_after[name], hist_before[name]))
+                for name in histograms.HISTOGRAMS
+            }
         if plugin_before is not None and engine.plugin_metrics_url:
             result["plugin"] = _plugin_delta(plugin_before, engine_stats.read_plugin(engine.plugin_metrics_url))
         return result

@@ -25,6 +25,7 @@ from config import Settings
 from config.settings import child_environ
 from config.settings import env_name
 from tidal_engine.serve import free_port
+from tidal_workers.bench import histograms
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import Item
 from tidal_workers.store import ItemStatus
@@ -164,6 +165,10 @@ class TidalStack:
             for s in family.samples
             if s.name in ("tidal_gate_target", "tidal_gate_inflight", "tidal_gate_engine_outstanding")
         }
+
+    def histograms(self) -> dict[str, list[tuple[float, float]]]:
+        """The worker's dispatch histograms now (cumulative buckets): two readings give a window's delta."""
+        return histograms.buckets(requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text)
 
     def worker_cpu_seconds(self) -> float:
         """CPU time the worker process has used (user + system): its share of the machine's cores."""
