@@ -18,6 +18,8 @@ import typing as t
 
 import httpx
 
+from tidal_workers.bench.stats import percentile
+
 
 @dataclasses.dataclass
 class OnlineSample:
@@ -112,15 +114,6 @@ async def run_online(
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(_one(client, url, body, t0)))
         return list(await asyncio.gather(*tasks))
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def summarize(samples: list[OnlineSample], duration: float) -> dict:

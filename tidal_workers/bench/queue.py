@@ -1,7 +1,6 @@
-"""Queue benchmark (not a test): claim throughput from the sorted sets, and re-score cost against batch size.
+"""`tidal bench queue`: claim throughput from the sorted sets, and re-score cost against batch size.
 
-Runs against a scratch Redis DB, which it flushes before and after:
-``python -c "from tidal_workers.bench_queue import main; main()"``.
+Runs against a scratch Redis DB, which it flushes before and after.
 """
 
 from __future__ import annotations
@@ -11,10 +10,12 @@ import time
 
 import redis
 
-from config import load_settings
+from tidal_workers.bench.stack import BENCH_REDIS_DB
 from tidal_workers.queue import Queue
 
-SCRATCH_DB = 15
+SCRATCH_DB = BENCH_REDIS_DB  # the benchmarks' DB: tests hold 1-13 and keep their locks in 15
+PER_CALL = (1, 16, 64, 256)  # items per claim call
+BATCH_SIZES = (100, 1_000, 10_000, 100_000)  # queued items in the batch re-scored
 
 
 def _scratch(redis_url: str) -> redis.Redis:
@@ -32,7 +33,8 @@ def claim_throughput(q: Queue, items: int, per_call: int, batches: int = 10) -> 
     while got := q.claim("bench-node", per_call, 600):
         claimed += len(got)
     elapsed = time.perf_counter() - start
-    assert claimed == per_batch * batches
+    if claimed != per_batch * batches:
+        raise RuntimeError(f"claimed {claimed} of {per_batch * batches} queued items")
     return claimed / elapsed
 
 
@@ -50,14 +52,22 @@ def rescore_seconds(q: Queue, size: int, repeats: int = 200) -> float:
     return statistics.median(times)
 
 
-def main(items: int = 200_000) -> None:
-    client = _scratch(load_settings().redis_url)
+def run(redis_url: str, items: int = 200_000) -> dict:
+    """Claims per second by items per call, and re-score median latency by batch size."""
+    client = _scratch(redis_url)
     q = Queue(client)
     try:
-        for per_call in (1, 16, 64, 256):
-            n = items if per_call > 1 else items // 10  # one round trip per item: a smaller run says enough
-            print(f"claim  {per_call:>4} per call: {claim_throughput(q, n, per_call):>9,.0f} items/s")
-        for size in (100, 1_000, 10_000, 100_000):
-            print(f"rescore {size:>7,} queued items: {rescore_seconds(q, size) * 1e6:>6.0f} µs (median)")
+        claims = {
+            # one round trip per item: a tenth of the items says enough
+            str(per_call): claim_throughput(q, items if per_call > 1 else items // 10, per_call)
+            for per_call in PER_CALL
+        }
+        rescores = {str(size): rescore_seconds(q, size) * 1e6 for size in BATCH_SIZES}
     finally:
         client.flushdb()
+    return {
+        "params": {"items": items, "scratch_db": SCRATCH_DB},
+        "redis": str(client.info("server").get("redis_version")),
+        "claim_items_per_s": claims,
+        "rescore_median_us": rescores,
+    }
