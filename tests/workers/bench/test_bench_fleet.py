@@ -74,7 +74,7 @@ def _arm(rep: int, arm: str, harvest: float, inflation: float = 1.0) -> dict:
         "r": -0.5,
         "answered_per_s": 2.0,
         "cpu_cores": 0.9,
-        "inflation": {key: inflation for key in fr.LATENCY_KEYS},
+        "inflation": dict.fromkeys(fr.LATENCY_KEYS, inflation),
     }
     return {
         "rep": rep,
