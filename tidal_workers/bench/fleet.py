@@ -347,16 +347,16 @@ def _submit_and_follow(
 
 
 def _wait_ready(ports: list[int]) -> None:
-    """Block until every worker answers on its metrics port (started, gate built): none starts late."""
+    """Block until every worker's /ready answers 200 (its store, Redis and engine checked): none starts late."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     for port in ports:
         while True:
             try:
-                requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2.0).raise_for_status()
+                requests.get(f"http://127.0.0.1:{port}/ready", timeout=5.0).raise_for_status()
                 break
             except requests.RequestException:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no worker answered on port {port} in {READY_TIMEOUT_S:.0f} s") from None
+                    raise TimeoutError(f"no worker ready on port {port} in {READY_TIMEOUT_S:.0f} s") from None
                 time.sleep(0.5)
 
 
