@@ -265,7 +265,7 @@ def _log(line: str) -> None:
 # Per engine kind: the fleet's defaults. Two twins share this machine's 2 cores, so their online rate is what they
 # sustain here (the run reports it); the tiny CPU engines keep the CPU history's sizes.
 FLEET_DEFAULTS = {
-    "twin": {"rate": 4.0, "batch_items": 1200, "max_inflight": 32, "interval": 10.0},
+    "twin": {"rate": 6.0, "batch_items": 1200, "max_inflight": 64, "interval": 10.0},
     "tiny": {"rate": 2.0, "batch_items": 300, "max_inflight": 12, "interval": 5.0},
 }
 
@@ -286,10 +286,10 @@ FLEET_DEFAULTS = {
 @click.option("--reps", default=3, show_default=True, help="Repetitions (ABBA order of the arms); < 3: no figures.")
 @click.option("--period", default=600.0, show_default=True, help="Seconds of one online day (the seed's 600).")
 @click.option("--periods", default=1.0, show_default=True, help="Days per arm.")
-@click.option("--rate", default=0.0, help="Mean online requests/s per replica (twin 4, tiny 2).")
+@click.option("--rate", default=0.0, help="Mean online requests/s per replica (twin 6, tiny 2).")
 @click.option("--amplitude", default=0.8, show_default=True, help="Diurnal swing as a fraction of the mean.")
 @click.option("--batch-items", default=0, type=int, help="Items of the batch each arm gets (twin 1200, tiny 300).")
-@click.option("--max-inflight", default=0, type=int, help="Gate ceiling of each worker (twin 32, tiny 12).")
+@click.option("--max-inflight", default=0, type=int, help="Gate ceiling of each worker (twin 64, tiny 12).")
 @click.option("--max-num-seqs", default=0, type=int, help="Engine slots (0: the profile's; 16 on the CPU engine).")
 @click.option("--interval", default=0.0, help="Seconds per bin of the fill series and r (twin 10, tiny 5).")
 @out_option("fleet")
