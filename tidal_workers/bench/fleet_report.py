@@ -131,6 +131,7 @@ def per_rep(arms: list[dict]) -> dict[str, list[float]]:
         base = by[(rep, BASELINE)]
         for i, replica in enumerate(base["replicas"]):
             out[f"online_answered_per_s_{i}"].append(replica["answered_per_s"])
+            out[f"online_offered_per_s_{i}"].append(replica["offered_per_s"])
             out[f"engine_cpu_cores_{i}_baseline"].append(replica["cpu_cores"])
         for arm in BATCH_ARMS:
             for i, replica in enumerate(by[(rep, arm)]["replicas"]):
@@ -184,7 +185,9 @@ def table(arms: list[dict], replicas: int = 2) -> str:
             row(label, cells(f"inflation_{key}_{i}_{{arm}}", ratio_text))
         row(f"replica {i}: engine CPU, cores", cells(f"engine_cpu_cores_{i}_{{arm}}", _num(".2f")))
     for i in range(replicas):
+        offered = figure_text(figures.get(f"online_offered_per_s_{i}", []), _num(".2f"))
         answered = figure_text(figures.get(f"online_answered_per_s_{i}", []), _num(".2f"))
         cpu = figure_text(figures.get(f"engine_cpu_cores_{i}_baseline", []), _num(".2f"))
-        row(f"replica {i}, online only: answered req/s; engine CPU cores", [f"{answered}; {cpu}", "", ""])
+        label = f"replica {i}, online only: offered / answered req/s; engine CPU, cores"
+        row(label, [f"{offered} / {answered}; {cpu}", "", ""])
     return "\n".join(lines)

@@ -73,6 +73,7 @@ def _arm(rep: int, arm: str, harvest: float, inflation: float = 1.0) -> dict:
         "batch_tokens": harvest / 2,
         "r": -0.5,
         "answered_per_s": 2.0,
+        "offered_per_s": 2.1,
         "cpu_cores": 0.9,
         "inflation": dict.fromkeys(fr.LATENCY_KEYS, inflation),
     }
