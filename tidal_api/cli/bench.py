@@ -102,7 +102,9 @@ HARVEST_DEFAULTS = {
 @click.option("--settle-seconds", default=3.0, show_default=True, help="Backlog flowing before a co-served window.")
 @click.option("--max-inflight", default=0, type=int, help="The harvesting worker's gate ceiling (twin 64, CPU 12).")
 @click.option("--max-num-seqs", default=0, type=int, help="Engine slots (0: the profile's; 16 on the CPU engine).")
-@click.option("--budget-tokens", default=2048, show_default=True, help="The engine's max_num_batched_tokens.")
+@click.option(
+    "--budget-tokens", default=2048, show_default=True, help="τ of a CPU engine (the twin's is its profile's)."
+)
 @click.option("--kv-bytes", default="64M", show_default=True, help="KV pool of a CPU engine started here.")
 @click.option(
     "--b-gate",

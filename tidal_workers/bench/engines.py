@@ -13,6 +13,7 @@ from tidal_engine.serve import EngineOptions
 from tidal_engine.serve import free_port
 from tidal_engine.serve import scheduler_env
 from tidal_engine.serve import start_engine
+from tidal_engine.twin import DEFAULT_PROFILE
 
 CPU_KINDS = ("tiny", "dense")  # the CPU engine computing for real: a step's time is this machine's
 KINDS = ("twin", *CPU_KINDS)
@@ -91,8 +92,11 @@ def _cpu_options(request: EngineRequest, settings: Settings, plugin: bool) -> En
 
 
 def _twin_options(request: EngineRequest, settings: Settings, plugin: bool) -> EngineOptions:
-    raise NotImplementedError(
-        "the GPU-timed twin's launcher (issue 16, item 1) is not in this tree yet; use --engine tiny|dense"
+    """The GPU-timed twin of ``request.profile``: slots, τ and KV pool are the profile's GPU's (docs/engine.md)."""
+    from tidal_engine.serve import twin_options
+
+    return twin_options(
+        settings, request.profile or DEFAULT_PROFILE, tidal_scheduler=plugin, max_num_seqs=request.max_num_seqs or None
     )
 
 
