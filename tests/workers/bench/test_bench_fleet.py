@@ -110,3 +110,18 @@ def test_unchanged_latency_reads_no_measurable_change():
     text = fr.table(_run(3))
     assert stats.NO_CHANGE in text  # inflation exactly 1.0 in every repetition
     assert "1.20×" in text  # placement over split, 3 repetitions: 1.19 mean, interval away from 1.0
+
+
+def test_the_split_arms_second_redis_db_is_one_no_test_session_holds_and_is_given_back(settings):
+    import redis
+
+    from tests.conftest import LOCK_DB
+    from tests.conftest import TEST_REDIS_DB
+    from tests.conftest import _redis_url
+    from tidal_workers.bench.stack import reserved_redis_db
+
+    locks = redis.Redis.from_url(_redis_url(LOCK_DB))
+    with reserved_redis_db(settings) as db:
+        assert 1 <= db <= 13 and db != TEST_REDIS_DB
+        assert locks.get(f"tidal:test-db:{db}") == b"bench"  # test sessions now skip it
+    assert locks.get(f"tidal:test-db:{db}") is None
