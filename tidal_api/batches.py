@@ -33,6 +33,8 @@ from tidal_api.pagination import list_body
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
+from tidal_workers.policy.phase import AUTO
+from tidal_workers.policy.phase import SPLIT_MODES
 from tidal_workers.quotas import lock_tenant
 from tidal_workers.quotas import open_batch_message
 from tidal_workers.store.models import Batch
@@ -99,6 +101,25 @@ def _metadata(value: object) -> dict[str, str] | None:
     return value
 
 
+def _extension(value: object) -> dict[str, str]:
+    """Tidal's own create options, under ``tidal`` (OpenAI's SDKs send it as ``extra_body``)."""
+    if value is None:
+        return {"phase_split": AUTO}
+    if not isinstance(value, dict):
+        raise invalid_type("tidal", "an object")
+    if unknown := sorted(set(value) - {"phase_split"}):
+        raise invalid_value(f"tidal.{unknown[0][:64]}", f"Unknown parameter: 'tidal.{unknown[0][:64]}'.")
+    mode = value.get("phase_split", AUTO)
+    if not isinstance(mode, str):
+        raise invalid_type("tidal.phase_split", "a string")
+    if mode not in SPLIT_MODES:
+        raise invalid_value(
+            "tidal.phase_split",
+            f"Invalid value for 'tidal.phase_split': '{mode[:64]}'. Supported values are: {', '.join(SPLIT_MODES)}.",
+        )
+    return {"phase_split": mode}
+
+
 def _batch_answer(batch_id: str) -> Response:
     rt = current_runtime()
     with rt.store.read() as s:
@@ -123,6 +144,7 @@ def create() -> Response:
         )
     metadata = _metadata(body.get("metadata"))
     output_expires_after = expiry.from_json(body.get("output_expires_after"), "output_expires_after")
+    options = _extension(body.get("tidal"))
 
     rt, tenant = current_runtime(), current_tenant()
     asked = idempotency.digest(body)
@@ -153,6 +175,7 @@ def create() -> Response:
                 created_at=now,
                 expires_at=now + rt.settings.completion_window_seconds,
                 output_expires_after=output_expires_after,
+                phase_split=options["phase_split"],
             )
             s.add(batch)
             s.flush()

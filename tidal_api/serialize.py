@@ -5,6 +5,7 @@ from __future__ import annotations
 import typing as t
 
 from config import Settings
+from tidal_workers.policy.phase import storage_usd
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.policy.pricing import cost
 from tidal_workers.store.models import Batch
@@ -85,5 +86,8 @@ def batch_object(b: Batch, settings: Settings) -> dict[str, t.Any]:
             "laxity_seconds": b.laxity_seconds,
             "observed_rate": b.observed_rate,
             "cost": batch_cost(b, settings),
+            "phase_split": b.phase_split,
+            "kv_stored_bytes": b.kv_stored_bytes,
+            "kv_storage_usd": round(storage_usd(b.kv_byte_seconds, settings.kv_storage_usd_per_gib_hour), 9),
         },
     }

@@ -4,7 +4,7 @@ No model hub is reachable from CI, so tests and the local benchmark use models
 built here: random seeded weights, head size 32 (a size vLLM's CPU attention
 supports), a byte-level tokenizer that never needs training and a ChatML chat
 template. Their text is noise; their timing, KV use and scheduling are those of
-a real transformer served by the real engine. Two shapes (``SHAPES``):
+a real transformer served by the real engine. Three shapes (``SHAPES``):
 
 - ``tiny`` (2 layers, hidden 128): the fastest engine to start and run. Its
   step costs the same few milliseconds whatever it carries, so the engine is
@@ -13,6 +13,8 @@ a real transformer served by the real engine. Two shapes (``SHAPES``):
   (a 1,024-token prefill takes about 30× a 16-token decode step on one core),
   as on a GPU, so a batch prefill really does delay the online tokens that
   share its step. TidalScheduler's latency model and batch cap act on that.
+- ``twin`` (1 layer, hidden 64, one KV head): the timed twin's model
+  (``twin_model.py``), whose steps are paced to a GPU profile's time.
 """
 
 from __future__ import annotations

@@ -25,19 +25,19 @@ def register() -> None:
     ModelRegistry.register_model(ARCHITECTURE, "tidal_engine.twin_model:TidalTwinForCausalLM")
 
 
-def _tables() -> dict:
+def profile_tables() -> dict:
     with PROFILES_PATH.open("rb") as f:
         return tomllib.load(f)
 
 
 def profile_names() -> list[str]:
     """The tabulated profiles (docs/engine.md); any MODEL@GPU pair of the file also loads."""
-    return list(_tables()["profiles"])
+    return list(profile_tables()["profiles"])
 
 
 def load_profile(name: str) -> Profile:
     """The profile MODEL@GPU from ``twin_profiles.toml``; ValueError naming the choices if there is none."""
-    tables = _tables()
+    tables = profile_tables()
     model, _, gpu = name.partition("@")
     if model not in tables["models"] or gpu not in tables["gpus"]:
         raise ValueError(

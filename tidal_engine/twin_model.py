@@ -7,8 +7,8 @@ P and C come from vLLM's forward context (the attention metadata's query and seq
 
 Settings travel in the model's config (``--hf-overrides``, set by ``serve.twin_options``):
 ``tidal_twin_profile`` names the profile, ``tidal_twin_trace`` a CSV file that gets one line per step
-(``TRACE_COLUMNS``, times from the system-wide monotonic clock; ``tidal bench twin`` reads it). Every ``LOG_EVERY_S`` the process logs its step and
-overrun counts.
+(``TRACE_COLUMNS``, times from the system-wide monotonic clock; ``tidal bench twin`` reads it). Every
+``LOG_EVERY_S`` the process logs its step and overrun counts.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ TRACE_COLUMNS = (
     "overruns",
 )
 LOG_EVERY_S = 10.0
-FLUSH_EVERY_S = 1.0
 
 
 def step_shape() -> tuple[int, int, int, int] | None:
@@ -76,11 +75,12 @@ class TidalTwinForCausalLM(Qwen2ForCausalLM):
         self.profile = load_profile(getattr(hf_config, "tidal_twin_profile", DEFAULT_PROFILE))
         self.pacer = Pacer()
         trace = getattr(hf_config, "tidal_twin_trace", "")
-        self._trace = open(trace, "a", buffering=1 << 16) if trace else None  # open as long as the engine
+        # Line-buffered: vLLM kills the worker at shutdown, and a step's line must be readable once it ran.
+        self._trace = open(trace, "a", buffering=1) if trace else None
         if self._trace is not None and self._trace.tell() == 0:
             self._trace.write(",".join(TRACE_COLUMNS) + "\n")
         self._last_end: float | None = None
-        self._last_flush = self._last_log = time.monotonic()
+        self._last_log = time.monotonic()
         log.info("timed twin: profile %s, KV pool %d tokens on the GPU", self.profile.name, self.profile.kv_pool_tokens)
 
     def forward(
@@ -121,9 +121,6 @@ class TidalTwinForCausalLM(Qwen2ForCausalLM):
                 self.pacer.overruns,
             )
             self._trace.write(",".join(map(str, row)) + "\n")
-            if now - self._last_flush >= FLUSH_EVERY_S:
-                self._trace.flush()
-                self._last_flush = now
         if now - self._last_log >= LOG_EVERY_S:
             self._last_log = now
             log.info(

@@ -11,16 +11,16 @@ from tidal_engine.step_time import prefill_seconds
 from tidal_engine.step_time import sequence_pairs
 from tidal_engine.step_time import step_seconds
 from tidal_engine.tiny import kv_bytes_per_token
-from tidal_engine.twin import _tables
 from tidal_engine.twin import load_profile
 from tidal_engine.twin import profile_names
+from tidal_engine.twin import profile_tables
 
 A6000 = "qwen2.5-7b@a6000"
 
 
 def test_the_three_profiles_are_tabulated_and_every_pair_loads():
     assert {A6000, "llama-3.1-8b@h100", "qwen2.5-7b@h200"} <= set(profile_names())
-    tables = _tables()
+    tables = profile_tables()
     for model in tables["models"]:
         for gpu in tables["gpus"]:
             assert load_profile(f"{model}@{gpu}").max_num_batched_tokens == 2048  # τ as on the seed's GPU
@@ -29,7 +29,7 @@ def test_the_three_profiles_are_tabulated_and_every_pair_loads():
 def test_unknown_profiles_and_keys_are_refused():
     with pytest.raises(ValueError, match="MODEL@GPU"):
         load_profile("qwen2.5-7b@tpu")
-    tables = _tables()
+    tables = profile_tables()
     with pytest.raises(ValueError, match="unknown keys"):
         Profile.from_tables("x", {**tables["models"]["qwen2.5-7b"], "typo": 1}, tables["gpus"]["a6000"])
 

@@ -4,6 +4,7 @@ the experiments themselves live in tidal_workers/bench/."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import typing as t
 from pathlib import Path
@@ -428,6 +429,196 @@ def prefix(
             engine.stop()
     results = {"engine": engine_url or f"tiny vLLM-CPU, KV pool {kv_cache_bytes}", **results}
     finish("prefix", origin, results, out_dir, results)
+
+
+@bench.command()
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="Twin profile to run (MODEL@GPU).")
+@click.option("--reps", default=3, show_default=True, help="Repetitions of the grid and of the CPU load.")
+@click.option("--steps", default=8, show_default=True, help="Steps of each cell's shape per repetition.")
+@click.option("--cells", default="", help="Comma-separated indices into the grid (default: all; see docs/engine.md).")
+@click.option("--cpu-duration", default=30.0, show_default=True, help="Seconds of load per CPU repetition; 0: skip.")
+@click.option("--online-rate", default=20.0, show_default=True, help="Online requests/s during the CPU load.")
+@click.option("--batch-lanes", default=48, show_default=True, help="Batch requests in flight during the CPU load.")
+@out_option("twin")
+def twin(
+    profile: str,
+    reps: int,
+    steps: int,
+    cells: str,
+    cpu_duration: float,
+    online_rate: float,
+    batch_lanes: int,
+    out: str,
+) -> None:
+    """The timed twin: whole-step time against the profile's T(P, C) over the grid, and its CPU use under load.
+
+    Starts the twin of --profile (stock scheduler: vLLM's CPU platform forces the synchronous one); run it
+    under the engine lock. Attainability is reported for every tabulated profile from this run's floors.
+    """
+    from tidal_engine.serve import start_twin
+    from tidal_engine.twin import load_profile
+    from tidal_engine.twin import profile_names
+    from tidal_workers.bench import twin as tw
+
+    if reps < 3:
+        click.echo("note: fewer than 3 repetitions: the intervals are not figures to report", err=True)
+    out_dir, origin = begin("twin", out)
+    grid = [tw.GRID[int(i)] for i in cells.split(",")] if cells else list(tw.GRID)
+    trace = out_dir / "twin-trace.csv"
+    trace.unlink(missing_ok=True)
+    spec = load_profile(profile)
+    load = tw.LoadConfig(online_rate=online_rate, batch_lanes=batch_lanes)
+    results: dict = {
+        "profile": dataclasses.asdict(spec),
+        "params": {"reps": reps, "steps": steps, "cpu_duration": cpu_duration, "load": dataclasses.asdict(load)},
+        "scheduler": "stock vLLM Scheduler, synchronous (the CPU platform forces async_scheduling off)",
+    }
+    engine = start_twin(load_settings(), profile, log_path=out_dir / "twin.log", trace_path=trace.resolve())
+    results["engine_start_s"] = engine.started_s
+    try:
+        click.echo(f"fidelity: {len(grid)} cells x {reps} reps ...", err=True)
+        samples = tw.fidelity(engine.url, spec.name, trace, grid, reps, steps)
+        profiles = [load_profile(n) for n in profile_names()]
+        results["cells"] = [tw.summarize_cell(c, samples[c.label], profiles) for c in grid]
+        if cpu_duration > 0:
+            cpu_reps = []
+            for rep in range(reps):
+                click.echo(f"CPU use under load, rep {rep + 1}/{reps} ...", err=True)
+                cpu_reps.append(tw.cpu_use(engine.url, spec.name, engine.pid, load, cpu_duration, seed=rep))
+            results["cpu"] = {"cores": tw.summarize_cpu(cpu_reps), "reps": cpu_reps}
+        rows = tw.read_trace(trace)
+        results["overruns"] = {"steps": len(rows), "overruns": int(rows[-1]["overruns"]) if rows else 0}
+    finally:
+        engine.stop()
+    finish("twin", origin, results, out_dir, tw.report(results), [trace])
+
+
+@bench.command()
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="Profile whose model is timed.")
+@click.option("--device", default="cuda", show_default=True, help="torch device: cuda (the real run) or cpu.")
+@click.option("--tiny", is_flag=True, help="A two-layer stack over small cells: checks the script (CPU tests).")
+@click.option("--reps", default=10, show_default=True, help="Timed steps per cell.")
+@click.option("--budget-seconds", default=480.0, show_default=True, help="Cells not started by then are skipped.")
+@out_option("calibrate")
+def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: float, out: str) -> None:
+    """Time a 7B-class transformer stack (random weights, PyTorch only) over the twin's grid; fit a measured profile.
+
+    Writes calibrate.json (samples, derived against measured per cell, the fit) and profile-measured.toml
+    (a [gpus."GPU-measured"] table to put beside the derived one in tidal_engine/twin_profiles.toml).
+    """
+    from tidal_engine.twin import load_profile
+    from tidal_engine.twin import profile_tables
+    from tidal_workers.bench import calibrate as cb
+    from tidal_workers.bench.twin import GRID
+
+    spec = load_profile(profile)
+    model, _, gpu = profile.partition("@")
+    shape = cb.TINY if tiny else cb.StackShape.of(spec, cb.INTERMEDIATE[model])
+    out_dir, origin = begin("calibrate", out)
+    measured = cb.run(spec, shape, cb.TINY_GRID if tiny else GRID, device, reps, budget_seconds)
+    files: list[Path] = []
+    if measured["fit"]:
+        files.append(out_dir / "profile-measured.toml")
+        files[0].write_text(cb.measured_toml(gpu, profile_tables()["gpus"][gpu], measured["fit"]))
+    headline = {k: measured[k] for k in ("device", "seconds", "table", "fit", "skipped")}
+    finish("calibrate", origin, {"profile": profile, "tiny": tiny, **measured}, out_dir, headline, files)
+
+
+@bench.command("kv-probe")
+@click.option(
+    "--connectors",
+    default="example,offloading,simple-cpu,simple-disk,lmcache",
+    show_default=True,
+    help="Connectors to probe (names in tidal_workers.bench.kv_probe.CONNECTORS); empty: none.",
+)
+@click.option("--thaw/--no-thaw", default=True, show_default=True, help="Also time thawed TTFT against recompute.")
+@click.option("--reps", default=5, show_default=True, help="Prompts per length in the thaw timing.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/kv-probe", show_default=True)
+def kv_probe(connectors, thaw, reps, out) -> None:
+    """KV connectors on this engine build: freeze, restart, thaw (docs/engine.md); thawed TTFT (docs/benchmarks.md)."""
+    from tidal_engine.tiny import build_tiny
+    from tidal_workers.bench import kv_probe as kp
+
+    out_dir = output_dir(out)
+    settings = load_settings()
+    model_dir = build_tiny(settings.home, "dense")
+    results: dict = {**provenance("kv-probe"), "engine": "dense vLLM-CPU, float32, eager"}
+    names = [n.strip() for n in connectors.split(",") if n.strip()]
+    results["probe"] = kp.probe(kp.ProbeConfig(home=Path(settings.home), model_dir=model_dir, work=out_dir), names)
+    if thaw:
+        results["thaw"] = kp.thaw_ttft(kp.ThawConfig(model_dir=model_dir, work=out_dir, reps=reps))
+    path = out_dir / "kv_probe.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps(results, indent=2))
+    click.echo(f"results: {path}", err=True)
+
+
+@bench.command()
+@click.option("--duration", default=30.0, show_default=True, help="Seconds per arm.")
+@click.option("--reps", default=2, show_default=True, help="ABBA blocks (each runs both arms).")
+@click.option("--online-rate", default=1.0, show_default=True, help="Online requests/s through the router.")
+@click.option("--max-inflight", default=4, show_default=True, help="Ceiling of the gate's batch target.")
+@click.option("--out", type=click.Path(file_okay=False), default="bench-out/disagg", show_default=True)
+def disagg(duration, reps, online_rate, max_inflight, out) -> None:
+    """A-D: prefill engine + decode engine + KV through TidalFreezeConnector + a router, against the same two engines
+    run unified; batch admitted by the gate through the `disagg` signal map (docs/benchmarks.md)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tidal_engine.serve import EngineOptions
+    from tidal_engine.serve import start_engine
+    from tidal_engine.tiny import build_tiny
+    from tidal_workers.bench import disagg as dg
+
+    out_dir = output_dir(out)
+    settings = load_settings()
+    storage = out_dir / "frozen"
+    storage.mkdir(exist_ok=True)
+    connector = {
+        "kv_connector": "TidalFreezeConnector",
+        "kv_connector_module_path": "tidal_engine.freeze",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
+    options = EngineOptions(
+        model=str(build_tiny(settings.home, "dense")),
+        served_model_name="dense",
+        max_num_seqs=16,
+        extra_args=("--kv-transfer-config", json.dumps(connector)),
+    )
+    with ThreadPoolExecutor(2) as pool:  # one core each: the default binds both engines to core 0
+        starts = [
+            pool.submit(
+                start_engine, options, log_path=out_dir / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}
+            )
+            for i, name in enumerate(("prefill", "decode"))
+        ]
+        engines = [f.result() for f in starts]
+    router = dg.Router(engines[0].url, engines[1].url)
+    gate_settings = settings.replace(
+        gate_mode="aimd",
+        gate_signals="disagg",
+        gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
+        min_inflight=0,
+        max_inflight=max_inflight,
+        initial_inflight=1,
+    )
+    cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
+    try:
+        arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
+    finally:
+        router.stop()
+        for e in engines:
+            e.stop()
+    results = {
+        **provenance("disagg"),
+        "engine": "2 x dense vLLM-CPU (one core each), TidalFreezeConnector on a shared folder",
+        "params": dataclasses.asdict(cfg),
+        "arms": arms,
+    }
+    path = out_dir / "disagg.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps(results, indent=2))
+    click.echo(f"results: {path}", err=True)
 
 
 @bench.command()
