@@ -256,7 +256,7 @@ def _first_n(times: list[float], n: int) -> list[float]:
 def _read_at(engine: BenchEngine, when: float) -> engine_stats.Reading:
     if (delay := when - time.monotonic()) > 0:
         time.sleep(delay)
-    return engine_stats.read(engine.url)
+    return engine_stats.read(engine.url, timeout=30.0)  # a window's edge: a busy API server answers late, not never
 
 
 def _wait_running(engine: BenchEngine, slots: int, timeout: float) -> float:
