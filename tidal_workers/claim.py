@@ -1,10 +1,11 @@
 """ClaimStep: the worker's claim thread, between the Redis queue and the worker's own Celery queue.
 
 It lives in the consumer's lifecycle, so claiming stops when the broker
-connection is lost and resumes with the consumer. Each pass it renews this
-process's leases (every third of a lease), reclaims expired ones, rebuilds the
-queue from SQL if Redis lost its data, and claims up to the gate's in-flight
-target. Past the gate, the floor admits each urgent batch (``tidal:urgent``,
+connection is lost and resumes with the consumer. Each pass it renews the
+leases of this process's running tasks (every third of a lease), reclaims
+expired ones, rebuilds the queue from SQL if Redis lost its data, and, unless
+the engine is down (``engine_health``: then it claims nothing and probes
+``/health``), claims up to the gate's in-flight target. Past the gate, the floor admits each urgent batch (``tidal:urgent``,
 kept by the re-score) at up to ``floor_rate`` items/s on this node through a
 per-batch token bucket, so a batch about to miss its window still progresses
 when the gate is closed; those items count as in flight like any other, so an
@@ -43,7 +44,7 @@ class ClaimLoop:
     """One node's claim loop; ``tick`` is one pass, ``run`` repeats it until stopped."""
 
     def __init__(self, ctx: WorkerContext, gate: Gate, send: Send):
-        self.rt, self.leases, self.gate, self.send = ctx.rt, ctx.leases, gate, send
+        self.rt, self.leases, self.engine, self.gate, self.send = ctx.rt, ctx.leases, ctx.engine, gate, send
         self.settings = ctx.rt.settings
         self.stopping = threading.Event()
         self._next_upkeep = 0.0
@@ -53,7 +54,7 @@ class ClaimLoop:
     def upkeep(self) -> None:
         """Renew our leases, requeue expired ones, and rebuild the queue at start or if Redis lost it."""
         s, q = self.settings, self.rt.queue
-        lost = q.renew(s.node, self.leases.items(), s.lease_seconds)
+        lost = q.renew(s.node, self.leases.renewable(s.lease_seconds), s.lease_seconds)
         self.leases.forget(lost)
         reclaim(self.rt)
         if not self._started or not q.is_built():
@@ -79,6 +80,8 @@ class ClaimLoop:
         if now >= self._next_upkeep:
             self.upkeep()
             self._next_upkeep = now + s.lease_seconds / 3
+        if not self.engine.may_claim(now):  # the engine is down: claim nothing, the floor included
+            return 0
         inflight = q.inflight(s.node)
         claims = self.floor(now, inflight)
         inflight += len(claims)

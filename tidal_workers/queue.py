@@ -148,6 +148,18 @@ redis.call('DEL', KEYS[4])
 return 1
 """
 
+EXPIRE = """
+-- KEYS[1] = tidal:inflight  KEYS[2] = tidal:node:{node}:inflight  KEYS[3] = tidal:lease
+-- ARGV[1] = item id  ARGV[2] = lease
+-- Ends a lease now if ARGV[2] is still current, so the next RECLAIM requeues its item. Returns 1, or 0 if stale.
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
+redis.call('ZADD', KEYS[2], 'XX', 0, ARGV[1])
+return 1
+"""
+
 RECLAIM = """
 -- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:lease
 -- ARGV[1] = most leases to reclaim  ARGV[2] = batch key prefix  ARGV[3] = ready key prefix
@@ -286,6 +298,7 @@ class Queue:
         self._renew = client.register_script(RENEW)
         self._complete = client.register_script(COMPLETE)
         self._reclaim = client.register_script(RECLAIM)
+        self._expire = client.register_script(EXPIRE)
         self._rescore = client.register_script(RESCORE)
         self._drop = client.register_script(DROP)
         self._batch_inflight = client.register_script(BATCH_INFLIGHT)
@@ -359,6 +372,11 @@ class Queue:
                 args=[item_id, lease],
             )
         )
+
+    def expire(self, item_id: int, lease: str) -> bool:
+        """End ``lease`` now, if still current, for the next reclaim to requeue its item (an engine outage)."""
+        node, _ = parse_lease(lease)
+        return bool(self._expire(keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[item_id, lease]))
 
     def lease_current(self, item_id: int, lease: str) -> bool:
         return self.redis.hget(keys.LEASES, str(item_id)) == lease

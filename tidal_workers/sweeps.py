@@ -49,6 +49,14 @@ def reclaim(rt: Runtime) -> int:
     return len(reclaimed)
 
 
+def give_back(rt: Runtime, item_id: int, lease: str) -> bool:
+    """Requeue one leased item now, with no retry spent (its engine is down); False if the lease was stale."""
+    if not rt.queue.expire(item_id, lease):
+        return False
+    reclaim(rt)
+    return True
+
+
 def reconcile(rt: Runtime, now: float | None = None) -> int:
     """Rebuild the queue from SQL, send ingest again for batches left `validating` (or fail them once their ingest
     attempts are used up), and finalize batches whose finalizer never ran or died; returns items queued."""

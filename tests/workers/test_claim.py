@@ -42,12 +42,33 @@ def test_upkeep_renews_held_leases_and_forgets_lost_ones(rt, make_batch, setting
     loop = loop_for(rt, 2, sent)
     loop.tick(time.time())
     held, lost = sent
+    for c in sent:  # both tasks start running
+        assert loop.leases.start(c.item_id, c.lease)
     rt.queue.complete(lost.item_id, lost.lease)
     for _ in range(6):  # well past one lease: renewal keeps `held` alive
         time.sleep(0.5)
         loop.upkeep()
     assert rt.queue.lease_current(held.item_id, held.lease)
     assert loop.leases.items() == [(held.item_id, held.lease)]
+
+
+def test_a_lease_whose_task_never_starts_is_not_renewed_and_its_item_goes_back(rt, make_batch, settings):
+    """A revoked or lost run_item message: its lease runs out within one lease of the claim, and is requeued."""
+    rt.settings = settings.replace(lease_seconds=1.0)
+    batch = make_batch(2)
+    sent: list = []
+    loop = loop_for(rt, 2, sent)
+    claimed = time.monotonic()
+    loop.tick(time.time())
+    running, never = sent
+    assert loop.leases.start(running.item_id, running.lease)  # only one task starts
+    back = wait_for(
+        lambda: (loop.upkeep() or True) and queued(rt, batch) == 1 and time.monotonic(), 10, "the item to go back"
+    )
+    assert back - claimed < rt.settings.lease_seconds + 1.0  # its lease plus a pass of the loop on a loaded machine
+    assert rt.queue.lease_current(running.item_id, running.lease)  # the running task's lease was renewed
+    assert loop.leases.items() == [(running.item_id, running.lease)]  # and the other left the book
+    assert not loop.leases.start(never.item_id, never.lease)  # a task starting this late is stale
 
 
 def test_a_pass_after_data_loss_rebuilds_the_queue(rt, make_batch):

@@ -11,10 +11,13 @@ from sqlalchemy import func
 from sqlalchemy import select
 from workers.worker_helpers import assert_exactly_once
 from workers.worker_helpers import batch_row
+from workers.worker_helpers import item_ids
 from workers.worker_helpers import settled
 from workers.worker_helpers import spawn
 from workers.worker_helpers import wait_for
 
+from tidal_workers import keys
+from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.store.models import Item
 from tidal_workers.task_names import OPS_QUEUE
 
@@ -45,6 +48,31 @@ def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
         rerun = s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == batch, Item.attempts > 1))
     assert rerun >= 1  # the killed worker's in-flight items ran again, as attempt 2
     assert rt.queue.inflight("node-a") == 0
+
+
+def test_a_revoked_task_gives_its_item_back_within_the_lease(rt, make_batch, worker, celery_app, stub, settings):
+    """A run_item revoked before it starts (from Flower, say) never runs: its lease is not renewed, and its item goes
+    back to the queue and runs again as attempt 2. Before, the claim thread renewed that lease for ever."""
+    from celery.worker import state
+
+    batch = make_batch(2, enqueue=False)
+    doomed = item_ids(rt, batch)[0]
+    with worker():
+        celery_app.control.revoke(f"item-{doomed}#1")  # the task id the claim will publish
+        wait_for(lambda: f"item-{doomed}#1" in state.revoked, 30, "the worker to hold the revoke")
+        enqueue_batch(rt, batch)
+        claimed = time.monotonic()
+        wait_for(lambda: rt.redis.hget(keys.item(doomed), "attempts") == "2", 10 * settings.lease_seconds, "attempt 2")
+        back = time.monotonic() - claimed
+        b, out, err = settled(rt, batch)
+    assert (b.completed, b.failed, err) == (2, 0, [])
+    assert_exactly_once(rt, batch, out, err)
+    with rt.store.read() as s:
+        assert s.get(Item, doomed).attempts == 2  # the revoked attempt 1 never ran; attempt 2 did
+    assert len(stub.requests) == 2
+    print(
+        f"\nrevoked task: item back and claimed again {back:.1f} s after the claim (lease {settings.lease_seconds} s)"
+    )
 
 
 def _reclaims_sent(rt) -> int:
