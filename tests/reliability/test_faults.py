@@ -23,14 +23,14 @@ from workers.worker_helpers import wait_for
 
 from config import Settings
 from config import load_settings
-from reliability.fault_helpers import PrivatePostgres
-from reliability.fault_helpers import PrivateRedis
 from reliability.fault_helpers import SlowUpload
 from reliability.fault_helpers import TinyVllm
-from reliability.fault_helpers import kill_group
 from reliability.fault_helpers import start_api
 from reliability.fault_helpers import start_worker
 from tidal_engine.serve import free_port
+from tidal_workers.bench.services import PrivatePostgres
+from tidal_workers.bench.services import PrivateRedis
+from tidal_workers.bench.services import kill_group
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import LeaseBook
 from tidal_workers.context import WorkerContext

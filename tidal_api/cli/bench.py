@@ -408,4 +408,68 @@ def queue(items) -> None:
     main(items)
 
 
+def _span(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(":")
+    return float(low), float(high or low)
+
+
+@bench.command()
+@click.option("--minutes", default=30.0, show_default=True, help="Length of the chaos window (faults and load).")
+@click.option("--seed", default=None, type=int, help="Seed of the fault schedule and the load; default: random.")
+@click.option("--engine", "engine_kind", type=click.Choice(["tiny"]), default="tiny", show_default=True)
+@click.option("--interval", default="30:90", show_default=True, help="Seconds between faults, MIN:MAX.")
+@click.option("--engine-down", default="10:240", show_default=True, help="Seconds a killed engine stays down.")
+@click.option("--stall", default="5:30", show_default=True, help="Seconds Redis stays paused (SIGSTOP).")
+@click.option("--tenants", default=3, show_default=True)
+@click.option("--batch-every", default=20.0, show_default=True, help="Each tenant submits a batch this often (s).")
+@click.option("--online-rate", default=0.2, show_default=True, help="Online requests/s to each engine.")
+@click.option("--drain-minutes", default=10.0, show_default=True, help="Time every batch has to finish afterwards.")
+@click.option("--out", default="bench-out/chaos", show_default=True)
+def chaos(
+    minutes, seed, engine_kind, interval, engine_down, stall, tenants, batch_every, online_rate, drain_minutes, out
+) -> None:
+    """The whole stack (private Redis and PostgreSQL, API, two GPU nodes, ops worker, beat) under random faults; then
+    every batch must be completed with every input line exactly once and no error line. Exit status 1 if not."""
+    import secrets
+    import subprocess
+    import sys
+    import tempfile
+
+    from tidal_workers.bench import chaos as ch
+
+    cfg = ch.ChaosConfig(
+        minutes=minutes,
+        seed=secrets.randbelow(1_000_000) if seed is None else seed,
+        interval=_span(interval),
+        engine_down=_span(engine_down),
+        stall=_span(stall),
+        tenants=tenants,
+        batch_every=batch_every,
+        online_rate=online_rate,
+        drain_minutes=drain_minutes,
+        engine=engine_kind,
+    )
+    out_dir = output_dir(out)
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    click.echo(f"chaos: seed {cfg.seed}, {len(ch.schedule(cfg))} faults in {minutes:g} min; logs {out_dir}", err=True)
+    work = Path(tempfile.mkdtemp(prefix="tidal-chaos-", dir=out_dir))
+    report = ch.run(cfg, load_settings(), work)
+    results = {
+        **provenance("chaos"),
+        "argv": sys.argv,
+        "commit": commit or "unknown",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "logs": str(work),
+        **report,
+    }
+    path = out_dir / "chaos.json"
+    path.write_text(json.dumps(results, indent=2))
+    click.echo(json.dumps({k: v for k, v in results.items() if k != "batches"}, indent=2))
+    click.echo(f"results: {path}", err=True)
+    if not results["ok"]:
+        raise SystemExit(1)
+
+
 COMMANDS = [bench]
