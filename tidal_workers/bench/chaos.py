@@ -13,6 +13,7 @@ The report gives each fault with its recovery time (injection to the next comple
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -370,7 +371,8 @@ class Load:
             ]
             data = "".join(json.dumps(line) + "\n" for line in lines).encode()
             upload = self._retry(
-                lambda data=data: requests.post(
+                functools.partial(
+                    requests.post,
                     url + "/v1/files",
                     headers=auth,
                     data={"purpose": "batch"},
@@ -382,9 +384,7 @@ class Load:
             body = {"input_file_id": upload["id"], "endpoint": CHAT, "completion_window": "24h"}
             headers = {**auth, "Idempotency-Key": f"chaos-{tenant}-{k}"}  # a retried create makes one batch
             batch = self._retry(
-                lambda headers=headers, body=body: requests.post(
-                    url + "/v1/batches", headers=headers, json=body, timeout=30
-                ),
+                functools.partial(requests.post, url + "/v1/batches", headers=headers, json=body, timeout=30),
                 lambda r: r.status_code == 200,
             )
             with self.lock:
