@@ -240,6 +240,12 @@ class Settings:
         ge=0,
         le=65535,
     )
+    ops_metrics_port: int = _setting(
+        9189,
+        "Port of the ops worker's (`tidal worker --ops`) Prometheus endpoint, with `/health` and `/ready` (SQL, Redis, storage); 0 turns it off.",
+        ge=0,
+        le=65535,
+    )
 
     # --- the AIMD gate ------------------------------------------------------
     gate_mode: str = _setting(
