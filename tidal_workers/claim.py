@@ -157,6 +157,12 @@ class ClaimStep(bootsteps.StartStopStep):
             self.thread.join(10)
             self.loop = self.thread = None
 
+    def close(self, c: Consumer) -> None:
+        """The worker is stopping (Celery closes the consumer's steps only then, not on a broker reconnect): hold
+        every send, so items not under way go back to the queue now; requests under way finish."""
+        if self.loop is not None:
+            self.loop.engine.stopping()
+
     shutdown = stop
 
     def info(self, c: Consumer) -> dict[str, dict[str, bool]]:

@@ -4,7 +4,8 @@ The engine is taken as down when a request to it is refused, or when a request f
 too (``policy.outage``); the tasks mark it. While it is down the claim loop claims nothing (the floor included) and
 probes ``/health`` every ``engine_probe_seconds``; the first 200 marks it up and claiming resumes. Each change is
 one log line and moves the ``tidal_engine_up`` gauge. Tasks hand their items back while it is down
-(:func:`tidal_workers.sweeps.give_back`), so an outage of any length costs no retry and no error line.
+(:func:`tidal_workers.sweeps.give_back`), so an outage of any length costs no retry and no error line. A worker
+that is shutting down holds its sends the same way (``stopping``): what it has not sent goes back at once.
 """
 
 from __future__ import annotations
@@ -37,13 +38,27 @@ class EngineHealth:
     def __init__(self, settings: Settings):
         self.settings = settings
         self._lock = threading.Lock()
-        self.down = threading.Event()  # set while down: a task sleeping out a retry backoff wakes at once
+        self._down = False
+        self._stopping = False
+        # Set while nothing may be sent: the engine is down, or the worker is stopping. A task sleeping out a retry
+        # backoff waits on it, so it wakes at once and hands its item back.
+        self.hold = threading.Event()
         self._down_since = 0.0
         self._next_probe = 0.0
 
     @property
     def up(self) -> bool:
-        return not self.down.is_set()
+        return not self._down
+
+    def may_send(self) -> bool:
+        return not self.hold.is_set()
+
+    def stopping(self) -> None:
+        """The worker is shutting down: items not yet sent go back to the queue; requests under way finish."""
+        with self._lock:
+            self._stopping = True
+            self.hold.set()
+        log.info("worker stopping: items not yet sent go back to the queue")
 
     def healthy(self) -> bool:
         """One probe of the engine's /health (200 within a couple of seconds)."""
@@ -51,9 +66,10 @@ class EngineHealth:
 
     def mark_down(self, why: str) -> None:
         with self._lock:
-            if self.down.is_set():
+            if self._down:
                 return
-            self.down.set()
+            self._down = True
+            self.hold.set()
             self._down_since = time.monotonic()
             self._next_probe = 0.0
         ENGINE_UP.set(0)
@@ -62,9 +78,11 @@ class EngineHealth:
 
     def mark_up(self) -> None:
         with self._lock:
-            if not self.down.is_set():
+            if not self._down:
                 return
-            self.down.clear()
+            self._down = False
+            if not self._stopping:
+                self.hold.clear()
             lasted = time.monotonic() - self._down_since
         ENGINE_UP.set(1)
         log.warning("engine %s is up again after %.0f s: claiming resumes", self.url, lasted)

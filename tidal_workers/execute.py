@@ -118,8 +118,8 @@ GIVEN_BACK = "given_back"  # execute_item's answer when the engine is down: run_
 def execute_item(rt: Runtime, item_id: int, lease: str, engine: EngineHealth | None = None) -> str:
     """Run one claimed item to its outcome; returns what happened (for Flower and tests).
 
-    ``GIVEN_BACK``: the engine is down and the item must go back to the queue (the caller does it, after it has
-    stopped renewing the lease).
+    ``GIVEN_BACK``: the engine is down (or the worker stopping) and the item must go back to the queue (the caller
+    does it, after it has stopped renewing the lease).
     """
     engine = engine or EngineHealth(rt.settings)
     if not rt.queue.lease_current(item_id, lease):
@@ -137,7 +137,7 @@ def execute_item(rt: Runtime, item_id: int, lease: str, engine: EngineHealth | N
             rt.queue.complete(item_id, lease)
             maybe_finalize(rt, row.batch_id)
             return "abandoned"
-        if not engine.up:  # leased but not sent: back to the queue for a node whose engine answers
+        if not engine.may_send():  # leased but not sent, and the engine is down or the worker stopping
             return GIVEN_BACK
         try:
             outcome = submit(rt, row.url, body, batch.priority)
@@ -155,7 +155,7 @@ def execute_item(rt: Runtime, item_id: int, lease: str, engine: EngineHealth | N
                 break
             delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
             log.info("item %s: %s; retry %d in %.2fs", item_id, exc, failures, delay)
-            engine.down.wait(delay)  # an outage found by another task ends the wait at once
+            engine.hold.wait(delay)  # an outage found by another task, or a shutdown, ends the wait at once
             if not rt.queue.lease_current(item_id, lease):
                 return "stale"
     # "dropped": the lease went stale, or another attempt wrote first.
