@@ -227,6 +227,10 @@ class Stack:
             api_keys=",".join(f"{tenant}:{key}" for tenant, key in self.keys.items()),
             bind=self.api_url.removeprefix("http://"),
             api_workers=1,
+            # A fixed in-flight target: two CPU engines and the whole stack share this machine's cores, where the AIMD
+            # gate's /metrics scrapes (half a second to answer) time out and close it; the soak tests recovery.
+            gate_mode="fixed",
+            max_inflight=4,
         )
         self.rt = Runtime(self.settings)
         self.engines = {node: self._engine_slot(node, base) for node in NODES}
