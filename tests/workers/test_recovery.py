@@ -69,9 +69,7 @@ def test_a_revoked_task_gives_its_item_back_within_the_lease(rt, make_batch, wor
     with rt.store.read() as s:
         assert s.get(Item, doomed).attempts == 2  # the revoked attempt 1 never ran; attempt 2 did
     assert len(stub.requests) == 2
-    print(
-        f"\nrevoked task: batch completed {back:.1f} s after the claim (lease {settings.lease_seconds} s)"
-    )
+    print(f"\nrevoked task: batch completed {back:.1f} s after the claim (lease {settings.lease_seconds} s)")
 
 
 def _reclaims_sent(rt) -> int:

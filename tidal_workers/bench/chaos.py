@@ -237,7 +237,7 @@ class Stack:
         tidal = [sys.executable, "-m", "tidal_api.cli"]
         self.children = {
             "api": self._child("api", [*tidal, "serve"]),
-            "ops": self._child("ops", [*tidal, "worker", "--ops"], node="ops"),
+            "ops": self._child("ops", [*tidal, "worker", "--ops"], node="ops", ops_metrics_port=str(free_port())),
             "beat": self._child("beat", [*tidal, "beat"]),
             **{
                 f"worker-{n}": self._child(
@@ -425,6 +425,8 @@ class Chaos:
         self.t0 = time.monotonic()
         self.log: list[Injected] = []
         self.samples: list[tuple[float, int]] = []
+        self.exits: list[dict[str, t.Any]] = []  # children that exited on their own, restarted as a supervisor would
+        self.lock = threading.Lock()  # a kill and its restart are one step for the supervision in _sample
         self.pending: list[threading.Thread] = []
         self.stop = threading.Event()
         self.sampler = threading.Thread(target=self._sample, daemon=True)
@@ -440,6 +442,13 @@ class Chaos:
             for slot in self.stack.engines.values():
                 if not slot.down.is_set():
                     slot.sample_cpu()
+            with self.lock:
+                for child in self.stack.children.values():
+                    if child.proc is not None and child.proc.poll() is not None:
+                        self.exits.append(
+                            {"at": round(self.now(), 1), "child": child.name, "rc": child.proc.returncode}
+                        )
+                        child.start()
 
     def run(self, until: float) -> None:
         self.t0 = time.monotonic()
@@ -492,8 +501,9 @@ class Chaos:
             entry.restored_at = self.now()
         else:  # kill -9 of a process, restarted at once as its supervisor would
             child = st.children[f.target]
-            child.kill9()
-            child.start()
+            with self.lock:
+                child.kill9()
+                child.start()
             entry.restored_at = self.now()
 
     def recoveries(self) -> None:
@@ -622,6 +632,7 @@ def run(cfg: ChaosConfig, base: Settings, out: Path) -> dict:
             }
             for slot in stack.engines.values()
         },
+        "exited_on_their_own": chaos.exits,
         "online": {node: dict(c) for node, c in load.online.items()},
         "batches": rows,
     }
