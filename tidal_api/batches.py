@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import typing as t
 
+import redis
 from flask import Blueprint
 from flask import Response
 from flask import jsonify
@@ -33,8 +34,11 @@ from tidal_api.pagination import list_body
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
+from tidal_workers.policy.phase import AUTO
+from tidal_workers.policy.phase import SPLIT_MODES
 from tidal_workers.quotas import lock_tenant
 from tidal_workers.quotas import open_batch_message
+from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 
@@ -99,10 +103,37 @@ def _metadata(value: object) -> dict[str, str] | None:
     return value
 
 
+def _extension(value: object) -> dict[str, str]:
+    """Tidal's own create options, under ``tidal`` (OpenAI's SDKs send it as ``extra_body``)."""
+    if value is None:
+        return {"phase_split": AUTO}
+    if not isinstance(value, dict):
+        raise invalid_type("tidal", "an object")
+    if unknown := sorted(set(value) - {"phase_split"}):
+        raise invalid_value(f"tidal.{unknown[0][:64]}", f"Unknown parameter: 'tidal.{unknown[0][:64]}'.")
+    mode = value.get("phase_split", AUTO)
+    if not isinstance(mode, str):
+        raise invalid_type("tidal.phase_split", "a string")
+    if mode not in SPLIT_MODES:
+        raise invalid_value(
+            "tidal.phase_split",
+            f"Invalid value for 'tidal.phase_split': '{mode[:64]}'. Supported values are: {', '.join(SPLIT_MODES)}.",
+        )
+    return {"phase_split": mode}
+
+
+def _served(rt: Runtime) -> frozenset[str] | None:
+    """The models live nodes serve, for the ``tidal`` extension; None when Redis cannot say (the answer still comes)."""
+    try:
+        return frozenset(rt.queue.served_models())
+    except redis.RedisError:
+        return None
+
+
 def _batch_answer(batch_id: str) -> Response:
     rt = current_runtime()
     with rt.store.read() as s:
-        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings))
+        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings, _served(rt)))
 
 
 @bp.post("")
@@ -123,6 +154,7 @@ def create() -> Response:
         )
     metadata = _metadata(body.get("metadata"))
     output_expires_after = expiry.from_json(body.get("output_expires_after"), "output_expires_after")
+    options = _extension(body.get("tidal"))
 
     rt, tenant = current_runtime(), current_tenant()
     asked = idempotency.digest(body)
@@ -153,6 +185,7 @@ def create() -> Response:
                 created_at=now,
                 expires_at=now + rt.settings.completion_window_seconds,
                 output_expires_after=output_expires_after,
+                phase_split=options["phase_split"],
             )
             s.add(batch)
             s.flush()
@@ -170,8 +203,9 @@ def create() -> Response:
 
 @bp.get("/<path:batch_id>")
 def retrieve(batch_id: str) -> Response:
-    with current_runtime().store.read() as s:
-        return jsonify(serialize.batch_object(_owned_batch(s, batch_id), current_runtime().settings))
+    rt = current_runtime()
+    with rt.store.read() as s:
+        return jsonify(serialize.batch_object(_owned_batch(s, batch_id), rt.settings, _served(rt)))
 
 
 @bp.post("/<path:batch_id>/cancel")
@@ -184,7 +218,7 @@ def cancel(batch_id: str) -> Response:
     if status not in ALREADY_CANCELLED:
         cancel_batch(rt, batch_id)
     with rt.store.read() as s:
-        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings))
+        return jsonify(serialize.batch_object(s.get_one(Batch, batch_id), rt.settings, _served(rt)))
 
 
 @bp.get("")
@@ -203,4 +237,6 @@ def list_batches() -> Response:
             order="desc",
             not_found=batch_not_found(after or "", "after"),
         )
-    return jsonify(list_body([serialize.batch_object(b, current_runtime().settings) for b in rows], has_more))
+    rt = current_runtime()
+    served = _served(rt) if any(b.status == BatchStatus.in_progress.value for b in rows) else None
+    return jsonify(list_body([serialize.batch_object(b, rt.settings, served) for b in rows], has_more))

@@ -16,6 +16,7 @@ from flask import jsonify
 from tidal_api.batches import ENDPOINTS
 from tidal_api.files import PURPOSES
 from tidal_api.files import UPLOAD_PURPOSES
+from tidal_workers.policy.phase import SPLIT_MODES
 
 bp = Blueprint("openapi", __name__)
 
@@ -123,13 +124,20 @@ SCHEMAS: dict[str, t.Any] = {
                     "priority": INT,
                     "laxity_seconds": NUM_OR_NULL,
                     "observed_rate": NUM_OR_NULL,
+                    "model_served": {"type": ["boolean", "null"]},
                     "cost": _obj({"batch_usd": NUM, "online_usd": NUM, "saved_usd": NUM}),
+                    "phase_split": {"enum": list(SPLIT_MODES)},
+                    "kv_stored_bytes": INT,
+                    "kv_storage_usd": NUM,
                 },
                 description="Tidal's extension: the batch's vLLM priority (100 = least urgent), seconds of "
                 "slack left before it would miss its window at the observed rate, and that rate "
-                "in items per second (null until the first re-score); and the cost in USD of "
+                "in items per second (null until the first re-score); for a batch in progress, "
+                "whether a live worker node's engine serves its model (false: its items wait, "
+                "queued, until one does or the window closes; null otherwise); and the cost in USD of "
                 "its completed items at the batch price, at the online price, and the "
-                "difference saved.",
+                "difference saved; its A-P split mode, the frozen KV it holds now in bytes, and "
+                "what holding frozen KV has cost in USD.",
             ),
         }
     ),
@@ -331,6 +339,14 @@ DOCUMENT: dict[str, t.Any] = {
                                     "output_expires_after": _obj(
                                         {"anchor": {"const": "created_at"}, "seconds": _EXPIRES_AFTER_SECONDS}
                                     ),
+                                    "tidal": {
+                                        "type": "object",
+                                        "additionalProperties": False,
+                                        "properties": {"phase_split": {"enum": list(SPLIT_MODES), "default": "auto"}},
+                                        "description": "Tidal's options. phase_split: run items as a prefill "
+                                        "phase now and a decode phase later (A-P freeze / thaw): always, never, "
+                                        "or auto (the laxity-driven default).",
+                                    },
                                 },
                             }
                         }

@@ -5,9 +5,11 @@ from __future__ import annotations
 import typing as t
 
 from config import Settings
+from tidal_workers.policy.phase import storage_usd
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.policy.pricing import cost
 from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
 from tidal_workers.store.models import File
 
 _BATCH_TIMES = (
@@ -62,7 +64,16 @@ def batch_cost(b: Batch, settings: Settings) -> dict[str, float]:
     }
 
 
-def batch_object(b: Batch, settings: Settings) -> dict[str, t.Any]:
+def model_served(b: Batch, served: t.AbstractSet[str] | None) -> bool | None:
+    """For a batch in progress: whether a live node's engine serves its model (else its items wait, queued, and the
+    batch does not fail while its window is open). None for other statuses, or when Redis could not say."""
+    if b.status != BatchStatus.in_progress.value or served is None:
+        return None
+    return (b.model or "") in served
+
+
+def batch_object(b: Batch, settings: Settings, served: t.AbstractSet[str] | None) -> dict[str, t.Any]:
+    """``served``: the models live nodes serve now (``Queue.served_models``), or None if unknown."""
     return {
         "id": b.id,
         "object": "batch",
@@ -78,12 +89,16 @@ def batch_object(b: Batch, settings: Settings) -> dict[str, t.Any]:
         "request_counts": {"total": b.total, "completed": b.completed, "failed": b.failed},
         "metadata": b.metadata_,
         "usage": batch_usage(b).as_batch_usage(),
-        # Tidal's extension: where the batch stands against its window (written by the re-score sweep)
-        # and what it costs so far.
+        # Tidal's extension: where the batch stands against its window (written by the re-score sweep),
+        # whether any node can run it now, and what it costs so far.
         "tidal": {
             "priority": b.priority,
             "laxity_seconds": b.laxity_seconds,
             "observed_rate": b.observed_rate,
+            "model_served": model_served(b, served),
             "cost": batch_cost(b, settings),
+            "phase_split": b.phase_split,
+            "kv_stored_bytes": b.kv_stored_bytes,
+            "kv_storage_usd": round(storage_usd(b.kv_byte_seconds, settings.kv_storage_usd_per_gib_hour), 9),
         },
     }

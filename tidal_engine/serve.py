@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -212,5 +213,70 @@ def start_tiny(
         tidal_scheduler=tidal_scheduler,
         max_num_seqs=max_num_seqs,
         kv_cache_bytes=kv_cache_bytes,
+    )
+    return start_engine(options, log_path=log_path, env=scheduler_env(settings))
+
+
+def twin_options(
+    settings: Settings,
+    profile: str,
+    *,
+    tidal_scheduler: bool = False,
+    trace_path: Path | None = None,
+    max_num_seqs: int | None = None,
+    max_model_len: int = 8192,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    extra_args: tuple[str, ...] = (),
+) -> EngineOptions:
+    """The timed twin's ``vllm serve``: the twin model under the profile's name, sized like the profile's GPU.
+
+    Its KV pool holds as many tokens as the GPU's (docs/engine.md), its slots and token budget are the GPU's
+    (``max_num_seqs`` overrides the slots); the profile and the step trace reach the model class through
+    ``--hf-overrides``.
+    """
+    from tidal_engine.tiny import build_tiny
+    from tidal_engine.tiny import kv_bytes_per_token
+    from tidal_engine.twin import load_profile
+
+    spec = load_profile(profile)
+    overrides = {"tidal_twin_profile": spec.name, "tidal_twin_trace": str(trace_path or "")}
+    return EngineOptions(
+        model=str(build_tiny(settings.home, "twin")),
+        served_model_name=spec.name,
+        host=host,
+        port=port,
+        tidal_scheduler=tidal_scheduler,
+        kv_cache_bytes=str(spec.kv_pool_tokens * kv_bytes_per_token("twin")),
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs or spec.max_num_seqs,
+        extra_args=("--hf-overrides", json.dumps(overrides), *extra_args),
+    )
+
+
+def start_twin(
+    settings: Settings,
+    profile: str,
+    *,
+    log_path: Path,
+    tidal_scheduler: bool = False,
+    trace_path: Path | None = None,
+    max_num_seqs: int | None = None,
+    max_model_len: int = 8192,
+    extra_args: tuple[str, ...] = (),
+) -> Engine:
+    """The timed twin of ``profile`` (MODEL@GPU, ``twin_profiles.toml``) on a free port, served as that name.
+
+    Like ``start_tiny``, TidalScheduler's ``TIDAL_SCHED_*`` settings travel with it.
+    """
+    options = twin_options(
+        settings,
+        profile,
+        tidal_scheduler=tidal_scheduler,
+        trace_path=trace_path,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        extra_args=extra_args,
     )
     return start_engine(options, log_path=log_path, env=scheduler_env(settings))

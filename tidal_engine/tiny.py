@@ -4,7 +4,7 @@ No model hub is reachable from CI, so tests and the local benchmark use models
 built here: random seeded weights, head size 32 (a size vLLM's CPU attention
 supports), a byte-level tokenizer that never needs training and a ChatML chat
 template. Their text is noise; their timing, KV use and scheduling are those of
-a real transformer served by the real engine. Two shapes (``SHAPES``):
+a real transformer served by the real engine. Three shapes (``SHAPES``):
 
 - ``tiny`` (2 layers, hidden 128): the fastest engine to start and run. Its
   step costs the same few milliseconds whatever it carries, so the engine is
@@ -13,6 +13,8 @@ a real transformer served by the real engine. Two shapes (``SHAPES``):
   (a 1,024-token prefill takes about 30× a 16-token decode step on one core),
   as on a GPU, so a batch prefill really does delay the online tokens that
   share its step. TidalScheduler's latency model and batch cap act on that.
+- ``twin`` (1 layer, hidden 64, one KV head): the timed twin's model
+  (``twin_model.py``), whose steps are paced to a GPU profile's time.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if t.TYPE_CHECKING:
     from transformers import Qwen2ForCausalLM
 
 SEED = 1234
+HEAD_DIM = 32
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -46,6 +49,8 @@ class Shape:
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
+    architecture: str = "Qwen2ForCausalLM"
+    max_position_embeddings: int = 4096
 
 
 SHAPES = {
@@ -56,6 +61,17 @@ SHAPES = {
     "dense": Shape(
         hidden_size=384, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=12, num_key_value_heads=2
     ),
+    # The timed twin's model (twin_model.py): the smallest vLLM serves (one layer, one KV head of 32: 256 bytes
+    # of float32 KV per token, so a GPU's pool of millions of tokens fits), with a long context.
+    "twin": Shape(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        architecture="TidalTwinForCausalLM",
+        max_position_embeddings=32768,
+    ),
 }
 
 
@@ -63,7 +79,13 @@ def model_dir(home: str | Path, shape: str = "tiny") -> Path:
     return Path(home) / "models" / shape
 
 
-def _tokenizer() -> PreTrainedTokenizerFast:
+def kv_bytes_per_token(shape: str) -> int:
+    """float32 K and V of every layer's KV heads (head size 32)."""
+    s = SHAPES[shape]
+    return 2 * s.num_hidden_layers * s.num_key_value_heads * HEAD_DIM * 4
+
+
+def _tokenizer(max_length: int) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer
     from tokenizers import decoders
     from tokenizers import models
@@ -84,7 +106,7 @@ def _tokenizer() -> PreTrainedTokenizerFast:
         pad_token="<|endoftext|>",
         bos_token=None,
         chat_template=CHAT_TEMPLATE,
-        model_max_length=4096,
+        model_max_length=max_length,
     )
 
 
@@ -96,9 +118,13 @@ def _model(shape: Shape, vocab_size: int, special_ids: list[int]) -> Qwen2ForCau
     torch.manual_seed(SEED)
     config = Qwen2Config(
         vocab_size=vocab_size,
-        **dataclasses.asdict(shape),
-        head_dim=32,
-        max_position_embeddings=4096,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=shape.max_position_embeddings,
         tie_word_embeddings=False,
         bos_token_id=special_ids[0],
         eos_token_id=special_ids[2],
@@ -124,9 +150,16 @@ def build_tiny(home: str | Path, shape: str = "tiny") -> Path:
     work = target.with_name(f"{shape}.partial")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    tokenizer = _tokenizer()
+    spec = SHAPES[shape]
+    tokenizer = _tokenizer(spec.max_position_embeddings)
     special_ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
-    _model(SHAPES[shape], len(tokenizer), special_ids).save_pretrained(work, safe_serialization=True)
+    _model(spec, len(tokenizer), special_ids).save_pretrained(work, safe_serialization=True)
+    if spec.architecture != "Qwen2ForCausalLM":
+        # save_pretrained names the class that saved it; vLLM picks the model class by this name.
+        config_path = work / "config.json"
+        config_path.write_text(
+            json.dumps({**json.loads(config_path.read_text()), "architectures": [spec.architecture]})
+        )
     tokenizer.save_pretrained(work)
     # vLLM takes default sampling parameters from this file: keep them neutral.
     (work / "generation_config.json").write_text(

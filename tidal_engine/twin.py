@@ -1,10 +1,47 @@
-"""The GPU-timed twin: a tiny model whose steps take a named GPU's time (issue 16; being built)."""
+"""The GPU-timed twin (issue 16): real ``vllm serve`` on a tiny model whose steps take a named GPU's time.
+
+``register`` is the ``vllm.general_plugins`` entry point (setup.cfg): every vLLM process calls it, and it
+names the twin's architecture so that a config.json saying ``TidalTwinForCausalLM`` selects
+``twin_model.TidalTwinForCausalLM`` (imported lazily, no fork or patch of vLLM). The profiles are data in
+``twin_profiles.toml``; ``step_time`` turns one into T(P, C).
+"""
 
 from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from tidal_engine.step_time import Profile
+
+ARCHITECTURE = "TidalTwinForCausalLM"
+PROFILES_PATH = Path(__file__).with_name("twin_profiles.toml")
+DEFAULT_PROFILE = "qwen2.5-7b@a6000"
 
 
 def register() -> None:
     """vLLM general plugin hook: registers the twin's architecture by name (lazy import)."""
     from vllm import ModelRegistry
 
-    ModelRegistry.register_model("TidalTwinForCausalLM", "tidal_engine.twin_model:TidalTwinForCausalLM")
+    ModelRegistry.register_model(ARCHITECTURE, "tidal_engine.twin_model:TidalTwinForCausalLM")
+
+
+def profile_tables() -> dict:
+    with PROFILES_PATH.open("rb") as f:
+        return tomllib.load(f)
+
+
+def profile_names() -> list[str]:
+    """The tabulated profiles (docs/engine.md); any MODEL@GPU pair of the file also loads."""
+    return list(profile_tables()["profiles"])
+
+
+def load_profile(name: str) -> Profile:
+    """The profile MODEL@GPU from ``twin_profiles.toml``; ValueError naming the choices if there is none."""
+    tables = profile_tables()
+    model, _, gpu = name.partition("@")
+    if model not in tables["models"] or gpu not in tables["gpus"]:
+        raise ValueError(
+            f"unknown twin profile {name!r}: MODEL@GPU with MODEL one of {', '.join(tables['models'])} "
+            f"and GPU one of {', '.join(tables['gpus'])}"
+        )
+    return Profile.from_tables(name, tables["models"][model], tables["gpus"][gpu])

@@ -5,7 +5,8 @@ connection is lost and resumes with the consumer. Each pass it renews the
 leases of this process's running tasks (every third of a lease), reclaims
 expired ones, rebuilds the queue from SQL if Redis lost its data, and, unless
 the engine is down (``engine_health``: then it claims nothing and probes
-``/health``), claims up to the gate's in-flight target. Past the gate, the floor admits each urgent batch (``tidal:urgent``,
+``/health``), claims up to the gate's in-flight target, only of the models its
+engine serves (``served.py``). Past the gate, the floor admits each urgent batch (``tidal:urgent``,
 kept by the re-score) at up to ``floor_rate`` items/s on this node through a
 per-batch token bucket, so a batch about to miss its window still progresses
 when the gate is closed; those items count as in flight like any other, so an
@@ -32,6 +33,7 @@ from tidal_workers.gate import Gate
 from tidal_workers.gate import make_gate
 from tidal_workers.policy.laxity import TokenBucket
 from tidal_workers.queue import Claim
+from tidal_workers.served import ServedModels
 from tidal_workers.sweeps import reclaim
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ class ClaimLoop:
         self._next_upkeep = 0.0
         self._started = False
         self.buckets: dict[str, TokenBucket] = {}  # urgent batch -> its floor bucket on this node
+        self.served = ServedModels(ctx.rt)  # only batches of these models are claimed here
 
     def upkeep(self) -> None:
         """Renew our leases, requeue expired ones, and rebuild the queue at start or if Redis lost it."""
@@ -63,7 +66,7 @@ class ClaimLoop:
             rebuild(self.rt)
             self._started = True
 
-    def floor(self, now: float, inflight: int) -> list[Claim]:
+    def floor(self, now: float, inflight: int, models: tuple[str, ...]) -> list[Claim]:
         """Claims the token buckets of urgent batches admit now, past the gate (never past the threads)."""
         s, q = self.settings, self.rt.queue
         if s.floor_rate <= 0:  # the floor is off
@@ -72,7 +75,7 @@ class ClaimLoop:
         claims: list[Claim] = []
         for batch_id, bucket in self.buckets.items():
             while inflight + len(claims) < s.worker_threads and bucket.take(now):
-                claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds)
+                claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds, models)
         return claims
 
     def tick(self, now: float) -> int:
@@ -82,11 +85,12 @@ class ClaimLoop:
             self._next_upkeep = now + s.lease_seconds / 3
         if not self.engine.may_claim(now):  # the engine is down: claim nothing, the floor included
             return 0
+        models = self.served.refresh(now)
         inflight = q.inflight(s.node)
-        claims = self.floor(now, inflight)
+        claims = self.floor(now, inflight, models)
         inflight += len(claims)
         want = min(self.gate.poll(now, inflight), s.worker_threads) - inflight
-        claims += q.claim(s.node, want, s.lease_seconds)
+        claims += q.claim(s.node, want, s.lease_seconds, models)
         # Book leases before publishing: a task can fail and discard its lease before send() returns, and a
         # lease booked after that would be renewed forever. One that failed to publish expires and is reclaimed.
         for c in claims:

@@ -34,21 +34,36 @@ def _pending(session: Session, batch_id: str) -> t.Iterator[tuple[int, int]]:
 
 
 def enqueue_batch(rt: Runtime, batch_id: str) -> int:
-    """Push every pending item of ``batch_id`` if it is in progress; returns how many were queued."""
+    """Push every pending item of ``batch_id`` if it is in progress; returns how many were queued.
+
+    The batch is queued under its model and tenant, with the tenant's claim weight from ``Settings.limits_for``.
+    """
     with rt.store.read() as s:
         batch = s.execute(
-            select(Batch.status, Batch.priority, Batch.expires_at).where(Batch.id == batch_id)
+            select(Batch.status, Batch.priority, Batch.expires_at, Batch.model, Batch.tenant_id).where(
+                Batch.id == batch_id
+            )
         ).one_or_none()
         if batch is None or batch.status != BatchStatus.in_progress.value:
             return 0
-        return rt.queue.enqueue_batch(batch_id, batch.priority, batch.expires_at, _pending(s, batch_id))
+        return rt.queue.enqueue_batch(
+            batch_id,
+            batch.priority,
+            batch.expires_at,
+            _pending(s, batch_id),
+            model=batch.model or "",  # a batch without a model has no valid line, so nothing to queue
+            tenant=batch.tenant_id,
+            weight=rt.settings.limits_for(batch.tenant_id).weight,
+        )
 
 
 def rebuild(rt: Runtime) -> int:
     """Rebuild the whole queue from SQL: every pending item of every in-progress batch not leased.
 
     Batches Redis still queues but SQL no longer has in progress (a cancel that
-    raced a rebuild) are dropped. Returns the number of items queued.
+    raced a rebuild) are dropped. Also the upgrade step of the key layout: a batch
+    queued by an older layout is moved into this one (``keys.LAYOUT``). Returns the
+    number of items queued.
     """
     started = time.time()
     with rt.store.read() as s:

@@ -2,9 +2,10 @@
 
 The claim loop calls ``gate.poll(now, inflight)`` each pass and claims up to
 ``target - inflight``. :class:`AimdGate` is the I/O edge of the pure rule in
-:mod:`tidal_workers.policy.aimd`: once per period it scrapes the co-located
-vLLM's ``/metrics``, turns the text into an :class:`Observation` and steps the
-controller. Anything it cannot trust (no answer within half a period, an HTTP
+:mod:`tidal_workers.policy.aimd`: once per period it scrapes the ``/metrics``
+pages its signal map names (the co-located vLLM's by default; a prefill and a
+decode pool's, or Dynamo's, under ``TIDAL_GATE_SIGNALS``: :mod:`tidal_workers.signals`),
+turns them into an :class:`Observation` and steps the controller. Anything it cannot trust (no answer within half a period, an HTTP
 error, text that does not parse, a missing series, samples stamped older than
 ``metrics_stale_seconds``) is a failed observation, which closes the gate.
 """
@@ -26,16 +27,17 @@ from tidal_workers.policy.aimd import AimdState
 from tidal_workers.policy.aimd import Observation
 from tidal_workers.scrape import fetch
 from tidal_workers.scrape import samples
+from tidal_workers.signals import ENGINE
+from tidal_workers.signals import MAPS
+from tidal_workers.signals import VLLM
+from tidal_workers.signals import SignalMap
+from tidal_workers.signals import combine
 
 if t.TYPE_CHECKING:
     from config import Settings
 
 log = logging.getLogger(__name__)
 
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # current name first, then the pre-V1 one
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-PREEMPTIONS = "vllm:num_preemptions_total"
 
 TARGET = prometheus_client.Gauge("tidal_gate_target", "The AIMD gate's in-flight target for batch items on this node.")
 INFLIGHT = prometheus_client.Gauge("tidal_gate_inflight", "Batch items this node has in flight, as the gate last saw.")
@@ -64,47 +66,67 @@ class MetricsError(Exception):
     """The scrape cannot be trusted; the message says why."""
 
 
-def parse_metrics(text: str, now: float, stale_seconds: float, batch_inflight: int) -> Observation:
-    """One good Observation from vLLM's exposition text, or MetricsError.
+def parse_metrics(
+    text: str, now: float, stale_seconds: float, batch_inflight: int, mapping: SignalMap = VLLM
+) -> Observation:
+    """One good Observation from a single vLLM's exposition text (the ``engine`` page), or MetricsError."""
+    return parse_pages({ENGINE: text}, now, stale_seconds, batch_inflight, mapping)
 
-    Counts are summed over label sets (every engine and model this server
-    runs shares the node); KV usage is a fraction, so the fullest engine's
-    is taken. vLLM's own exposition carries no timestamps; a cache or federation
-    in between may, and then a stamp older than ``stale_seconds`` fails it.
+
+def parse_pages(
+    pages: t.Mapping[str, str], now: float, stale_seconds: float, batch_inflight: int, mapping: SignalMap = VLLM
+) -> Observation:
+    """One good Observation from the exposition text of each source ``mapping`` reads, or MetricsError.
+
+    Counts are summed over label sets (every engine and model a page carries shares the node); KV usage is a
+    fraction, so the fullest is taken. vLLM's own exposition carries no timestamps; a cache or federation in
+    between may, and then a stamp older than ``stale_seconds`` fails it.
     """
+    wanted = {name for sig in mapping.signals().values() for name in sig.names}
+    values = {source: _page_values(source, pages.get(source, ""), wanted, now, stale_seconds) for source in pages}
+    read: dict[str, float] = {}
+    missing: list[str] = []
+    for name, signal in mapping.signals().items():
+        value, lacking = combine(signal, values)
+        missing += lacking
+        if value is not None:
+            read[name] = value
+    if missing:
+        raise MetricsError(f"/metrics lacks {', '.join(missing)}")
+    return Observation(
+        kv_usage=read["kv_usage"],
+        waiting=read["waiting"],
+        running=read["running"],
+        preemptions_total=read["preemptions"],
+        batch_inflight=batch_inflight,
+    )
+
+
+def _page_values(source: str, text: str, wanted: set[str], now: float, stale_seconds: float) -> dict[str, list[float]]:
     values: dict[str, list[float]] = {}
-    wanted = {*KV_USAGE, WAITING, RUNNING, PREEMPTIONS}
     try:
         for sample in samples(text):
             if sample.name not in wanted:
                 continue
             if not math.isfinite(sample.value):
-                raise MetricsError(f"{sample.name} is {sample.value}")
+                raise MetricsError(f"{sample.name} on {source} is {sample.value}")
             if sample.timestamp is not None and now - float(sample.timestamp) > stale_seconds:
-                raise MetricsError(f"{sample.name} is stale ({now - float(sample.timestamp):.1f} s old)")
+                raise MetricsError(f"{sample.name} on {source} is stale ({now - float(sample.timestamp):.1f} s old)")
             values.setdefault(sample.name, []).append(float(sample.value))
     except MetricsError:
         raise
     except Exception as exc:  # the parser raises ValueError, IndexError, ... on text that is not an exposition
-        raise MetricsError(f"unparseable /metrics: {exc}") from exc
-    kv = values.get(KV_USAGE[0]) or values.get(KV_USAGE[1]) or []
-    missing = ([] if kv else [KV_USAGE[0]]) + [name for name in (WAITING, RUNNING, PREEMPTIONS) if name not in values]
-    if missing:
-        raise MetricsError(f"/metrics lacks {', '.join(missing)}")
-    return Observation(
-        kv_usage=max(kv),
-        waiting=sum(values[WAITING]),
-        running=sum(values[RUNNING]),
-        preemptions_total=sum(values[PREEMPTIONS]),
-        batch_inflight=batch_inflight,
-    )
+        raise MetricsError(f"unparseable /metrics on {source}: {exc}") from exc
+    return values
 
 
 class AimdGate:
     """The in-flight target, set by the AIMD rule from the co-located vLLM's /metrics."""
 
     def __init__(self, settings: Settings, session: requests.Session | None = None):
-        self.url = settings.vllm_url.rstrip("/") + "/metrics"
+        self.mapping = MAPS[settings.gate_signals]
+        named = {ENGINE: settings.vllm_url.rstrip("/") + "/metrics", **settings.gate_metrics_url_map}
+        self.urls = {source: named[source] for source in self.mapping.sources()}  # Settings checked they exist
         self.period = settings.scrape_seconds
         self.stale_seconds = settings.metrics_stale_seconds
         self.session = session or requests.Session()
@@ -119,7 +141,8 @@ class AimdGate:
             return self.state.target
         self._scraped_at = now
         try:
-            obs = parse_metrics(self._scrape(), now, self.stale_seconds, inflight)
+            pages = {source: self._scrape(url) for source, url in self.urls.items()}
+            obs = parse_pages(pages, now, self.stale_seconds, inflight, self.mapping)
             why = ""
         except MetricsError as exc:
             obs, why = Observation.failed(inflight), str(exc)
@@ -128,15 +151,15 @@ class AimdGate:
         self._export(before, obs, why)
         return self.state.target
 
-    def _scrape(self) -> str:
+    def _scrape(self, url: str) -> str:
         try:
-            return fetch(self.url, self.period / 2, self.session)
+            return fetch(url, self.period / 2, self.session)
         except requests.Timeout as exc:
-            raise MetricsError(f"{self.url} did not answer within {self.period / 2:g} s") from exc
+            raise MetricsError(f"{url} did not answer within {self.period / 2:g} s") from exc
         except requests.HTTPError as exc:
             raise MetricsError(str(exc)) from exc
         except requests.RequestException as exc:
-            raise MetricsError(f"{self.url} unreachable: {exc.__class__.__name__}") from exc
+            raise MetricsError(f"{url} unreachable: {exc.__class__.__name__}") from exc
 
     def _export(self, before: AimdState, obs: Observation, why: str) -> None:
         """Metrics every step; a log line per change of target, and one when failures begin."""

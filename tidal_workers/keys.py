@@ -1,49 +1,80 @@
 """Every Redis key Tidal uses is built here, and nowhere else.
 
-Redis holds only what SQL can rebuild (see ``enqueue.rebuild``). Layout, one DB:
+Redis holds only what SQL can rebuild (see ``enqueue.rebuild``). Layout version 2 (model, priority, tenant), one DB:
 
-==============================  ======  ==================================================
-key                             type    content
-==============================  ======  ==================================================
-``tidal:batches``               ZSET    batch_id -> ``priority * 1e10 + deadline`` (epoch
-                                        seconds); lowest first = priority, then EDF. Exact
-                                        below 2**53. A re-score is one ``ZADD XX`` here.
-``tidal:batch:{batch}``         HASH    ``score``: the batch's current score, kept while
-                                        the batch is open. Absent = dropped (cancelled,
-                                        expired, finalized): its leases are not requeued.
-``tidal:b:{batch}:ready``       ZSET    item_id -> ordinal (prompt-prefix order).
-``tidal:item:{item}``           HASH    ``batch``, ``ord``, ``attempts`` (fencing counter,
-                                        bumped by every claim).
-``tidal:inflight``              ZSET    item_id -> lease expiry (Redis clock, epoch s).
-``tidal:node:{node}:inflight``  ZSET    the same, for one node's leases.
-``tidal:nodes``                 SET     nodes that have claimed (for the in-flight gauge).
-``tidal:lease``                 HASH    item_id -> ``node|attempt|claim-µs``: the current
-                                        lease; a result under any other lease is stale.
-``tidal:rate:{batch}``          HASH    the batch's observed-rate estimator between
-                                        re-score passes (``last_at``, ``last_done``,
-                                        ``mean``, ``weight``, ``seen``); lost = the
-                                        estimate starts over. Expires after 4 tau.
-``tidal:urgent``                SET     batches past ``floor_urgency``, rebuilt by every
-                                        re-score pass: the claim loop's floor admits them.
-``tidal:built``                 STRING  time of the last rebuild from SQL; its absence
-                                        tells a worker that Redis lost its data.
-``tidal:redbeat:*``             (many)  RedBeat's schedule entries and its beat lock.
-``tidal:storage:sentinel``      STRING  the fleet's storage sentinel (JSON: blob name,
-                                        contents, writer, location), set by the first
-                                        process to start; every later one must read that
-                                        blob (``blobs.sentinel``). Lost = the next process
-                                        to start records its own.
-==============================  ======  ==================================================
+=================================================  ======  =========================================================
+key                                                type    content
+=================================================  ======  =========================================================
+``tidal:ql:{model}``                               ZSET    the model's priority levels holding queued batches:
+                                                           priority -> priority. A claim starts at the lowest
+                                                           level of the models its node serves.
+``tidal:qt:{priority}:{model}``                    ZSET    the tenants with queued batches at that level:
+                                                           tenant -> pass (virtual time). A claim serves the
+                                                           lowest pass and adds ``1 / weight`` to it per item
+                                                           (stride scheduling: items shared by weight, round
+                                                           robin at equal weights, across the fleet).
+``tidal:qv:{model}``                               HASH    priority -> the level's virtual time (the pass of its
+                                                           last claimed item): a tenant joining a level starts
+                                                           there, so it neither waits behind nor jumps ahead of
+                                                           the tenants already queued. Dropped with the level.
+``tidal:qb:{priority}:{len(tenant)}:{tenant}:{model}``  ZSET    one tenant's batches at one level: batch -> deadline
+                                                           (EDF within a tenant). ``len`` is in UTF-8 bytes, so a
+                                                           tenant or model holding ``:`` cannot collide.
+``tidal:weight``                                   HASH    tenant -> claim weight (``Settings.limits_for``),
+                                                           written by every enqueue; absent = 1.
+``tidal:batches``                                  ZSET    every queued batch -> ``priority * 1e10 + deadline``:
+                                                           the index the gauges and ``rebuild`` read (and the
+                                                           claim order of layout 1, kept so its workers drain
+                                                           during an upgrade).
+``tidal:batch:{batch}``                            HASH    ``score``, ``model``, ``tenant``: where the open batch
+                                                           is queued. Absent = dropped (cancelled, expired,
+                                                           finalized): its leases are not requeued.
+``tidal:b:{batch}:ready``                          ZSET    item_id -> ordinal (prompt-prefix order).
+``tidal:item:{item}``                              HASH    ``batch``, ``ord``, ``attempts`` (fencing counter,
+                                                           bumped by every claim).
+``tidal:inflight``                                 ZSET    item_id -> lease expiry (Redis clock, epoch s).
+``tidal:node:{node}:inflight``                     ZSET    the same, for one node's leases.
+``tidal:node:{node}:models``                       SET     the models the node's engine serves (its
+                                                           ``/v1/models``); expires unless the node's claim loop
+                                                           refreshes it. No live node's set holds a batch's
+                                                           model: the batch waits, and its ``tidal`` extension
+                                                           says so.
+``tidal:nodes``                                    SET     nodes that have claimed or published their models.
+``tidal:lease``                                    HASH    item_id -> ``node|attempt|claim-µs``: the current
+                                                           lease; a result under any other lease is stale.
+``tidal:rate:{batch}``                             HASH    the batch's observed-rate estimator between re-score
+                                                           passes (``last_at``, ``last_done``, ``mean``,
+                                                           ``weight``, ``seen``); lost = the estimate starts over.
+                                                           Expires after 4 tau.
+``tidal:urgent``                                   SET     batches past ``floor_urgency``, rebuilt by every
+                                                           re-score pass: the claim loop's floor admits them.
+``tidal:built``                                    STRING  JSON ``{"layout": 2, "at": time}`` of the last rebuild
+                                                           from SQL. Absent (Redis lost its data) or of another
+                                                           layout (an upgrade): the next worker pass rebuilds.
+``tidal:redbeat:*``                                (many)  RedBeat's schedule entries and its beat lock.
+``tidal:storage:sentinel``                         STRING  the fleet's storage sentinel (JSON: blob name,
+                                                           contents, writer, location), set by the first process
+                                                           to start; every later one must read that blob
+                                                           (``blobs.sentinel``). Lost = the next process to start
+                                                           records its own.
+=================================================  ======  =========================================================
+
+A claim therefore reads model -> priority -> tenant -> batch -> item: priority first, then the tenants' shares,
+then the tenant's earliest deadline, then prompt-prefix order inside the batch. In every name the free-form parts
+come after the fixed-form ones, the model last and a tenant after its length, so no two names collide whatever
+``:`` a model or tenant holds.
 
 Celery's broker keys (``<worker>.dq2``, ``tidal.ops``, ``_kombu.*``) share the DB.
-The Lua scripts in ``queue.py`` receive the per-batch, per-item and per-node key
-prefixes below as ARGV, so the layout is still written only here (one Redis, not
-Cluster: the scripts build those names at run time).
+The Lua scripts in ``queue.py`` build names with :data:`LUA`, generated below from the same prefixes, so the
+layout is still written only here (one Redis, not Cluster: the scripts build those names at run time).
 """
 
 from __future__ import annotations
 
+import re
+
 NS = "tidal:"
+LAYOUT = 2  # bumped with every change of the layout above; a worker rebuilds from SQL when it differs
 
 BATCHES = NS + "batches"
 INFLIGHT = NS + "inflight"
@@ -51,6 +82,7 @@ LEASES = NS + "lease"
 NODES = NS + "nodes"
 BUILT = NS + "built"
 URGENT = NS + "urgent"
+WEIGHTS = NS + "weight"
 REDBEAT_PREFIX = NS + "redbeat:"
 STORAGE_SENTINEL = NS + "storage:sentinel"
 
@@ -58,7 +90,11 @@ BATCH_PREFIX = NS + "batch:"
 READY_PREFIX, READY_SUFFIX = NS + "b:", ":ready"
 ITEM_PREFIX = NS + "item:"
 RATE_PREFIX = NS + "rate:"
-NODE_PREFIX, NODE_SUFFIX = NS + "node:", ":inflight"
+NODE_PREFIX, NODE_SUFFIX, MODELS_SUFFIX = NS + "node:", ":inflight", ":models"
+LEVELS_PREFIX = NS + "ql:"
+TENANTS_PREFIX = NS + "qt:"
+VTIME_PREFIX = NS + "qv:"
+TENANT_BATCHES_PREFIX = NS + "qb:"
 
 
 def batch(batch_id: str) -> str:
@@ -79,3 +115,44 @@ def item(item_id: int | str) -> str:
 
 def node_inflight(node: str) -> str:
     return f"{NODE_PREFIX}{node}{NODE_SUFFIX}"
+
+
+def node_models(node: str) -> str:
+    return f"{NODE_PREFIX}{node}{MODELS_SUFFIX}"
+
+
+def levels(model: str) -> str:
+    return f"{LEVELS_PREFIX}{model}"
+
+
+def vtime(model: str) -> str:
+    return f"{VTIME_PREFIX}{model}"
+
+
+def tenants(model: str, priority: int) -> str:
+    return f"{TENANTS_PREFIX}{priority}:{model}"
+
+
+def tenant_batches(model: str, priority: int, tenant: str) -> str:
+    return f"{TENANT_BATCHES_PREFIX}{priority}:{len(tenant.encode())}:{tenant}:{model}"
+
+
+def _lua(text: str) -> str:
+    """A Lua string literal of a key prefix (plain printable ASCII: nothing to escape)."""
+    assert re.fullmatch(r"[A-Za-z0-9:_.\-]*", text), text
+    return f"'{text}'"
+
+
+#: The same names in Lua, prepended to every script of ``queue.py`` that builds them (``#t`` counts bytes, as
+#: ``len(t.encode())`` does above).
+LUA = f"""
+local K = {{BATCHES = {_lua(BATCHES)}, WEIGHTS = {_lua(WEIGHTS)}, ITEM = {_lua(ITEM_PREFIX)}}}
+function K.batch(b) return {_lua(BATCH_PREFIX)} .. b end
+function K.ready(b) return {_lua(READY_PREFIX)} .. b .. {_lua(READY_SUFFIX)} end
+function K.item(i) return {_lua(ITEM_PREFIX)} .. i end
+function K.node_inflight(n) return {_lua(NODE_PREFIX)} .. n .. {_lua(NODE_SUFFIX)} end
+function K.levels(m) return {_lua(LEVELS_PREFIX)} .. m end
+function K.vtime(m) return {_lua(VTIME_PREFIX)} .. m end
+function K.tenants(m, p) return {_lua(TENANTS_PREFIX)} .. p .. ':' .. m end
+function K.tenant_batches(m, p, t) return {_lua(TENANT_BATCHES_PREFIX)} .. p .. ':' .. #t .. ':' .. t .. ':' .. m end
+"""

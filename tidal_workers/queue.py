@@ -1,17 +1,19 @@
-"""The item queue: two levels of Redis sorted sets, leases with fencing, and the Lua that keeps them atomic.
+"""The item queue: Redis sorted sets by model, priority, tenant and batch, leases with fencing, and the Lua that
+keeps them atomic.
 
-Batches are ordered by score (priority, then deadline) and items inside a batch
-by ordinal (prompt-prefix groups), so escalating a batch re-orders all its
-queued items with one ``ZADD XX`` whatever its size. Kombu's own Redis
-priorities are ten FIFO lists that cannot re-order a queued message, which is
-why only *claimed* items become Celery messages. Key layout: ``keys.py``.
-Times inside the scripts come from Redis's clock, so nodes never compare their
-own clocks.
+A claim walks model -> priority level -> tenant -> batch -> item (layout: ``keys.py``): the lowest priority
+queued for the models the node's engine serves, then the tenant whose turn it is (stride scheduling: each item
+claimed adds ``1 / weight`` to its tenant's pass, so tenants at one level share items by weight, round robin at
+equal weights, whichever node claims), then that tenant's earliest deadline, then prompt-prefix ordinal. Escalating
+a batch moves it between levels with a few ZADD/ZREM, whatever its size. Kombu's own Redis priorities are ten FIFO
+lists that cannot re-order a queued message, which is why only *claimed* items become Celery messages. Times
+inside the scripts come from Redis's clock, so nodes never compare their own clocks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing as t
 
 import redis
@@ -24,25 +26,83 @@ ENQUEUE_CHUNK = 5000  # items per ENQUEUE call, so one script never blocks Redis
 # Gauge bands of the queue depth: (label, lowest priority, highest priority).
 BANDS = (("0", 0, 0), ("1-9", 1, 9), ("10-49", 10, 49), ("50-99", 50, 99), ("100", 100, 100))
 
-ENQUEUE = """
--- KEYS[1] = tidal:batches  KEYS[2] = tidal:lease  KEYS[3] = tidal:batch:{batch}  KEYS[4] = tidal:b:{batch}:ready
--- ARGV[1] = batch id  ARGV[2] = batch score  ARGV[3] = item key prefix
--- ARGV[4..] = item id, ordinal pairs. Items holding a lease are in flight and skipped.
--- Returns the number of items queued.
-redis.call('HSET', KEYS[3], 'score', ARGV[2])
+# Shared by every script that moves a batch in or out of the claim structure (keys.py: model -> priority ->
+# tenant -> batch). A batch is linked while it has queued items; whoever empties its ready set unlinks it.
+_PLACEMENT = (
+    keys.LUA
+    + """
+local SCALE = 1e10
+-- Where a batch is queued, from its hash: score, priority p, deadline, model, tenant; nil once it is dropped.
+-- A hash of layout 1 has no model or tenant: such a batch is claimable only by layout 1 until a rebuild.
+local function place(b)
+  local h = redis.call('HMGET', K.batch(b), 'score', 'model', 'tenant')
+  if not h[1] then return nil end
+  local score = tonumber(h[1])
+  local p = math.floor(score / SCALE)
+  return {score = score, p = p, deadline = score - p * SCALE, model = h[2], tenant = h[3]}
+end
+local function link(b)
+  local at = place(b)
+  if not at then return end
+  redis.call('ZADD', K.BATCHES, at.score, b)
+  if not (at.model and at.tenant) then return end
+  redis.call('ZADD', K.tenant_batches(at.model, at.p, at.tenant), at.deadline, b)
+  local ts = K.tenants(at.model, at.p)
+  if not redis.call('ZSCORE', ts, at.tenant) then  -- joins the level at its virtual time
+    redis.call('ZADD', ts, redis.call('HGET', K.vtime(at.model), at.p) or 0, at.tenant)
+  end
+  redis.call('ZADD', K.levels(at.model), at.p, at.p)
+end
+-- A tenant leaves a level when it has no batch there; the level goes (with its virtual time) when no tenant is left.
+local function prune(m, p, tenant)
+  if redis.call('EXISTS', K.tenant_batches(m, p, tenant)) == 1 then return end
+  local ts = K.tenants(m, p)
+  redis.call('ZREM', ts, tenant)
+  if redis.call('EXISTS', ts) == 0 then
+    redis.call('ZREM', K.levels(m), p)
+    redis.call('HDEL', K.vtime(m), p)
+  end
+end
+local function unlink_at(b, m, p, tenant)
+  redis.call('ZREM', K.BATCHES, b)
+  redis.call('ZREM', K.tenant_batches(m, p, tenant), b)
+  prune(m, p, tenant)
+end
+local function unlink(b)
+  redis.call('ZREM', K.BATCHES, b)
+  local at = place(b)
+  if at and at.model and at.tenant then unlink_at(b, at.model, at.p, at.tenant) end
+end
+"""
+)
+
+ENQUEUE = (
+    _PLACEMENT
+    + """
+-- KEYS[1] = tidal:lease  KEYS[2] = tidal:batch:{batch}  KEYS[3] = tidal:b:{batch}:ready
+-- ARGV[1] = batch id  ARGV[2] = batch score  ARGV[3] = model  ARGV[4] = tenant  ARGV[5] = the tenant's weight
+-- ARGV[6..] = item id, ordinal pairs. Items holding a lease are in flight and skipped.
+-- Records where the batch is queued (moving it if its score, model or tenant changed: a rebuild after a re-score
+-- or from layout 1) and links it once it has queued items. Returns the number of items queued.
+local b = ARGV[1]
+local at = place(b)
+if at and (at.score ~= tonumber(ARGV[2]) or at.model ~= ARGV[3] or at.tenant ~= ARGV[4]) then
+  unlink(b)
+end
+redis.call('HSET', KEYS[2], 'score', ARGV[2], 'model', ARGV[3], 'tenant', ARGV[4])
+redis.call('HSET', K.WEIGHTS, ARGV[4], ARGV[5])
 local n = 0
-for i = 4, #ARGV, 2 do
-  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
-    redis.call('HSET', ARGV[3] .. ARGV[i], 'batch', ARGV[1], 'ord', ARGV[i + 1])
-    redis.call('ZADD', KEYS[4], ARGV[i + 1], ARGV[i])
+for i = 6, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
+    redis.call('HSET', K.item(ARGV[i]), 'batch', b, 'ord', ARGV[i + 1])
+    redis.call('ZADD', KEYS[3], ARGV[i + 1], ARGV[i])
     n = n + 1
   end
 end
-if redis.call('ZCARD', KEYS[4]) > 0 then
-  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-end
+if redis.call('ZCARD', KEYS[3]) > 0 then link(b) end
 return n
 """
+)
 
 # Shared by CLAIM and CLAIM_BATCH (the same KEYS[1..5] and ARGV[1..3]): leases popped items under
 # one Redis-clock expiry and appends {item id, lease, batch id} to `out`.
@@ -71,24 +131,68 @@ CLAIM = (
     """
 -- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight
 -- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes
--- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds
--- ARGV[4] = ready key prefix  ARGV[5] = ready key suffix  ARGV[6] = item key prefix
--- Pops the lowest-ordinal items of the lowest-score batch, moving on while it runs dry,
--- and leases each one. Returns {item id, lease, batch id, ...}.
+-- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds  ARGV[4] = turn
+-- ARGV[5..] = the models the node's engine serves
+-- Item by item, as if one at a time: the lowest priority queued for any of those models (models tied there take
+-- turns, from `turn`); at that level the tenant of lowest pass, whose pass then grows by 1 / its weight per item;
+-- that tenant's earliest-deadline batch; its lowest ordinals. A tenant takes at once the items it would take in a
+-- row (all of them when it is alone at the level). Leases each item. Returns {item id, lease, batch id, ...}.
 """
+    + _PLACEMENT
     + _LEASE
     + """
+local models = {}
+for i = 5, #ARGV do models[#models + 1] = ARGV[i] end
+local turn = tonumber(ARGV[4])
+local function level()
+  local best, tied = nil, {}
+  for _, m in ipairs(models) do
+    local top = redis.call('ZRANGE', K.levels(m), 0, 0, 'WITHSCORES')
+    if #top > 0 then
+      local p = tonumber(top[2])
+      if best == nil or p < best then
+        best, tied = p, {m}
+      elseif p == best then
+        tied[#tied + 1] = m
+      end
+    end
+  end
+  if best == nil then return nil, nil, 0 end
+  turn = turn + 1
+  return tied[turn % #tied + 1], best, #tied
+end
+-- Every pass claims items or removes something empty, so the loop ends.
 local want = tonumber(ARGV[2])
 while want > 0 do
-  local top = redis.call('ZRANGE', KEYS[1], 0, 0)
-  if #top == 0 then break end
-  local batch = top[1]
-  local popped = redis.call('ZPOPMIN', ARGV[4] .. batch .. ARGV[5], want)
-  if #popped < 2 * want then
-    redis.call('ZREM', KEYS[1], batch)
+  local m, p, tied = level()
+  if not m then break end
+  local ts = K.tenants(m, p)
+  local top = redis.call('ZRANGE', ts, 0, 1, 'WITHSCORES')
+  if #top == 0 then
+    redis.call('ZREM', K.levels(m), p)
+  else
+    local tenant, pass = top[1], tonumber(top[2])
+    local b = redis.call('ZRANGE', K.tenant_batches(m, p, tenant), 0, 0)[1]
+    if not b then
+      prune(m, p, tenant)
+    else
+      local weight = tonumber(redis.call('HGET', K.WEIGHTS, tenant) or 1)
+      local run = 1  -- items in a row: while its pass stays below the next tenant's (a tie goes back to ZRANGE)
+      if tied == 1 then
+        run = want
+        if #top > 2 then run = math.max(1, math.ceil((tonumber(top[4]) - pass) * weight)) end
+      end
+      local popped = redis.call('ZPOPMIN', K.ready(b), math.min(run, want))
+      local got = #popped / 2
+      if got > 0 then
+        lease(popped, b, K.ITEM)
+        redis.call('ZADD', ts, pass + got / weight, tenant)
+        redis.call('HSET', K.vtime(m), p, pass + (got - 1) / weight)
+        want = want - got
+      end
+      if redis.call('EXISTS', K.ready(b)) == 0 then unlink_at(b, m, p, tenant) end
+    end
   end
-  lease(popped, batch, ARGV[6])
-  want = want - #popped / 2
 end
 return out
 """
@@ -99,18 +203,22 @@ CLAIM_BATCH = (
 -- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight
 -- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes     KEYS[6] = tidal:b:{batch}:ready
 -- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds
--- ARGV[4] = batch id  ARGV[5] = item key prefix
--- The floor's claim: pops the lowest-ordinal items of one named batch, whatever its score,
--- and leases each one. Returns {item id, lease, batch id, ...}.
+-- ARGV[4] = batch id  ARGV[5..] = the models the node's engine serves
+-- The floor's claim: pops the lowest-ordinal items of one named batch, whatever its score and its tenant's
+-- share (the floor serves urgency), if the node serves its model, and leases each one.
+-- Returns {item id, lease, batch id, ...}.
 """
+    + _PLACEMENT
     + _LEASE
     + """
-local want = tonumber(ARGV[2])
-local popped = redis.call('ZPOPMIN', KEYS[6], want)
-if #popped < 2 * want then
-  redis.call('ZREM', KEYS[1], ARGV[4])
+local at = place(ARGV[4])
+local served = false
+for i = 5, #ARGV do
+  if at and ARGV[i] == at.model then served = true end
 end
-lease(popped, ARGV[4], ARGV[5])
+if not served then return out end
+lease(redis.call('ZPOPMIN', KEYS[6], tonumber(ARGV[2])), ARGV[4], K.ITEM)
+if redis.call('EXISTS', KEYS[6]) == 0 then unlink(ARGV[4]) end
 return out
 """
 )
@@ -160,90 +268,100 @@ redis.call('ZADD', KEYS[2], 'XX', 0, ARGV[1])
 return 1
 """
 
-RECLAIM = """
--- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:lease
--- ARGV[1] = most leases to reclaim  ARGV[2] = batch key prefix  ARGV[3] = ready key prefix
--- ARGV[4] = ready key suffix  ARGV[5] = item key prefix  ARGV[6] = node key prefix  ARGV[7] = node key suffix
--- Expired leases go back to their batch's ready set at their ordinal, and the batch back
--- into tidal:batches at its stored score; an item of a dropped batch is abandoned.
+RECLAIM = (
+    _PLACEMENT
+    + """
+-- KEYS[1] = tidal:inflight  KEYS[2] = tidal:lease  ARGV[1] = most leases to reclaim
+-- Expired leases go back to their batch's ready set at their ordinal, and the batch back into the claim
+-- structure where its hash places it; an item of a dropped batch is abandoned.
 -- Returns {item id, batch id or '', 1 = requeued / 0 = abandoned, ...}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local out = {}
 for _, id in ipairs(expired) do
-  local lease = redis.call('HGET', KEYS[3], id)
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
+  local lease = redis.call('HGET', KEYS[2], id)
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
   if lease then
     local node = string.match(lease, '^(.*)|%d+|%d+$')
-    if node then redis.call('ZREM', ARGV[6] .. node .. ARGV[7], id) end
+    if node then redis.call('ZREM', K.node_inflight(node), id) end
   end
-  local itemkey = ARGV[5] .. id
-  local f = redis.call('HMGET', itemkey, 'batch', 'ord')
-  local score = false
-  if f[1] then score = redis.call('HGET', ARGV[2] .. f[1], 'score') end
-  if score then
-    redis.call('ZADD', ARGV[3] .. f[1] .. ARGV[4], f[2], id)
-    redis.call('ZADD', KEYS[1], score, f[1])
+  local f = redis.call('HMGET', K.item(id), 'batch', 'ord')
+  if f[1] and redis.call('EXISTS', K.batch(f[1])) == 1 then
+    redis.call('ZADD', K.ready(f[1]), f[2], id)
+    link(f[1])
     out[#out + 1] = id; out[#out + 1] = f[1]; out[#out + 1] = 1
   else
-    redis.call('DEL', itemkey)
+    redis.call('DEL', K.item(id))
     out[#out + 1] = id; out[#out + 1] = f[1] or ''; out[#out + 1] = 0
   end
 end
 return out
 """
+)
 
-RESCORE = """
--- KEYS[1] = tidal:batches  KEYS[2] = tidal:batch:{batch}
--- ARGV[1] = batch id  ARGV[2] = new score
--- One ZADD XX re-orders every queued item of the batch; leased items pick the score
--- up if they are requeued. Returns 0 if the batch is not open in Redis.
-if redis.call('EXISTS', KEYS[2]) == 0 then
+RESCORE = (
+    _PLACEMENT
+    + """
+-- KEYS[1] = tidal:batch:{batch}  ARGV[1] = batch id  ARGV[2] = new score
+-- Moves the batch (its tenant's set at its new level) whatever its size; leased items pick the score up if they
+-- are requeued. Returns 0 if the batch is not open in Redis.
+if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-redis.call('HSET', KEYS[2], 'score', ARGV[2])
-redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
+local linked = redis.call('ZSCORE', K.BATCHES, ARGV[1])
+if linked then unlink(ARGV[1]) end
+redis.call('HSET', KEYS[1], 'score', ARGV[2])
+if linked then link(ARGV[1]) end
 return 1
 """
+)
 
-DROP = """
--- KEYS[1] = tidal:batches  KEYS[2] = tidal:batch:{batch}  KEYS[3] = tidal:b:{batch}:ready
--- ARGV[1] = batch id  ARGV[2] = item key prefix
+DROP = (
+    _PLACEMENT
+    + """
+-- KEYS[1] = tidal:batch:{batch}  KEYS[2] = tidal:b:{batch}:ready  ARGV[1] = batch id
 -- Forgets a batch's queued items at once; its leased items finish or are abandoned.
 -- Returns the number of queued items dropped.
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('DEL', KEYS[2])
-local ids = redis.call('ZRANGE', KEYS[3], 0, -1)
+unlink(ARGV[1])
+redis.call('DEL', KEYS[1])
+local ids = redis.call('ZRANGE', KEYS[2], 0, -1)
 for _, id in ipairs(ids) do
-  redis.call('DEL', ARGV[2] .. id)
+  redis.call('DEL', K.item(id))
 end
-redis.call('DEL', KEYS[3])
+redis.call('DEL', KEYS[2])
 return #ids
 """
+)
 
-BATCH_INFLIGHT = """
--- KEYS[1] = tidal:inflight  ARGV[1] = batch id  ARGV[2] = item key prefix
+BATCH_INFLIGHT = (
+    keys.LUA
+    + """
+-- KEYS[1] = tidal:inflight  ARGV[1] = batch id
 -- Counts the batch's leased items (scans every lease: bounded by the fleet's in-flight total).
 local n = 0
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if redis.call('HGET', ARGV[2] .. id, 'batch') == ARGV[1] then n = n + 1 end
+  if redis.call('HGET', K.item(id), 'batch') == ARGV[1] then n = n + 1 end
 end
 return n
 """
+)
 
-DEPTH = """
--- KEYS[1] = tidal:batches  ARGV[1] = ready key prefix  ARGV[2] = ready key suffix
+DEPTH = (
+    keys.LUA
+    + """
+-- KEYS[1] = tidal:batches
 -- Returns {batch score, queued items, ...} for every queued batch.
 local out = {}
 local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 for i = 1, #all, 2 do
   out[#out + 1] = all[i + 1]
-  out[#out + 1] = redis.call('ZCARD', ARGV[1] .. all[i] .. ARGV[2])
+  out[#out + 1] = redis.call('ZCARD', K.ready(all[i]))
 end
 return out
 """
+)
 
 
 def batch_score(priority: int, deadline: float) -> int:
@@ -292,6 +410,7 @@ class Queue:
 
     def __init__(self, client: redis.Redis):
         self.redis = client
+        self._turn = 0  # where CLAIM starts the turns of models tied at a level
         self._enqueue = client.register_script(ENQUEUE)
         self._claim = client.register_script(CLAIM)
         self._claim_batch = client.register_script(CLAIM_BATCH)
@@ -305,53 +424,65 @@ class Queue:
         self._depth = client.register_script(DEPTH)
 
     # --- producers -----------------------------------------------------------
-    def enqueue_batch(self, batch_id: str, priority: int, deadline: float, items: t.Iterable[tuple[int, int]]) -> int:
-        """Queue ``(item_id, ordinal)`` pairs of an open batch; leased items are skipped. Returns how many."""
-        score = batch_score(priority, deadline)
-        keys_ = [keys.BATCHES, keys.LEASES, keys.batch(batch_id), keys.ready(batch_id)]
+    def enqueue_batch(
+        self,
+        batch_id: str,
+        priority: int,
+        deadline: float,
+        items: t.Iterable[tuple[int, int]],
+        *,
+        model: str,
+        tenant: str,
+        weight: float = 1.0,
+    ) -> int:
+        """Queue ``(item_id, ordinal)`` pairs of an open batch; leased items are skipped. Returns how many.
+
+        ``model`` and ``tenant`` place the batch (keys.py); ``weight`` is the tenant's share of claims.
+        """
+        head: list[str | int] = [batch_id, batch_score(priority, deadline), model, tenant, repr(float(weight))]
+        keys_ = [keys.LEASES, keys.batch(batch_id), keys.ready(batch_id)]
         queued, calls = 0, 0
         chunk: list[int] = []
         for item_id, ordinal in items:
             chunk += (item_id, ordinal)
             if len(chunk) >= 2 * ENQUEUE_CHUNK:
-                queued += self._enqueue(keys=keys_, args=[batch_id, score, keys.ITEM_PREFIX, *chunk])
+                queued += self._enqueue(keys=keys_, args=[*head, *chunk])
                 chunk, calls = [], calls + 1
-        if chunk or not calls:  # at least once: an open batch keeps its score even with nothing to queue
-            queued += self._enqueue(keys=keys_, args=[batch_id, score, keys.ITEM_PREFIX, *chunk])
+        if chunk or not calls:  # at least once: an open batch keeps its place even with nothing to queue
+            queued += self._enqueue(keys=keys_, args=[*head, *chunk])
         return queued
 
     def rescore(self, batch_id: str, priority: int, deadline: float) -> bool:
-        """Re-order all of a batch's queued items with one ZADD XX; False if the batch is not queued."""
-        return bool(
-            self._rescore(keys=[keys.BATCHES, keys.batch(batch_id)], args=[batch_id, batch_score(priority, deadline)])
-        )
+        """Move a batch to its new level whatever its size; False if the batch is not open in Redis."""
+        return bool(self._rescore(keys=[keys.batch(batch_id)], args=[batch_id, batch_score(priority, deadline)]))
 
     def drop_batch(self, batch_id: str) -> int:
         """Forget a batch's queued items (cancel, expiry, finalize); returns how many were dropped."""
-        return int(
-            self._drop(
-                keys=[keys.BATCHES, keys.batch(batch_id), keys.ready(batch_id)], args=[batch_id, keys.ITEM_PREFIX]
-            )
-        )
+        return int(self._drop(keys=[keys.batch(batch_id), keys.ready(batch_id)], args=[batch_id]))
 
     # --- consumers -------------------------------------------------------------
-    def claim(self, node: str, n: int, lease_seconds: float) -> list[Claim]:
-        """Atomically lease up to ``n`` items in claim order (priority, deadline, ordinal)."""
-        if n <= 0:
+    def claim(self, node: str, n: int, lease_seconds: float, models: t.Collection[str]) -> list[Claim]:
+        """Atomically lease up to ``n`` items of the given models, in claim order: priority, then the tenants'
+        weighted turns, then the tenant's earliest deadline, then prompt-prefix ordinal."""
+        if n <= 0 or not models:
             return []
+        turn, self._turn = self._turn, self._turn + n
         flat = self._claim(
             keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.NODES],
-            args=[node, n, lease_seconds, keys.READY_PREFIX, keys.READY_SUFFIX, keys.ITEM_PREFIX],
+            args=[node, n, lease_seconds, turn, *sorted(models)],
         )
         return [Claim(int(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
-    def claim_batch(self, node: str, batch_id: str, n: int, lease_seconds: float) -> list[Claim]:
-        """Atomically lease up to ``n`` items of one batch in ordinal order, whatever its score (the floor)."""
-        if n <= 0:
+    def claim_batch(
+        self, node: str, batch_id: str, n: int, lease_seconds: float, models: t.Collection[str]
+    ) -> list[Claim]:
+        """Atomically lease up to ``n`` items of one batch in ordinal order, whatever its score or its tenant's
+        share (the floor), if its model is one of ``models``."""
+        if n <= 0 or not models:
             return []
         flat = self._claim_batch(
             keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.NODES, keys.ready(batch_id)],
-            args=[node, n, lease_seconds, batch_id, keys.ITEM_PREFIX],
+            args=[node, n, lease_seconds, batch_id, *sorted(models)],
         )
         return [Claim(int(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
@@ -383,18 +514,7 @@ class Queue:
 
     def reclaim_expired(self, limit: int = 1000) -> list[Reclaimed]:
         """Requeue items whose lease expired (their worker died); abandon those of dropped batches."""
-        flat = self._reclaim(
-            keys=[keys.BATCHES, keys.INFLIGHT, keys.LEASES],
-            args=[
-                limit,
-                keys.BATCH_PREFIX,
-                keys.READY_PREFIX,
-                keys.READY_SUFFIX,
-                keys.ITEM_PREFIX,
-                keys.NODE_PREFIX,
-                keys.NODE_SUFFIX,
-            ],
-        )
+        flat = self._reclaim(keys=[keys.INFLIGHT, keys.LEASES], args=[limit])
         return [Reclaimed(int(flat[i]), flat[i + 1], bool(int(flat[i + 2]))) for i in range(0, len(flat), 3)]
 
     # --- reading -----------------------------------------------------------------
@@ -409,7 +529,7 @@ class Queue:
             return dict(zip(nodes, (int(n) for n in p.execute())))
 
     def batch_inflight(self, batch_id: str) -> int:
-        return int(self._batch_inflight(keys=[keys.INFLIGHT], args=[batch_id, keys.ITEM_PREFIX]))
+        return int(self._batch_inflight(keys=[keys.INFLIGHT], args=[batch_id]))
 
     def queued_batches(self) -> list[str]:
         return t.cast(list[str], self.redis.zrange(keys.BATCHES, 0, -1))
@@ -428,7 +548,7 @@ class Queue:
 
     def depth_by_band(self) -> dict[str, int]:
         """Queued items per priority band (items waiting here are invisible to Flower)."""
-        flat = self._depth(keys=[keys.BATCHES], args=[keys.READY_PREFIX, keys.READY_SUFFIX])
+        flat = self._depth(keys=[keys.BATCHES])
         depth = {label: 0 for label, _, _ in BANDS}
         for i in range(0, len(flat), 2):
             priority = score_priority(flat[i])
@@ -437,10 +557,36 @@ class Queue:
                     depth[label] += int(flat[i + 1])
         return depth
 
-    # --- data loss ---------------------------------------------------------------
+    # --- the models nodes serve -----------------------------------------------------
+    def publish_models(self, node: str, models: t.Collection[str], ttl: float) -> None:
+        """Record the models ``node``'s engine serves for ``ttl`` seconds (none: the node serves nothing now)."""
+        key = keys.node_models(node)
+        with self.redis.pipeline() as p:
+            p.delete(key)
+            if models:
+                p.sadd(key, *models)
+                p.pexpire(key, max(1, int(ttl * 1000)))
+            p.sadd(keys.NODES, node)
+            p.execute()
+
+    def served_models(self) -> set[str]:
+        """Every model some live node's engine serves (nodes whose record has not expired)."""
+        nodes = t.cast(set[str], self.redis.smembers(keys.NODES))
+        with self.redis.pipeline(transaction=False) as p:
+            for node in nodes:
+                p.smembers(keys.node_models(node))
+            return set().union(*p.execute()) if nodes else set()
+
+    # --- data loss and upgrades ---------------------------------------------------------
     def mark_built(self, at: float) -> None:
-        self.redis.set(keys.BUILT, repr(at))
+        self.redis.set(keys.BUILT, json.dumps({"layout": keys.LAYOUT, "at": at}))
 
     def is_built(self) -> bool:
-        """False once Redis has lost its data (FLUSHALL, a restart without persistence)."""
-        return bool(self.redis.exists(keys.BUILT))
+        """False once Redis has lost its data (FLUSHALL, a restart without persistence), and while it holds another
+        release's key layout (``tidal:built`` of layout 1 is a bare time): either way a rebuild from SQL is due."""
+        raw = self.redis.get(keys.BUILT)
+        try:
+            built = json.loads(t.cast(str, raw)) if raw else None
+        except ValueError:
+            return False
+        return isinstance(built, dict) and built.get("layout") == keys.LAYOUT

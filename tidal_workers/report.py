@@ -1,7 +1,8 @@
 """Spend and savings per batch and per day, from the store (what `tidal report` prints).
 
 Only completed items are billed, so both views sum completed items' usage;
-a day is the UTC day an item finished.
+a day is the UTC day an item finished. The per-batch view also bills the
+frozen KV a batch held (A-P), as stored byte-seconds at a price per GiB-hour.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy import func
 from sqlalchemy import select
 
 from config import Settings
+from tidal_workers.policy.phase import storage_usd
 from tidal_workers.policy.pricing import Cost
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.policy.pricing import cost
@@ -46,6 +48,7 @@ class Row:
     items: int
     usage: Usage
     cost: Cost
+    storage_usd: float = 0.0  # holding the batch's frozen KV (A-P); per batch only, 0 in the per-day view
 
     def as_dict(self) -> dict[str, t.Any]:
         return {
@@ -59,6 +62,7 @@ class Row:
             "online_usd": round(self.cost.online_usd, 6),
             "batch_usd": round(self.cost.batch_usd, 6),
             "saved_usd": round(self.cost.saved_usd, 6),
+            "storage_usd": round(self.storage_usd, 6),
         }
 
 
@@ -86,18 +90,20 @@ def _completed_items(filters: Filters) -> Select[int, int, int, int, int]:
     return q
 
 
-def _row(key: str, model: str | None, agg: t.Sequence[int], settings: Settings) -> Row:
+def _row(key: str, model: str | None, agg: t.Sequence[int], settings: Settings, byte_seconds: float = 0.0) -> Row:
     usage = Usage(
         input_tokens=int(agg[1]), cached_tokens=int(agg[2]), output_tokens=int(agg[3]), reasoning_tokens=int(agg[4])
     )
     model = model or "*"
-    return Row(key, model, int(agg[0]), usage, cost(usage, model, settings.price_table, settings.batch_discount))
+    spent = cost(usage, model, settings.price_table, settings.batch_discount)
+    return Row(key, model, int(agg[0]), usage, spent, storage_usd(byte_seconds, settings.kv_storage_usd_per_gib_hour))
 
 
 def per_batch(store: Store, settings: Settings, filters: Filters) -> list[Row]:
-    q = _completed_items(filters).add_columns(Batch.id, Batch.model).group_by(Batch.id, Batch.model).order_by(Batch.id)
+    columns = (Batch.id, Batch.model, Batch.kv_byte_seconds)
+    q = _completed_items(filters).add_columns(*columns).group_by(*columns).order_by(Batch.id)
     with store.read() as s:
-        return [_row(r[5], r[6], r, settings) for r in s.execute(q)]
+        return [_row(r[5], r[6], r, settings, r[7]) for r in s.execute(q)]
 
 
 def per_day(store: Store, settings: Settings, filters: Filters) -> list[Row]:
@@ -115,7 +121,7 @@ def total(rows: list[Row]) -> Row:
     usage, spent = Usage(), Cost()
     for row in rows:
         usage, spent = usage + row.usage, spent + row.cost
-    return Row("total", "", sum(r.items for r in rows), usage, spent)
+    return Row("total", "", sum(r.items for r in rows), usage, spent, sum(r.storage_usd for r in rows))
 
 
 def chart(rows: list[Row], path: str) -> None:

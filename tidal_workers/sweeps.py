@@ -15,6 +15,7 @@ from celery import shared_task
 from sqlalchemy import select
 
 from tidal_workers import finalize
+from tidal_workers import frozen
 from tidal_workers import task_names
 from tidal_workers.context import worker_context
 from tidal_workers.enqueue import rebuild
@@ -120,9 +121,12 @@ def rescore_task(self: Task) -> int:
 
 @shared_task(name=task_names.SWEEP_RETENTION, bind=True)
 def retention_task(self: Task) -> dict[str, int | list[str]]:
-    """Expired files, finished batches' item rows, old idempotency keys; returns what it deleted."""
-    report = retention_sweep(worker_context(self.app).rt)
-    return dataclasses.asdict(report)
+    """Expired files, finished batches' item rows, old idempotency keys, ended batches' frozen KV (after billing
+    what open batches hold); returns what it deleted."""
+    rt = worker_context(self.app).rt
+    report = retention_sweep(rt)
+    kv = frozen.sweep(rt)
+    return {**dataclasses.asdict(report), "kv_deleted": kv.deleted, "kv_freed_bytes": kv.freed_bytes}
 
 
 @shared_task(name=task_names.INGEST, bind=True, max_retries=None)  # batches.ingest_attempts bounds the retries

@@ -62,7 +62,11 @@ def test_create_validates_inline_and_stores_items_in_prefix_order(acme, batch_fi
         "priority": 100,
         "laxity_seconds": None,
         "observed_rate": None,
+        "model_served": False,  # no worker node runs in this test: its items wait, queued
         "cost": {"batch_usd": 0.0, "online_usd": 0.0, "saved_usd": 0.0},
+        "phase_split": "auto",
+        "kv_stored_bytes": 0,
+        "kv_storage_usd": 0.0,
     }
     with rt.store.read() as s:
         items = s.scalars(select(Item).where(Item.batch_id == b.id).order_by(Item.ordinal)).all()
@@ -262,3 +266,40 @@ def test_async_client_round_trip(live_api, batch_file):
     b, got, listed, content = asyncio.run(main())
     assert got == b and b.status == "in_progress" and listed.data[0].id == b.id
     assert content.content == jsonl([request_line("x")])
+
+
+def test_phase_split_option_is_validated_stored_and_shown(acme, batch_file, rt):
+    fid = batch_file([request_line("1")])
+    default = _create(acme, fid)
+    assert default.model_extra["tidal"]["phase_split"] == "auto"  # the laxity-driven policy decides
+    assert default.model_extra["tidal"]["kv_stored_bytes"] == 0
+    assert default.model_extra["tidal"]["kv_storage_usd"] == 0
+    never = _create(acme, fid, extra_body={"tidal": {"phase_split": "never"}})
+    with rt.store.read() as s:
+        assert s.get(Batch, never.id).phase_split == "never"
+        assert s.get(Batch, default.id).phase_split == "auto"
+    assert acme.batches.retrieve(never.id).model_extra["tidal"]["phase_split"] == "never"
+    base = {"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h"}
+    for tidal, code, param in [
+        ({"phase_split": "sometimes"}, "invalid_value", "tidal.phase_split"),
+        ({"phase_split": True}, "invalid_type", "tidal.phase_split"),
+        ({"phase_splits": "always"}, "invalid_value", "tidal.phase_splits"),
+        ("always", "invalid_type", "tidal"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            acme.post("/batches", cast_to=object, body={**base, "tidal": tidal})
+        assert (e.value.code, e.value.param) == (code, param), tidal
+
+
+def test_storage_cost_follows_the_frozen_byte_seconds(acme, batch_file, rt):
+    b = _create(acme, batch_file([request_line("1")]), extra_body={"tidal": {"phase_split": "always"}})
+    gib_hours = 2.5
+    with rt.store.transaction() as s:
+        s.execute(
+            update(Batch)
+            .where(Batch.id == b.id)
+            .values(kv_stored_bytes=12 * 1024 * 1500, kv_byte_seconds=gib_hours * 1024**3 * 3600)
+        )
+    tidal = acme.batches.retrieve(b.id).model_extra["tidal"]
+    assert tidal["kv_stored_bytes"] == 12 * 1024 * 1500
+    assert tidal["kv_storage_usd"] == pytest.approx(gib_hours * rt.settings.kv_storage_usd_per_gib_hour)

@@ -22,7 +22,7 @@ def settings(settings):
 
 def _finish(rt, n: int, outcomes: list[Outcome]) -> None:
     """Claim the queued items as a worker would and record one outcome each."""
-    claims = rt.queue.claim(rt.settings.node, n, rt.settings.lease_seconds)
+    claims = rt.queue.claim(rt.settings.node, n, rt.settings.lease_seconds, ["tiny", "other"])
     assert len(claims) == n
     for claim, outcome in zip(claims, outcomes):
         assert record(rt, claim.item_id, claim.batch_id, claim.lease, outcome)

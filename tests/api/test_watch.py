@@ -67,7 +67,7 @@ def settings(settings, stub):
 
 @pytest.mark.timeout(60)
 def test_watch_follows_a_batch_to_completion(rt, settings, live_api):
-    batch_id = upload_batch(live_api.url, 8, model="tiny", tag="w")
+    batch_id = upload_batch(live_api.url, 8, tag="w")
 
     with start_worker(
         make_celery(settings),

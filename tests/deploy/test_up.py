@@ -114,7 +114,7 @@ def test_up_runs_a_batch_and_ctrl_c_stops_every_process(up):
             "custom_id": f"c{i}",
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": "tiny", "messages": [{"role": "user", "content": f"c{i}"}]},
+            "body": {"model": "m", "messages": [{"role": "user", "content": f"c{i}"}]},
         }
         for i in range(5)
     ]

@@ -22,14 +22,16 @@ import os
 
 import pytest
 
+from tidal_workers.bench import backlog
 from tidal_workers.bench import engine_stats
-from tidal_workers.bench import harvest as hv
 from tidal_workers.bench import online
+from tidal_workers.bench.stats import percentile
 
 pytestmark = pytest.mark.engine
 
 LANES = 2  # batch requests in flight: 2 x ~1,060 tokens fill about two thirds of the 3,072-token KV pool
 BATCH_PROMPT = "Summarise this report: " + "tide data " * 100  # about 1,050 tokens with the chat template and number
+ONLINE_PROMPT = "Tell me about the sea and the tides. " * 3
 BATCH_MAX_TOKENS = 8  # short outputs: a new prefill every few steps
 SECONDS = 5.0  # per window
 ROUNDS = 3  # A and B alternate (A B, B A, A B) so that drifting machine load hits both alike
@@ -37,16 +39,17 @@ RATE = 3.0  # online requests/s
 
 
 def _window(engine) -> list[online.OnlineSample]:
-    cfg = hv.HarvestConfig(
+    cfg = backlog.BacklogConfig(
         engine_url=engine.url,
         model=engine.model,
         duration=SECONDS,
         online_rate=RATE,
+        online_prompt=ONLINE_PROMPT,
         online_max_tokens=48,
         batch_prompt=BATCH_PROMPT,
         batch_max_tokens=BATCH_MAX_TOKENS,
     )
-    return hv.online_beside_backlog(cfg, LANES)
+    return backlog.online_beside_backlog(cfg, LANES)
 
 
 # Two engine starts (about 25 s each on an idle machine, minutes at load averages of 20+) and about 45 s of
@@ -63,7 +66,7 @@ def test_plugin_keeps_online_tbt_inside_the_budget_more_tightly(dense_engine, de
     for name, got in samples.items():
         assert got and all(s.error is None for s in got), [s.error for s in got if s.error][:3]
         gaps = [g for s in got for g in s.tbts]
-        q[name] = {p: online.percentile(gaps, p) for p in (0.5, 0.9, 0.99)}
+        q[name] = {p: percentile(gaps, p) for p in (0.5, 0.9, 0.99)}
         over[name] = sum(g > budget for g in gaps) / len(gaps)
     plugin = engine_stats.read_plugin(dense_plugin_engine.plugin_metrics_url)
     print(

@@ -1,7 +1,7 @@
 """A tiny OpenAI-protocol HTTP server on loopback, only for fault injection (5xx, 429, 4xx, hangs, aborts).
 
 It answers /v1/chat/completions, /v1/completions and /v1/embeddings with a
-usage block. A request is identified by its first message's content (the
+usage block, and lists ``models`` (``["m"]`` unless a test changes it) at /v1/models. A request is identified by its first message's content (the
 tests put the custom_id there); ``script(key, *faults)`` queues faults that
 the next requests for that key get, in order, before it answers normally.
 ``metrics`` is what GET /metrics answers (an idle engine's series by default):
@@ -38,6 +38,7 @@ class StubEngine:
         self.health = 200  # what GET /health answers; a test makes the engine look down by changing it
         self.health_checks = 0  # GET /health answered so far
         self.outage = False  # True: /health and every POST answer 503, as an engine that is down behind a proxy
+        self.models = ["m"]  # what GET /v1/models lists: the batches of these models are claimed by its workers
         self._faults: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -82,6 +83,15 @@ class StubEngine:
                     self.send_response(503 if stub.outage else stub.health)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
+                    return
+                if self.path == "/v1/models":  # vLLM's list of served models
+                    listed = {"object": "list", "data": [{"id": m, "object": "model"} for m in stub.models]}
+                    raw = json.dumps(listed).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
                     return
                 raw = stub.metrics.encode()
                 stub.scrapes += 1

@@ -36,7 +36,7 @@ def test_claims_come_out_grouped_by_prompt_prefix_then_file_order(rt):
     shared = {g: f"system prompt {g}: " + "context " * 60 for g in "xyz"}
     prompts = [shared[g] + f"question {i}" for i, g in enumerate("xyzzyxxzyx")]  # interleaved in the file
     batch = ingested(rt, prompts)
-    claimed = [c.item_id for c in rt.queue.claim("test-node", 20, 30)]
+    claimed = [c.item_id for c in rt.queue.claim("test-node", 20, 30, ["m"])]
     with rt.store.read() as s:
         line_of = dict(s.execute(select(Item.id, Item.line).where(Item.batch_id == batch)).all())
         assert s.get(Batch, batch).status == "in_progress"

@@ -30,10 +30,10 @@ NODE = "test-node"
 
 def test_stale_attempt_is_dropped_and_first_write_wins(rt, make_batch, stub):
     batch = make_batch(1)
-    (old,) = rt.queue.claim(NODE, 1, lease_seconds=0.2)
+    (old,) = rt.queue.claim(NODE, 1, 0.2, ["m"])
     time.sleep(0.3)
     rt.queue.reclaim_expired()  # the first worker "died": its lease expired
-    (new,) = rt.queue.claim("node-b", 1, lease_seconds=30)
+    (new,) = rt.queue.claim("node-b", 1, 30, ["m"])
     assert new.item_id == old.item_id and new.attempt == 2
 
     assert execute_item(rt, old.item_id, old.lease) == "stale" and stub.requests == []
@@ -119,7 +119,7 @@ def test_reconcile_finishes_what_a_dead_finalizer_left(rt, make_batch, settings)
 
 def test_priority_sent_is_the_batch_priority_at_submission(rt, make_batch, stub):
     batch = make_batch(1, priority=100)
-    (claim,) = rt.queue.claim(NODE, 1, 30)
+    (claim,) = rt.queue.claim(NODE, 1, 30, ["m"])
     with rt.store.transaction() as s:  # escalated after the claim, before the POST
         s.execute(update(Batch).where(Batch.id == batch).values(priority=3))
     assert execute_item(rt, claim.item_id, claim.lease) == "completed"

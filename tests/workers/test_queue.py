@@ -19,10 +19,11 @@ from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
 
 NODE = "test-node"
+MODELS = ["m"]  # what make_batch queues
 
 
 def claim_order(rt, n: int) -> list[int]:
-    return [c.item_id for c in rt.queue.claim(NODE, n, 30)]
+    return [c.item_id for c in rt.queue.claim(NODE, n, 30, MODELS)]
 
 
 def test_keys_are_built_in_one_place():
@@ -58,7 +59,7 @@ def test_rescore_reorders_queued_items_with_one_zadd(rt, make_batch):
 
 def test_lease_fencing_renew_complete_and_reclaim(rt, make_batch):
     batch = make_batch(2)
-    first, second = rt.queue.claim(NODE, 2, lease_seconds=0.3)
+    first, second = rt.queue.claim(NODE, 2, 0.3, MODELS)
     assert parse_lease(first.lease) == (NODE, 1) and first.task_id == f"item-{first.item_id}#1"
     assert rt.queue.inflight(NODE) == 2 and rt.queue.batch_inflight(batch) == 2
 
@@ -68,7 +69,7 @@ def test_lease_fencing_renew_complete_and_reclaim(rt, make_batch):
     assert [(r.item_id, r.requeued) for r in reclaimed] == [(first.item_id, True)]  # the renewed one stays
     assert rt.queue.inflight(NODE) == 1
 
-    (again,) = rt.queue.claim("other-node", 5, 30)
+    (again,) = rt.queue.claim("other-node", 5, 30, MODELS)
     assert again.item_id == first.item_id and again.attempt == 2
     assert not rt.queue.lease_current(first.item_id, first.lease)
     assert not rt.queue.complete(first.item_id, first.lease)  # the stale attempt is fenced off
@@ -79,7 +80,7 @@ def test_lease_fencing_renew_complete_and_reclaim(rt, make_batch):
 
 def test_drop_batch_forgets_queued_items_and_abandons_leased_ones(rt, make_batch):
     batch = make_batch(5)
-    (leased,) = rt.queue.claim(NODE, 1, lease_seconds=0.2)
+    (leased,) = rt.queue.claim(NODE, 1, 0.2, MODELS)
     assert rt.queue.drop_batch(batch) == 4
     assert claim_order(rt, 10) == []
     time.sleep(0.3)
@@ -95,7 +96,7 @@ def test_rebuild_from_sql_requeues_pending_items_not_leased(rt, make_batch):
     with rt.store.transaction() as s:
         s.execute(update(Item).where(Item.id == ids[0]).values(status=ItemStatus.completed.value))
     assert rebuild(rt) == 3 and rt.queue.is_built()
-    (leased,) = rt.queue.claim(NODE, 1, 30)
+    (leased,) = rt.queue.claim(NODE, 1, 30, MODELS)
 
     rt.redis.delete(keys.ready(batch), keys.BATCHES)  # lose the queue but not the lease
     assert rebuild(rt) == 2  # the leased item is in flight, not queued again
@@ -110,7 +111,7 @@ def test_rebuild_from_sql_requeues_pending_items_not_leased(rt, make_batch):
 def test_enqueue_of_a_large_batch_is_chunked_and_exact(rt):
     items = [(i, i) for i in range(12_000)]
     deadline = time.time() + 60
-    assert rt.queue.enqueue_batch("batch_big", 100, deadline, items) == 12_000
+    assert rt.queue.enqueue_batch("batch_big", 100, deadline, items, model="m", tenant="acme") == 12_000
     assert queued(rt, "batch_big") == 12_000
     assert rt.redis.zscore(keys.BATCHES, "batch_big") == batch_score(100, deadline)
 
@@ -118,7 +119,7 @@ def test_enqueue_of_a_large_batch_is_chunked_and_exact(rt):
 def test_gauges_show_depth_by_band_and_inflight_by_node(rt, make_batch):
     make_batch(3, priority=100)
     make_batch(2, priority=5)
-    rt.queue.claim(NODE, 1, 30)
+    rt.queue.claim(NODE, 1, 30, MODELS)
     assert rt.queue.depth_by_band() == {"0": 0, "1-9": 1, "10-49": 0, "50-99": 0, "100": 3}
 
     registry = CollectorRegistry()

@@ -49,6 +49,8 @@ def billed(rt):
                     created_at=DAY1,
                     expires_at=DAY1 + 86_400,
                     status="completed",
+                    phase_split="always",
+                    kv_byte_seconds=3 * 1024**3 * 3600.0,  # 3 GiB-hours of frozen KV
                 ),
                 Batch(
                     id="batch_g",
@@ -94,6 +96,9 @@ def test_per_batch_bills_completed_items_at_the_discount(rt, billed):
     assert a.cost.online_usd == pytest.approx((2000 * 1.0 + 1000 * 2.0) / 1e6)
     assert a.cost.batch_usd == pytest.approx(a.cost.online_usd / 2)
     assert rows["batch_g"].cost.online_usd == pytest.approx(2000 * 10.0 / 1e6)  # the model's own price row
+    assert a.storage_usd == pytest.approx(3 * billed.kv_storage_usd_per_gib_hour)  # A-P's frozen KV
+    assert rows["batch_g"].storage_usd == 0
+    assert report.total(list(rows.values())).storage_usd == pytest.approx(a.storage_usd)
 
 
 def test_per_day_and_filters(rt, billed):

@@ -92,7 +92,7 @@ def test_a_rescore_reorders_the_claim_order(rt, make_batch):
         rescore(rt, t0 + 60 * k)
     assert batch_row(rt, behind).priority == 1 and batch_row(rt, on_time).priority == 100
     assert rt.queue.queued_batches() == [behind, on_time]
-    claimed = [c.item_id for c in rt.queue.claim(NODE, 6, 30)]
+    claimed = [c.item_id for c in rt.queue.claim(NODE, 6, 30, ["m"])]
     assert claimed == item_ids(rt, behind) + item_ids(rt, on_time)
 
 

@@ -1,252 +1,220 @@
-"""`tidal bench ...`: benchmarks (not tests). Paste their output into docs/benchmarks.md."""
+"""`tidal bench ...`: benchmarks (not tests). Each writes NAME.json (provenance first) and its plots under --out;
+the experiments themselves live in tidal_workers/bench/."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import json
-import platform
+import typing as t
 from pathlib import Path
 
 import click
 
 from config import load_settings
-from tidal_api.cli.engine import SHAPE
 
 
 @click.group()
 def bench() -> None:
-    """Measurements of Tidal; each prints JSON and writes plots under --out."""
+    """Measurements of Tidal; each prints its headline as JSON and writes NAME.json and plots under --out."""
 
 
-def machine() -> str:
-    import os
-
-    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
-
-
-def provenance(command: str) -> dict:
-    """What docs/benchmarks.md records beside every number: the command, the machine and the date."""
-    return {"command": f"tidal bench {command}", "machine": machine(), "date": dt.date.today().isoformat()}
+def out_option(name: str) -> t.Callable[[t.Callable], t.Callable]:
+    return click.option(
+        "--out", type=click.Path(file_okay=False), default=f"bench-out/{name}", show_default=True, help="Output folder."
+    )
 
 
-def output_dir(out: str) -> Path:
+def engine_url_option(what: str) -> t.Callable[[t.Callable], t.Callable]:
+    return click.option("--engine-url", help=f"Engine to measure. Default: start {what} here.")
+
+
+MODEL_OPTION = click.option("--model", default="tiny", show_default=True, help="Model name clients send.")
+
+
+def begin(name: str, out: str) -> tuple[Path, dict]:
+    """The output folder, made, and the provenance block taken now (argv, commit, vLLM, machine, UTC, load)."""
+    from tidal_workers.bench import provenance
+
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
-    return path
+    return path, provenance.record(name)
+
+
+def finish(
+    name: str, origin: dict, results: dict, out_dir: Path, headline: t.Any, files: t.Sequence[Path] = ()
+) -> None:
+    """Every bench command's ending: NAME.json (provenance first), the headline on stdout, the paths on stderr."""
+    from tidal_workers.bench import provenance
+
+    path = out_dir / f"{name}.json"
+    origin = {**origin, "finished_utc": provenance.utc_now(), "load_average_end": provenance.load_average()}
+    path.write_text(json.dumps({**origin, **results}, indent=2, default=str))
+    click.echo(headline if isinstance(headline, str) else json.dumps(headline, indent=2, default=str))
+    click.echo(f"results: {path}" + "".join(f"; {f}" for f in files), err=True)
 
 
 @contextlib.contextmanager
-def _engine(
-    url: str | None,
-    plugin: bool,
-    log_dir: Path,
-    max_num_seqs: int,
-    settings=None,
-    shape: str = "tiny",
-    kv_bytes: str = "64M",
-):
-    """The engine to measure: a URL as given, or a local one of ``shape`` started (and stopped) here."""
+def _tiny_engine(url: str | None, out_dir: Path, max_num_seqs: int) -> t.Iterator[str]:
+    """The engine to measure: a URL as given, or the tiny CPU engine started (and stopped) here."""
     if url:
         yield url
         return
     from tidal_engine.serve import start_tiny
 
-    engine = start_tiny(
-        settings or load_settings(),
-        log_path=log_dir / f"engine-{'B' if plugin else 'A'}.log",
-        tidal_scheduler=plugin,
-        max_num_seqs=max_num_seqs,
-        shape=shape,
-        kv_cache_bytes=kv_bytes,
-    )
+    engine = start_tiny(load_settings(), log_path=out_dir / "engine.log", max_num_seqs=max_num_seqs)
     try:
         yield engine.url
     finally:
         engine.stop()
 
 
+# Per engine kind: what a run measures unless told otherwise. The twin reproduces the seed's experiment; the CPU
+# engine's values are its history's (a 2-core machine answers a few requests a second).
+HARVEST_DEFAULTS = {
+    "twin": {"flat_rate": 20.0, "diurnal_rate": 12.1, "samples": 1000, "max_inflight": 64},
+    "cpu": {"flat_rate": 4.0, "diurnal_rate": 4.0, "samples": 120, "max_inflight": 12},
+}
+
+
 @bench.command()
-@click.option("--engine-url", help="Engine for technique A (stock scheduler). Default: start the tiny local engine.")
-@click.option("--engine-b-url", help="Engine running TidalScheduler, for technique B. Default: start the tiny one.")
-@click.option("--plugin-metrics-url", help="TidalScheduler's /metrics, with --engine-b-url (read for R², cap, fill).")
-@click.option("--techniques", default="A,B", show_default=True, help="Which co-served runs to make.")
-@click.option("--model", default="", help="Model name in the requests; default: the local engine's shape.")
-@SHAPE
-@click.option("--duration", default=30.0, show_default=True, help="Seconds per phase.")
-@click.option("--rate", default=4.0, show_default=True, help="Online requests/s (the mean, for diurnal).")
-@click.option("--trace", type=click.Choice(["flat", "diurnal", "both"]), default="both", show_default=True)
-@click.option("--online-max-tokens", default=48, show_default=True)
-@click.option("--batch-max-tokens", default=128, show_default=True)
 @click.option(
-    "--batch-prompt-bytes",
-    default=0,
-    type=int,
-    help="Length of each batch prompt in bytes (= tokens on the local models); default about 420.",
-)
-@click.option(
-    "--max-inflight",
-    default=12,
+    "--engine",
+    "kind",
+    type=click.Choice(["twin", "tiny", "dense"]),
+    default="twin",
     show_default=True,
-    help="Gate ceiling of the harvesting worker, and the ceiling run's concurrency.",
+    help="twin: real vLLM with a GPU's step times (--profile); tiny / dense: the CPU engine computing for real.",
 )
-@click.option("--max-num-seqs", default=16, show_default=True, help="Slots of a locally started engine.")
-@click.option("--budget-tokens", default=2048, show_default=True, help="The engine's max_num_batched_tokens.")
-@click.option("--kv-bytes", default="64M", show_default=True, help="KV pool of a locally started engine.")
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile.")
+@click.option("--engine-url", help="An engine already running for A (a GPU host) instead of starting one.")
+@click.option("--engine-b-url", help="The same for B: an engine running TidalScheduler.")
+@click.option("--plugin-metrics-url", help="TidalScheduler's /metrics, with --engine-b-url.")
+@click.option("--model", default="", help="Model name clients send, with --engine-url.")
+@click.option("--tokenizer", default="", help="The served model's tokenizer (directory or name), with --engine-url.")
+@click.option("--techniques", default="A,B", show_default=True, help="Which techniques to run.")
+@click.option("--trace", type=click.Choice(["flat", "diurnal", "both"]), default="both", show_default=True)
+@click.option("--reps", default=3, show_default=True, help="Repetitions per figure (ABBA order); < 3: no figures.")
+@click.option("--samples", default=0, type=int, help="Online requests per phase (twin 1000, CPU 120).")
+@click.option("--flat-rate", default=0.0, help="Online requests/s of the flat trace (twin 20, CPU 4).")
+@click.option("--diurnal-rate", default=0.0, help="Mean online requests/s of the diurnal trace (twin 12.1, CPU 4).")
+@click.option("--amplitude", default=0.8, show_default=True, help="Diurnal swing as a fraction of the mean.")
+@click.option("--ceiling-seconds", default=10.0, show_default=True, help="Measured window of each ceiling.")
+@click.option("--settle-seconds", default=3.0, show_default=True, help="Backlog flowing before a co-served window.")
+@click.option("--max-inflight", default=0, type=int, help="The harvesting worker's gate ceiling (twin 64, CPU 12).")
+@click.option("--max-num-seqs", default=0, type=int, help="Engine slots (0: the profile's; 16 on the CPU engine).")
+@click.option(
+    "--budget-tokens", default=2048, show_default=True, help="τ of a CPU engine (the twin's is its profile's)."
+)
+@click.option("--kv-bytes", default="64M", show_default=True, help="KV pool of a CPU engine started here.")
 @click.option(
     "--b-gate",
     type=click.Choice(["aimd", "fixed"]),
     default="aimd",
     show_default=True,
-    help="B's worker gate: A's AIMD gate, or fixed at --max-inflight (KV left to the plugin's guardband; "
-    "give the engine slots to spare with --max-num-seqs).",
+    help="B's worker gate: A's AIMD gate, or fixed at --max-inflight (KV left to the plugin's guardband).",
 )
-@click.option(
-    "--a-inflight",
-    default="",
-    help="Comma-separated gate ceilings for A's co-served runs (default: --max-inflight only). A can "
-    "protect online latency only by holding fewer items in flight: a sweep finds the A that matches "
-    "B's online latency, for a harvest comparison at equal latency.",
-)
-@click.option("--out", type=click.Path(file_okay=False), default="bench-out/harvest", show_default=True)
+@out_option("harvest")
 def harvest(
-    engine_url,
-    engine_b_url,
-    plugin_metrics_url,
-    techniques,
-    model,
-    shape,
-    duration,
-    rate,
-    trace,
-    online_max_tokens,
-    batch_max_tokens,
-    batch_prompt_bytes,
-    max_inflight,
-    max_num_seqs,
-    budget_tokens,
-    kv_bytes,
-    b_gate,
-    a_inflight,
-    out,
+    kind: str,
+    profile: str,
+    engine_url: str | None,
+    engine_b_url: str | None,
+    plugin_metrics_url: str | None,
+    model: str,
+    tokenizer: str,
+    techniques: str,
+    trace: str,
+    reps: int,
+    samples: int,
+    flat_rate: float,
+    diurnal_rate: float,
+    amplitude: float,
+    ceiling_seconds: float,
+    settle_seconds: float,
+    max_inflight: int,
+    max_num_seqs: int,
+    budget_tokens: int,
+    kv_bytes: str,
+    b_gate: str,
+    out: str,
 ) -> None:
-    """Offline ceiling, online baseline and co-served harvest, technique A against B.
+    """Ceiling, online baseline and co-served harvest, technique A against B, in ABBA order with intervals.
 
-    A: the worker's AIMD gate + the stock scheduler. B: TidalScheduler in the engine deciding the tokens of
-    each step and guarding KV, behind either the same AIMD gate (--b-gate aimd: it still keeps batch below
-    the engine's slots, which the plugin cannot free for a waiting online request) or a fixed in-flight
-    limit (--b-gate fixed). Each technique gets its own engine and its own online baseline on it; the
-    ceiling is measured once, on the first engine.
+    A: the worker's AIMD gate + the stock scheduler. B: TidalScheduler in the engine deciding each step's
+    tokens, behind the same gate (or a fixed in-flight limit, --b-gate fixed). Each technique has its own
+    engine, its own ceiling (every slot full) and its own online baseline, every repetition.
     """
-    from tidal_engine.serve import free_port
-    from tidal_workers.bench import engine_stats
     from tidal_workers.bench import harvest as hv
-    from tidal_workers.bench.stack import TidalStack
+    from tidal_workers.bench import harvest_report
+    from tidal_workers.bench.engines import BenchEngine
+    from tidal_workers.bench.engines import EngineRequest
+    from tidal_workers.bench.engines import external
+    from tidal_workers.bench.workload import CPU_WORKLOAD
+    from tidal_workers.bench.workload import GPU_WORKLOAD
 
-    out_dir = output_dir(out)
-    settings = load_settings()
-    traces = ["flat", "diurnal"] if trace == "both" else [trace]
-    model = model or shape
-    results: dict = {
-        **provenance("harvest"),
-        "params": {
-            "duration": duration,
-            "rate": rate,
-            "traces": traces,
-            "max_inflight": max_inflight,
-            "shape": shape,
-            "model": model,
-            "sched_tbt_slo_ms": settings.sched_tbt_slo_ms,
-            "kv_bytes": kv_bytes,
-            "b_gate": b_gate,
-            "a_inflight": a_inflight,
-            "max_num_seqs": max_num_seqs,
-            "online_max_tokens": online_max_tokens,
-            "batch_max_tokens": batch_max_tokens,
-            "batch_prompt_bytes": batch_prompt_bytes,
-        },
-        "runs": {},
-        "summary": {},
-    }
-    a_ceilings = [int(x) for x in a_inflight.split(",") if x.strip()] or [max_inflight]
-    ceiling = None
-    for technique in [x.strip() for x in techniques.split(",") if x.strip()]:
-        plugin = technique == "B"
-        url = engine_b_url if plugin else engine_url
-        metrics_url = plugin_metrics_url if plugin and url else None
-        engine_settings = settings
-        if plugin and not url:
-            port = free_port()
-            engine_settings = settings.replace(sched_metrics_port=port)
-            metrics_url = f"http://127.0.0.1:{port}/metrics"
-        started = dt.datetime.now()
-        with _engine(url, plugin, out_dir, max_num_seqs, engine_settings, shape, kv_bytes) as live_url:
-            results.setdefault("engine_start_s", {})[technique] = (dt.datetime.now() - started).total_seconds()
-            base_cfg = hv.HarvestConfig(
-                engine_url=live_url,
-                model=model,
-                duration=duration,
-                online_rate=rate,
-                online_max_tokens=online_max_tokens,
-                batch_max_tokens=batch_max_tokens,
-                ceiling_concurrency=max_inflight,
-                budget_tokens=budget_tokens,
-                plugin_metrics_url=metrics_url,
-            )
-            if batch_prompt_bytes:
-                base_cfg = dataclasses.replace(base_cfg, batch_prompt=hv.report_prompt(batch_prompt_bytes))
-            click.echo(f"[{technique}] warm-up (unmeasured) ...", err=True)
-            hv.warm_up(base_cfg)
-            if ceiling is None:
-                click.echo(f"[{technique}] offline ceiling ...", err=True)
-                results["runs"]["ceiling"] = hv.measure_ceiling(base_cfg)
-                ceiling = results["runs"]["ceiling"]["batch_tokens_per_s"]
-            for tr in traces:
-                cfg = dataclasses.replace(base_cfg, trace=tr, diurnal_period=duration)
-                click.echo(f"[{technique}] online-only baseline, {tr} ...", err=True)
-                base = results["runs"][f"baseline-{tr}-{technique}"] = hv.measure_online(cfg)
-                gate_mode = b_gate if plugin else "aimd"
-                for gate_ceiling in [max_inflight] if plugin else a_ceilings:
-                    label = technique if gate_ceiling == max_inflight else f"{technique}@{gate_ceiling}"
-                    click.echo(f"[{label}] co-served, {tr} ...", err=True)
-                    with TidalStack(
-                        settings,
-                        live_url,
-                        out_dir / f"stack-{label}-{tr}",
-                        gate_mode=gate_mode,
-                        max_inflight=gate_ceiling,
-                    ) as stack:
-                        co = results["runs"][f"coserved-{tr}-{label}"] = hv.run_coserved(cfg, stack)
-                    engine_stats.wait_idle(live_url)
-                    results["summary"][f"{tr}-{label}"] = hv.summary(co, base, ceiling)
-    path = hv.write_results(results, out_dir)
-    click.echo(json.dumps({"ceiling_tokens_per_s": ceiling, "summary": results["summary"]}, indent=2))
-    click.echo(f"results: {path}; plots: {out_dir}/harvest_fill.png, {out_dir}/harvest_latency_cdf.png", err=True)
+    out_dir, origin = begin("harvest", out)
+    defaults = HARVEST_DEFAULTS["twin" if kind == "twin" else "cpu"]
+    plan = hv.HarvestPlan(
+        techniques=tuple(x.strip() for x in techniques.split(",") if x.strip()),
+        traces=("flat", "diurnal") if trace == "both" else (trace,),
+        reps=reps,
+        flat_rate=flat_rate or defaults["flat_rate"],
+        diurnal_rate=diurnal_rate or defaults["diurnal_rate"],
+        amplitude=amplitude,
+        samples=samples or int(defaults["samples"]),
+        ceiling_s=ceiling_seconds,
+        settle_s=settle_seconds,
+        max_inflight=max_inflight or int(defaults["max_inflight"]),
+        b_gate=b_gate,
+        workload=GPU_WORKLOAD if kind == "twin" else CPU_WORKLOAD,
+    )
+    request = EngineRequest(
+        kind, profile if kind == "twin" else None, max_num_seqs, kv_bytes=kv_bytes, budget_tokens=budget_tokens
+    )
+    urls = {"A": engine_url, "B": engine_b_url}
+    engines: dict[str, EngineRequest | BenchEngine] = {}
+    for technique in plan.techniques:
+        url = urls[technique]
+        metrics_url = plugin_metrics_url if technique == "B" else None
+        engines[technique] = (
+            external(url, model, tokenizer, max_num_seqs, budget_tokens, metrics_url) if url else request
+        )
+    expected = plan.expected_s(engine_start_s=60.0)
+    click.echo(f"expected duration: about {expected / 60:.0f} min ({plan.reps} reps, ABBA)", err=True)
+    results = hv.run_harvest(plan, engines, load_settings(), out_dir, lambda line: click.echo(line, err=True))
+    files = harvest_report.plot(results["phases"], out_dir)
+    finish("harvest", origin, results, out_dir, harvest_report.table(results["phases"]), files)
 
 
 @bench.command()
-@click.option("--engine-url", help="Engine to measure. Default: start the tiny local engine (stock scheduler).")
-@click.option("--model", default="tiny", show_default=True)
+@engine_url_option("the tiny CPU engine (stock scheduler)")
+@MODEL_OPTION
 @click.option("--duration", default=40.0, show_default=True, help="Seconds of batch trickle, burst included.")
 @click.option("--burst-at", default=12.0, show_default=True, help="Seconds into the run when the online burst fires.")
 @click.option("--burst-requests", default=32, show_default=True, help="Online requests in the burst (priority 0).")
 @click.option("--max-num-seqs", default=8, show_default=True, help="Slots of a locally started engine.")
-@click.option("--out", type=click.Path(file_okay=False), default="bench-out/gate", show_default=True)
-def gate(engine_url, model, duration, burst_at, burst_requests, max_num_seqs, out) -> None:
+@out_option("gate")
+def gate(
+    engine_url: str | None,
+    model: str,
+    duration: float,
+    burst_at: float,
+    burst_requests: int,
+    max_num_seqs: int,
+    out: str,
+) -> None:
     """The AIMD gate on a real engine's /metrics while an online burst comes and goes."""
     from tidal_workers.bench import gate_trace
 
-    out_dir = output_dir(out)
-    settings = load_settings()
-    with _engine(engine_url, False, out_dir, max_num_seqs) as live_url:
+    out_dir, origin = begin("gate", out)
+    with _tiny_engine(engine_url, out_dir, max_num_seqs) as live_url:
         cfg = gate_trace.GateTraceConfig(
             engine_url=live_url, model=model, duration=duration, burst_at=burst_at, burst_requests=burst_requests
         )
-        trace = gate_trace.run(cfg, settings)
-    path = gate_trace.write(trace, out_dir, provenance("gate"))
-    click.echo(json.dumps(trace.summary(), indent=2))
-    click.echo(f"results: {path}; plot: {out_dir}/gate_burst.png", err=True)
+        trace = gate_trace.run(cfg, load_settings())
+    gate_trace.plot(trace, out_dir / "gate_burst.png")
+    finish("gate", origin, gate_trace.results(trace), out_dir, trace.summary(), [out_dir / "gate_burst.png"])
 
 
 @bench.command()
@@ -262,14 +230,16 @@ def gate(engine_url, model, duration, burst_at, burst_requests, max_num_seqs, ou
 )
 @click.option("--upload-lines", default=200, show_default=True, help="Requests per uploaded file.")
 @click.option("--workers", default=2, show_default=True, help="gunicorn workers of the started server.")
-@click.option("--out", type=click.Path(file_okay=False), default="bench-out/load", show_default=True)
-def load(url, key, duration, rate, uploads, upload_lines, workers, out) -> None:
+@out_option("load")
+def load(
+    url: str | None, key: str, duration: float, rate: float, uploads: int, upload_lines: int, workers: int, out: str
+) -> None:
     """Batch-status polling at a fixed rate plus concurrent uploads: errors, p50/p99 per request kind."""
     from tidal_workers.bench.load import LoadConfig
     from tidal_workers.bench.load import run_load
     from tidal_workers.bench.load import served_api
 
-    out_dir = output_dir(out)
+    out_dir, origin = begin("load", out)
     server = (
         contextlib.nullcontext((url, key, ""))
         if url
@@ -287,16 +257,13 @@ def load(url, key, duration, rate, uploads, upload_lines, workers, out) -> None:
                 metrics_url=metrics_url,
             )
         )
-    results = {**provenance("load"), "server": url or f"tidal serve, {workers} gunicorn workers, SQLite", **results}
-    path = out_dir / "load.json"
-    path.write_text(json.dumps(results, indent=2))
-    click.echo(json.dumps(results, indent=2))
-    click.echo(f"results: {path}", err=True)
+    results = {"server": url or f"tidal serve, {workers} gunicorn workers, SQLite", **results}
+    finish("load", origin, results, out_dir, results)
 
 
 @bench.command()
 @click.option("--engine-urls", help="Comma-separated replicas to use. Default: start two tiny engines, one per core.")
-@click.option("--model", default="tiny", show_default=True)
+@MODEL_OPTION
 @click.option("--period", default=120.0, show_default=True, help="Seconds of one online day (the seed used 600).")
 @click.option("--periods", default=2.0, show_default=True, help="Days per run; each mode runs this long.")
 @click.option("--rate", default=4.0, show_default=True, help="Mean online requests/s per replica.")
@@ -304,15 +271,27 @@ def load(url, key, duration, rate, uploads, upload_lines, workers, out) -> None:
 @click.option("--max-inflight", default=12, show_default=True, help="Gate ceiling of each worker.")
 @click.option("--max-num-seqs", default=16, show_default=True, help="Slots of each locally started engine.")
 @click.option("--interval", default=5.0, show_default=True, help="Seconds per bin of the fill series.")
-@click.option("--out", type=click.Path(file_okay=False), default="bench-out/fleet", show_default=True)
-def fleet(engine_urls, model, period, periods, rate, amplitude, max_inflight, max_num_seqs, interval, out) -> None:
+@out_option("fleet")
+def fleet(
+    engine_urls: str | None,
+    model: str,
+    period: float,
+    periods: float,
+    rate: float,
+    amplitude: float,
+    max_inflight: int,
+    max_num_seqs: int,
+    interval: float,
+    out: str,
+) -> None:
     """Batch work placed by per-replica gates against pinned to replica 0, under anti-phase online load."""
-    import os
+    import dataclasses
 
     from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import fleet as fl
+    from tidal_workers.bench import provenance
 
-    out_dir = output_dir(out)
+    out_dir, origin = begin("fleet", out)
     settings = load_settings()
     engines = [] if engine_urls else fl.start_replicas(build_tiny(settings.home), 2, out_dir, max_num_seqs)
     urls = engine_urls.split(",") if engine_urls else [e.url for e in engines]
@@ -327,29 +306,27 @@ def fleet(engine_urls, model, period, periods, rate, amplitude, max_inflight, ma
         interval=interval,
     )
     results: dict = {
-        **provenance("fleet"),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "load_average": {"start": os.getloadavg()},
         "params": {k: v for k, v in dataclasses.asdict(cfg).items() if not k.endswith("prompt")},
+        "load_average": {},
         "runs": {},
     }
     try:
         for mode in ("placement", "pinning"):
             click.echo(f"{mode}: {cfg.duration:.0f} s ...", err=True)
             results["runs"][mode] = fl.run_mode(cfg, settings, mode, out_dir / f"stack-{mode}")
-            results["load_average"][f"after_{mode}"] = os.getloadavg()
+            results["load_average"][f"after_{mode}"] = provenance.load_average()
     finally:
         for engine in engines:
             engine.stop()
     results["summary"] = fl.summary(results["runs"]["placement"], results["runs"]["pinning"])
-    path = fl.write(results, out_dir)
-    click.echo(json.dumps({"load_average": results["load_average"], "summary": results["summary"]}, indent=2))
-    click.echo(f"results: {path}; plot: {out_dir}/fleet.png", err=True)
+    fl.plot(results, out_dir / "fleet.png")
+    headline = {"load_average": results["load_average"], "summary": results["summary"]}
+    finish("fleet", origin, results, out_dir, headline, [out_dir / "fleet.png"])
 
 
 @bench.command()
-@click.option("--engine-url", help="Engine to measure. Default: start the tiny local engine with --kv-cache-bytes.")
-@click.option("--model", default="tiny", show_default=True)
+@engine_url_option("the tiny CPU engine with --kv-cache-bytes")
+@MODEL_OPTION
 @click.option("--items", default=96, show_default=True, help="Requests in the batch.")
 @click.option("--groups", default=12, show_default=True, help="Distinct shared prompt prefixes.")
 @click.option("--prefix-chars", default=400, show_default=True, help="Shared prefix length (tokens on the tiny model).")
@@ -360,15 +337,24 @@ def fleet(engine_urls, model, period, periods, rate, amplitude, max_inflight, ma
     show_default=True,
     help="KV pool of a locally started engine (3M: about 3,000 tokens, fewer than all the prefixes).",
 )
-@click.option("--out", type=click.Path(file_okay=False), default="bench-out/prefix", show_default=True)
-def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_bytes, out) -> None:
+@out_option("prefix")
+def prefix(
+    engine_url: str | None,
+    model: str,
+    items: int,
+    groups: int,
+    prefix_chars: int,
+    inflight: int,
+    kv_cache_bytes: str,
+    out: str,
+) -> None:
     """vLLM prefix-cache hit rate of Tidal's claim order (prefix-sorted ordinals) against shuffled order."""
     from tidal_engine.serve import EngineOptions
     from tidal_engine.serve import start_engine
     from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import prefix as px
 
-    out_dir = output_dir(out)
+    out_dir, origin = begin("prefix", out)
     engine = None
     if not engine_url:
         options = EngineOptions(
@@ -392,20 +378,232 @@ def prefix(engine_url, model, items, groups, prefix_chars, inflight, kv_cache_by
     finally:
         if engine is not None:
             engine.stop()
-    results = {**provenance("prefix"), "engine": engine_url or f"tiny vLLM-CPU, KV pool {kv_cache_bytes}", **results}
-    path = out_dir / "prefix.json"
-    path.write_text(json.dumps(results, indent=2))
-    click.echo(json.dumps(results, indent=2))
-    click.echo(f"results: {path}", err=True)
+    results = {"engine": engine_url or f"tiny vLLM-CPU, KV pool {kv_cache_bytes}", **results}
+    finish("prefix", origin, results, out_dir, results)
+
+
+@bench.command()
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="Twin profile to run (MODEL@GPU).")
+@click.option("--reps", default=3, show_default=True, help="Repetitions of the grid and of the CPU load.")
+@click.option("--steps", default=8, show_default=True, help="Steps of each cell's shape per repetition.")
+@click.option("--cells", default="", help="Comma-separated indices into the grid (default: all; see docs/engine.md).")
+@click.option("--cpu-duration", default=30.0, show_default=True, help="Seconds of load per CPU repetition; 0: skip.")
+@click.option("--online-rate", default=20.0, show_default=True, help="Online requests/s during the CPU load.")
+@click.option("--batch-lanes", default=48, show_default=True, help="Batch requests in flight during the CPU load.")
+@out_option("twin")
+def twin(
+    profile: str,
+    reps: int,
+    steps: int,
+    cells: str,
+    cpu_duration: float,
+    online_rate: float,
+    batch_lanes: int,
+    out: str,
+) -> None:
+    """The timed twin: whole-step time against the profile's T(P, C) over the grid, and its CPU use under load.
+
+    Starts the twin of --profile (stock scheduler: vLLM's CPU platform forces the synchronous one); run it
+    under the engine lock. Attainability is reported for every tabulated profile from this run's floors.
+    """
+    from tidal_engine.serve import start_twin
+    from tidal_engine.twin import load_profile
+    from tidal_engine.twin import profile_names
+    from tidal_workers.bench import twin as tw
+
+    if reps < 3:
+        click.echo("note: fewer than 3 repetitions: the intervals are not figures to report", err=True)
+    out_dir, origin = begin("twin", out)
+    grid = [tw.GRID[int(i)] for i in cells.split(",")] if cells else list(tw.GRID)
+    trace = out_dir / "twin-trace.csv"
+    trace.unlink(missing_ok=True)
+    spec = load_profile(profile)
+    load = tw.LoadConfig(online_rate=online_rate, batch_lanes=batch_lanes)
+    results: dict = {
+        "profile": dataclasses.asdict(spec),
+        "params": {"reps": reps, "steps": steps, "cpu_duration": cpu_duration, "load": dataclasses.asdict(load)},
+        "scheduler": "stock vLLM Scheduler, synchronous (the CPU platform forces async_scheduling off)",
+    }
+    engine = start_twin(load_settings(), profile, log_path=out_dir / "twin.log", trace_path=trace.resolve())
+    results["engine_start_s"] = engine.started_s
+    try:
+        click.echo(f"fidelity: {len(grid)} cells x {reps} reps ...", err=True)
+        samples = tw.fidelity(engine.url, spec.name, trace, grid, reps, steps)
+        profiles = [load_profile(n) for n in profile_names()]
+        results["cells"] = [tw.summarize_cell(c, samples[c.label], profiles) for c in grid]
+        if cpu_duration > 0:
+            cpu_reps = []
+            for rep in range(reps):
+                click.echo(f"CPU use under load, rep {rep + 1}/{reps} ...", err=True)
+                cpu_reps.append(tw.cpu_use(engine.url, spec.name, engine.pid, load, cpu_duration, seed=rep))
+            results["cpu"] = {"cores": tw.summarize_cpu(cpu_reps), "reps": cpu_reps}
+        rows = tw.read_trace(trace)
+        results["overruns"] = {"steps": len(rows), "overruns": int(rows[-1]["overruns"]) if rows else 0}
+    finally:
+        engine.stop()
+    finish("twin", origin, results, out_dir, tw.report(results), [trace])
+
+
+@bench.command()
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="Profile whose model is timed.")
+@click.option("--device", default="cuda", show_default=True, help="torch device: cuda (the real run) or cpu.")
+@click.option("--tiny", is_flag=True, help="A two-layer stack over small cells: checks the script (CPU tests).")
+@click.option("--reps", default=10, show_default=True, help="Timed steps per cell.")
+@click.option("--budget-seconds", default=480.0, show_default=True, help="Cells not started by then are skipped.")
+@out_option("calibrate")
+def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: float, out: str) -> None:
+    """Time a 7B-class transformer stack (random weights, PyTorch only) over the twin's grid; fit a measured profile.
+
+    Writes calibrate.json (samples, derived against measured per cell, the fit) and profile-measured.toml
+    (a [gpus."GPU-measured"] table to put beside the derived one in tidal_engine/twin_profiles.toml).
+    """
+    from tidal_engine.twin import load_profile
+    from tidal_engine.twin import profile_tables
+    from tidal_workers.bench import calibrate as cb
+    from tidal_workers.bench.twin import GRID
+
+    spec = load_profile(profile)
+    model, _, gpu = profile.partition("@")
+    shape = cb.TINY if tiny else cb.StackShape.of(spec, cb.INTERMEDIATE[model])
+    out_dir, origin = begin("calibrate", out)
+    measured = cb.run(spec, shape, cb.TINY_GRID if tiny else GRID, device, reps, budget_seconds)
+    files: list[Path] = []
+    if measured["fit"]:
+        files.append(out_dir / "profile-measured.toml")
+        files[0].write_text(cb.measured_toml(gpu, profile_tables()["gpus"][gpu], measured["fit"]))
+    headline = {k: measured[k] for k in ("device", "seconds", "table", "fit", "skipped")}
+    finish("calibrate", origin, {"profile": profile, "tiny": tiny, **measured}, out_dir, headline, files)
+
+
+@bench.command("kv-probe")
+@click.option(
+    "--connectors",
+    default="example,offloading,simple-cpu,simple-disk,lmcache",
+    show_default=True,
+    help="Connectors to probe (names in tidal_workers.bench.kv_probe.CONNECTORS); empty: none.",
+)
+@click.option("--thaw/--no-thaw", default=True, show_default=True, help="Also time thawed TTFT against recompute.")
+@click.option("--reps", default=5, show_default=True, help="Prompts per length in the thaw timing.")
+@out_option("kv-probe")
+def kv_probe(connectors: str, thaw: bool, reps: int, out: str) -> None:
+    """KV connectors on this engine build: freeze, restart, thaw (docs/engine.md); thawed TTFT (docs/benchmarks.md)."""
+    from tidal_engine.tiny import build_tiny
+    from tidal_workers.bench import kv_probe as kp
+
+    out_dir, origin = begin("kv-probe", out)
+    settings = load_settings()
+    model_dir = build_tiny(settings.home, "dense")
+    results: dict = {"engine": "dense vLLM-CPU, float32, eager"}
+    names = [n.strip() for n in connectors.split(",") if n.strip()]
+    results["probe"] = kp.probe(kp.ProbeConfig(home=Path(settings.home), model_dir=model_dir, work=out_dir), names)
+    if thaw:
+        results["thaw"] = kp.thaw_ttft(kp.ThawConfig(model_dir=model_dir, work=out_dir, reps=reps))
+    finish("kv_probe", origin, results, out_dir, results)
+
+
+@bench.command()
+@click.option("--duration", default=30.0, show_default=True, help="Seconds per arm.")
+@click.option("--reps", default=2, show_default=True, help="ABBA blocks (each runs both arms).")
+@click.option("--online-rate", default=1.0, show_default=True, help="Online requests/s through the router.")
+@click.option("--max-inflight", default=4, show_default=True, help="Ceiling of the gate's batch target.")
+@out_option("disagg")
+def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, out: str) -> None:
+    """A-D: prefill engine + decode engine + KV through TidalFreezeConnector + a router, against the same two engines
+    run unified; batch admitted by the gate through the `disagg` signal map (docs/benchmarks.md)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tidal_engine.serve import EngineOptions
+    from tidal_engine.serve import start_engine
+    from tidal_engine.tiny import build_tiny
+    from tidal_workers.bench import disagg as dg
+
+    out_dir, origin = begin("disagg", out)
+    settings = load_settings()
+    storage = out_dir / "frozen"
+    storage.mkdir(exist_ok=True)
+    connector = {
+        "kv_connector": "TidalFreezeConnector",
+        "kv_connector_module_path": "tidal_engine.freeze",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
+    options = EngineOptions(
+        model=str(build_tiny(settings.home, "dense")),
+        served_model_name="dense",
+        max_num_seqs=16,
+        extra_args=("--kv-transfer-config", json.dumps(connector)),
+    )
+    with ThreadPoolExecutor(2) as pool:  # one core each: the default binds both engines to core 0
+        starts = [
+            pool.submit(
+                start_engine, options, log_path=out_dir / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}
+            )
+            for i, name in enumerate(("prefill", "decode"))
+        ]
+        engines = [f.result() for f in starts]
+    router = dg.Router(engines[0].url, engines[1].url)
+    gate_settings = settings.replace(
+        gate_mode="aimd",
+        gate_signals="disagg",
+        gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
+        min_inflight=0,
+        max_inflight=max_inflight,
+        initial_inflight=1,
+    )
+    cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
+    try:
+        arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
+    finally:
+        router.stop()
+        for e in engines:
+            e.stop()
+    results = {
+        "engine": "2 x dense vLLM-CPU (one core each), TidalFreezeConnector on a shared folder",
+        "params": dataclasses.asdict(cfg),
+        "arms": arms,
+    }
+    finish("disagg", origin, results, out_dir, results)
+
+
+@bench.command()
+@click.option("--weights", default="1:1,3:1,1:3", show_default=True, help="heavy:light weight pairs to run.")
+@click.option("--reps", default=5, show_default=True, help="Runs per weight pair (at least 2).")
+@click.option("--nodes", default=4, show_default=True, help="Claiming nodes (threads, one connection each).")
+@click.option("--inflight", default=8, show_default=True, help="Items each node keeps leased.")
+@click.option("--items", default=1500, show_default=True, help="Items per tenant (heavy: in 100 batches).")
+@click.option("--service-ms", default=4.0, show_default=True, help="Mean simulated engine time per item.")
+@out_option("fairness")
+def fairness(weights: str, reps: int, nodes: int, inflight: int, items: int, service_ms: float, out: str) -> None:
+    """Two tenants' shares of claims against their weights, under concurrent nodes (scratch Redis DB 14)."""
+    from tidal_workers.bench import fairness as fair
+    from tidal_workers.bench.stack import BENCH_REDIS_DB
+
+    if reps < 2:
+        raise click.BadParameter("at least 2, for an interval", param_hint="--reps")
+    out_dir, origin = begin("fairness", out)
+    settings = load_settings()
+    redis_url = settings.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+    pairs = [tuple(float(w) for w in pair.split(":")) for pair in weights.split(",")]
+    configs = [fair.FairnessConfig(redis_url, (h, lt), nodes, inflight, 100, items, service_ms) for h, lt in pairs]
+    results = {"setup": fair.config_summary(configs[0]), "pairs": [fair.measure(cfg, reps) for cfg in configs]}
+    headline = "\n".join(
+        f"weights {pair['weights']['heavy']:g}:{pair['weights']['light']:g}  heavy share / its weight's: "
+        f"{pair['share_ratio_mean']:.4f} (95 % {pair['share_ratio_95'][0]:.4f}-{pair['share_ratio_95'][1]:.4f})"
+        for pair in results["pairs"]
+    )
+    finish("fairness", origin, results, out_dir, headline)
 
 
 @bench.command()
 @click.option("--items", default=200_000, show_default=True, help="Items queued for the claim-throughput runs.")
-def queue(items) -> None:
+@out_option("queue")
+def queue(items: int, out: str) -> None:
     """Claim throughput from the Redis sorted sets and re-score cost against batch size (scratch Redis DB)."""
-    from tidal_workers.bench_queue import main
+    from tidal_workers.bench import queue as bench_queue
 
-    main(items)
+    out_dir, origin = begin("queue", out)
+    results = bench_queue.run(load_settings().redis_url, items)
+    finish("queue", origin, results, out_dir, results)
 
 
 def _span(text: str) -> tuple[float, float]:
@@ -416,7 +614,16 @@ def _span(text: str) -> tuple[float, float]:
 @bench.command()
 @click.option("--minutes", default=30.0, show_default=True, help="Length of the chaos window (faults and load).")
 @click.option("--seed", default=None, type=int, help="Seed of the fault schedule and the load; default: random.")
-@click.option("--engine", "engine_kind", type=click.Choice(["tiny"]), default="tiny", show_default=True)
+@click.option(
+    "--engine",
+    "engine_kind",
+    type=click.Choice(["twin", "tiny"]),
+    default="twin",
+    show_default=True,
+    help="Each node's engine: twin (real vLLM with a GPU's step times, --profile) or tiny (the CPU engine).",
+)
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile.")
+@click.option("--max-num-seqs", default=8, show_default=True, help="Each engine's slots (two share this machine).")
 @click.option("--interval", default="30:90", show_default=True, help="Seconds between faults, MIN:MAX.")
 @click.option("--engine-down", default="10:240", show_default=True, help="Seconds a killed engine stays down.")
 @click.option("--stall", default="5:30", show_default=True, help="Seconds Redis stays paused (SIGSTOP).")
@@ -424,15 +631,25 @@ def _span(text: str) -> tuple[float, float]:
 @click.option("--batch-every", default=20.0, show_default=True, help="Each tenant submits a batch this often (s).")
 @click.option("--online-rate", default=0.2, show_default=True, help="Online requests/s to each engine.")
 @click.option("--drain-minutes", default=10.0, show_default=True, help="Time every batch has to finish afterwards.")
-@click.option("--out", default="bench-out/chaos", show_default=True)
+@out_option("chaos")
 def chaos(
-    minutes, seed, engine_kind, interval, engine_down, stall, tenants, batch_every, online_rate, drain_minutes, out
+    minutes: float,
+    seed: int | None,
+    engine_kind: str,
+    profile: str,
+    max_num_seqs: int,
+    interval: str,
+    engine_down: str,
+    stall: str,
+    tenants: int,
+    batch_every: float,
+    online_rate: float,
+    drain_minutes: float,
+    out: str,
 ) -> None:
     """The whole stack (private Redis and PostgreSQL, API, two GPU nodes, ops worker, beat) under random faults; then
     every batch must be completed with every input line exactly once and no error line. Exit status 1 if not."""
     import secrets
-    import subprocess
-    import sys
     import tempfile
 
     from tidal_workers.bench import chaos as ch
@@ -448,26 +665,15 @@ def chaos(
         online_rate=online_rate,
         drain_minutes=drain_minutes,
         engine=engine_kind,
+        profile=profile if engine_kind == "twin" else "",
+        max_num_seqs=max_num_seqs,
     )
-    out_dir = output_dir(out)
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-    ).stdout.strip()
+    out_dir, origin = begin("chaos", out)
     click.echo(f"chaos: seed {cfg.seed}, {len(ch.schedule(cfg))} faults in {minutes:g} min; logs {out_dir}", err=True)
     work = Path(tempfile.mkdtemp(prefix="tidal-chaos-", dir=out_dir))
     report = ch.run(cfg, load_settings(), work)
-    results = {
-        **provenance("chaos"),
-        "argv": sys.argv,
-        "commit": commit or "unknown",
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "logs": str(work),
-        **report,
-    }
-    path = out_dir / "chaos.json"
-    path.write_text(json.dumps(results, indent=2))
-    click.echo(json.dumps({k: v for k, v in results.items() if k != "batches"}, indent=2))
-    click.echo(f"results: {path}", err=True)
+    results = {"logs": str(work), **report}
+    finish("chaos", origin, results, out_dir, {k: v for k, v in results.items() if k != "batches"})
     if not results["ok"]:
         raise SystemExit(1)
 

@@ -1,4 +1,4 @@
-"""`tidal engine`: install the CPU engine, build the tiny model, serve vLLM."""
+"""`tidal engine`: install the CPU engine, build the tiny model, serve vLLM or its GPU-timed twin."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from pathlib import Path
 import click
 
 from config import load_settings
+from tidal_engine.serve import EngineOptions
 from tidal_engine.tiny import SHAPES
+from tidal_engine.twin import DEFAULT_PROFILE
+from tidal_engine.twin import profile_names
 
 
 @click.group()
@@ -35,6 +38,11 @@ SHAPE = click.option(
 )
 
 
+TIDAL_SCHEDULER = click.option(
+    "--tidal-scheduler/--stock-scheduler", default=False, help="Load TidalScheduler via --scheduler-cls."
+)
+
+
 @engine.command("build-tiny")
 @SHAPE
 def build_tiny(shape: str) -> None:
@@ -52,7 +60,7 @@ def build_tiny(shape: str) -> None:
 @SHAPE
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--tidal-scheduler/--stock-scheduler", default=False, help="Load TidalScheduler via --scheduler-cls.")
+@TIDAL_SCHEDULER
 @click.option("--gpu", is_flag=True, help="A GPU host: no CPU fast-start flags, vLLM sizes the KV cache itself.")
 @click.option("--kv-bytes", default="64M", show_default=True, help="--kv-cache-memory-bytes on CPU hosts.")
 @click.option("--max-num-seqs", default=0, type=int, help="vLLM's slot count (0: vLLM's default).")
@@ -76,8 +84,6 @@ def serve(
     Arguments after the options go to `vllm serve` unchanged. TidalScheduler reads
     its TIDAL_SCHED_* settings in vLLM's engine-core process, which inherits them.
     """
-    from tidal_engine.serve import EngineOptions
-    from tidal_engine.serve import start_engine
     from tidal_engine.tiny import build_tiny as build
 
     settings = load_settings()
@@ -94,9 +100,14 @@ def serve(
         max_num_seqs=max_num_seqs or None,
         extra_args=tuple(vllm_args),
     )
-    log = Path(log_path) if log_path else Path(settings.home) / "logs" / f"vllm-{port}.log"
-    click.echo(f"starting vLLM on {model} (log: {log})")
-    server = start_engine(options, log_path=log)
+    _serve_until_interrupted(options, Path(log_path) if log_path else Path(settings.home) / "logs" / f"vllm-{port}.log")
+
+
+def _serve_until_interrupted(options: EngineOptions, log: Path, env: dict[str, str] | None = None) -> None:
+    from tidal_engine.serve import start_engine
+
+    click.echo(f"starting vLLM on {options.model} (log: {log})")
+    server = start_engine(options, log_path=log, env=env)
     click.echo(f"vLLM ready at {server.url} in {server.started_s:.1f} s (pid {server.pid})")
     try:
         server.process.wait()
@@ -104,6 +115,59 @@ def serve(
         pass
     finally:
         server.stop()
+
+
+@engine.command("twin", context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--profile",
+    default=DEFAULT_PROFILE,
+    show_default=True,
+    help="MODEL@GPU from tidal_engine/twin_profiles.toml (tabulated: " + ", ".join(profile_names()) + ").",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@TIDAL_SCHEDULER
+@click.option("--max-num-seqs", default=0, type=int, help="Slots (0: the profile's GPU default).")
+@click.option("--max-model-len", default=8192, show_default=True, type=int)
+@click.option("--trace", "trace_path", default="", help="CSV file the twin appends one line per step to.")
+@click.option("--log", "log_path", default="", help="Server log file; default $TIDAL_HOME/logs/twin-PORT.log.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def twin(
+    profile: str,
+    host: str,
+    port: int,
+    tidal_scheduler: bool,
+    max_num_seqs: int,
+    max_model_len: int,
+    trace_path: str,
+    log_path: str,
+    vllm_args: tuple[str, ...],
+) -> None:
+    """Start the GPU-timed twin: real `vllm serve` whose steps take the time PROFILE's GPU would take.
+
+    Served as the profile's name, with the GPU's KV pool (in tokens), slots and token budget (τ = 2,048);
+    vLLM's CPU platform runs the synchronous scheduler. Arguments after the options go to `vllm serve`.
+    """
+    from tidal_engine.serve import scheduler_env
+    from tidal_engine.serve import twin_options
+
+    settings = load_settings()
+    try:
+        options = twin_options(
+            settings,
+            profile,
+            tidal_scheduler=tidal_scheduler,
+            trace_path=Path(trace_path).resolve() if trace_path else None,
+            max_num_seqs=max_num_seqs or None,
+            max_model_len=max_model_len,
+            host=host,
+            port=port,
+            extra_args=tuple(vllm_args),
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+    log = Path(log_path) if log_path else Path(settings.home) / "logs" / f"twin-{port}.log"
+    _serve_until_interrupted(options, log, env=scheduler_env(settings))
 
 
 COMMANDS = [engine]

@@ -57,13 +57,13 @@ def report(
         writer.writeheader()
         writer.writerows(dicts)
     else:
-        header = f"{by:<34} {'model':<14} {'items':>7} {'tokens':>12} {'batch $':>11} {'online $':>11} {'saved $':>11}"
+        header = f"{by:<34} {'model':<14} {'items':>7} {'tokens':>12} {'batch $':>11} {'online $':>11} {'saved $':>11} {'storage $':>11}"
         click.echo(header)
         click.echo("-" * len(header))
         for d in dicts:
             click.echo(
                 f"{d['key']:<34} {d['model']:<14} {d['items']:>7} {d['total_tokens']:>12} "
-                f"{d['batch_usd']:>11.4f} {d['online_usd']:>11.4f} {d['saved_usd']:>11.4f}"
+                f"{d['batch_usd']:>11.4f} {d['online_usd']:>11.4f} {d['saved_usd']:>11.4f} {d['storage_usd']:>11.4f}"
             )
     if chart:
         click.echo(f"chart written to {chart}", err=True)

@@ -51,7 +51,6 @@ KINDS = ("kill_worker", "kill_beat", "kill_api", "engine", "redis_restart", "pos
 NODES = ("a", "b")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 CHAT = "/v1/chat/completions"
-MODEL = "tiny"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +66,9 @@ class ChaosConfig:
     max_tokens: int = 8
     online_rate: float = 0.2  # online requests per second to each engine
     drain_minutes: float = 10.0  # after the chaos window: the time every batch has to finish
-    engine: str = "tiny"  # tiny: the tiny model on vLLM-CPU
+    engine: str = "twin"  # twin: real vLLM with a GPU's step times (``profile``); tiny: the CPU engine
+    profile: str = ""
+    max_num_seqs: int = 8  # each engine's slots: two engines and the stack share this machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,17 +253,31 @@ class Stack:
         }
 
     def _engine_slot(self, node: str, base: Settings) -> EngineSlot:
-        from tidal_engine.tiny import build_tiny
+        """Node ``node``'s engine on a port of its own that it keeps across restarts."""
+        if self.cfg.engine == "twin":
+            from tidal_engine.serve import twin_options
 
-        options = EngineOptions(
-            model=str(build_tiny(base.home)),
-            served_model_name=MODEL,
-            port=free_port(),
-            kv_cache_bytes="16M",
-            max_model_len=1024,
-            max_num_seqs=8,
-        )
+            options = twin_options(
+                base, self.cfg.profile, max_num_seqs=self.cfg.max_num_seqs, max_model_len=1024, port=free_port()
+            )
+        else:
+            from tidal_engine.tiny import build_tiny
+
+            options = EngineOptions(
+                model=str(build_tiny(base.home)),
+                served_model_name="tiny",
+                port=free_port(),
+                kv_cache_bytes="16M",
+                max_model_len=1024,
+                max_num_seqs=self.cfg.max_num_seqs,
+            )
         return EngineSlot(f"engine-{node}", options, self.log_dir)
+
+    @property
+    def model(self) -> str:
+        """The name clients send: the engines' served name."""
+        options = self.engines[NODES[0]].options
+        return options.served_model_name or options.model
 
     def _env(self, **overrides: str) -> dict[str, str]:
         env = {env_name(f.name): str(getattr(self.settings, f.name)) for f in dataclasses.fields(self.settings)}
@@ -366,7 +381,7 @@ class Load:
                     "method": "POST",
                     "url": CHAT,
                     "body": {
-                        "model": MODEL,
+                        "model": self.stack.model,
                         "messages": [{"role": "user", "content": f"{cid} {rng.random():.6f}"}],
                         "max_tokens": self.cfg.max_tokens,
                     },
@@ -400,7 +415,11 @@ class Load:
         k = 0
         while not self.stop.wait(1.0 / self.cfg.online_rate):
             k += 1
-            body = {"model": MODEL, "messages": [{"role": "user", "content": f"online {node} {k}"}], "max_tokens": 8}
+            body = {
+                "model": self.stack.model,
+                "messages": [{"role": "user", "content": f"online {node} {k}"}],
+                "max_tokens": 8,
+            }
             try:
                 ok = requests.post(url, json={**body, "priority": 0}, timeout=60).status_code == 200
             except requests.RequestException:

@@ -25,6 +25,7 @@ class Reading:
     waiting: float
     prefix_queries: float
     prefix_hits: float
+    finished: float  # requests finished (any reason), all time
 
 
 def read(engine_url: str, timeout: float = 2.0) -> Reading:
@@ -44,6 +45,7 @@ def read(engine_url: str, timeout: float = 2.0) -> Reading:
         waiting=values.get("vllm:num_requests_waiting", 0.0),
         prefix_queries=values.get("vllm:prefix_cache_queries_total", 0.0),
         prefix_hits=values.get("vllm:prefix_cache_hits_total", 0.0),
+        finished=values.get("vllm:request_success_total", 0.0),
     )
 
 
@@ -73,7 +75,7 @@ class Sampler:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         with contextlib.suppress(requests.RequestException):

@@ -19,7 +19,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
-import json
 import math
 import subprocess
 import threading
@@ -38,7 +37,7 @@ from tidal_engine.serve import EngineOptions
 from tidal_engine.serve import start_engine
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import online
-from tidal_workers.bench.harvest import batch_body
+from tidal_workers.bench.backlog import batch_body
 from tidal_workers.bench.stack import TidalStack
 from tidal_workers.store import Item
 from tidal_workers.store import ItemStatus
@@ -276,14 +275,6 @@ def summary(placement: dict, pinning: dict) -> dict:
             for m, run in (("placement", placement), ("pinning", pinning))
         },
     }
-
-
-def write(results: dict, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "fleet.json"
-    path.write_text(json.dumps(results, indent=2, default=str))
-    plot(results, out_dir / "fleet.png")
-    return path
 
 
 def plot(results: dict, path: Path) -> None:

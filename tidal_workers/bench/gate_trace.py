@@ -11,7 +11,6 @@ decided from it: how many scrapes it took to halve, how long to recover.
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 import typing as t
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from tidal_workers.bench import online
+from tidal_workers.bench.stats import percentile
 from tidal_workers.gate import AimdGate
 from tidal_workers.gate import Gate
 from tidal_workers.gate import MetricsError
@@ -71,7 +70,7 @@ class _RecordingSession(requests.Session):
 
     last_text: str | None = None
 
-    def get(self, url, **kwargs):
+    def get(self, url: str | bytes, **kwargs: t.Any) -> requests.Response:
         self.last_text = None
         resp = super().get(url, **kwargs)
         self.last_text = resp.text
@@ -148,7 +147,7 @@ class Trickle:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self._pool.shutdown(wait=True)  # in-flight requests finish; nothing new is sent
@@ -252,7 +251,7 @@ class GateTrace:
             "scrapes_seen_to_halving": halved and seen and self.scrapes.index(halved) - self.scrapes.index(seen) + 1,
             "recovered_s": recovered and round(recovered.at, 3),
             "recovery_s_after_burst_end": recovered and round(recovered.at - self.burst_end, 3),
-            "burst_latency_p50": online.percentile(latencies, 0.5),
+            "burst_latency_p50": percentile(latencies, 0.5),
             "burst_latency_max": max(latencies, default=None),
             "burst_errors": sum(1 for b in self.burst if b.error),
             "batch_completed": self.batch_completed,
@@ -323,23 +322,13 @@ def run(cfg: GateTraceConfig, settings: Settings) -> GateTrace:
     )
 
 
-def write(trace: GateTrace, out_dir: Path, extra: dict | None = None) -> Path:
-    """``gate_trace.json`` and ``gate_burst.png`` under ``out_dir``; returns the JSON's path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "gate_trace.json"
-    path.write_text(
-        json.dumps(
-            {
-                **(extra or {}),
-                "config": dataclasses.asdict(trace.config),
-                "summary": trace.summary(),
-                "scrapes": [dataclasses.asdict(s) for s in trace.scrapes],
-            },
-            indent=2,
-        )
-    )
-    plot(trace, out_dir / "gate_burst.png")
-    return path
+def results(trace: GateTrace) -> dict:
+    """What ``gate.json`` holds beside the provenance: the configuration, the summary and every scrape."""
+    return {
+        "config": dataclasses.asdict(trace.config),
+        "summary": trace.summary(),
+        "scrapes": [dataclasses.asdict(s) for s in trace.scrapes],
+    }
 
 
 def plot(trace: GateTrace, path: Path) -> None:

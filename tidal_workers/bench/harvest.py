@@ -1,307 +1,340 @@
-"""`tidal bench harvest`: how much of the offline ceiling Tidal harvests beside online load.
+"""`tidal bench harvest`: how much of an engine's ceiling Tidal harvests beside online load, and at what cost
+to the online requests, technique A (AIMD gate, stock scheduler) against B (the same plus TidalScheduler).
 
-(a) ceiling   batch-only generation throughput at saturation (closed loop, straight to vLLM);
-(b) baseline  the online load alone (flat or diurnal), streamed at priority 0;
-(c) co-served the same online load while a Tidal worker drains a batch into the same engine,
-              once per technique: A = AIMD gate + stock scheduler, B = the same + TidalScheduler.
-Harvest = batch generation tokens/s in (c) / ceiling tokens/s. Latency inflation = (c) / (b)
-for online TTFT, TBT and end-to-end percentiles.
+Per repetition and engine, in ABBA order of the engines:
+
+(a) ceiling    every slot of the engine (``max_num_seqs``) kept full of batch work straight to vLLM; generated
+               tokens counted between two reads of ``/metrics`` once the slots are full, so no ramp and no
+               drain tail are in it;
+(b) baseline   the online load alone (flat, then diurnal), sent by the online client in its own process;
+(c) co-served  the same online load while a Tidal worker drains a batch backlog into the same engine.
+
+Harvest = batch tokens/s in (c) over (a) of the same engine and repetition. Inflation = an online latency
+percentile in (c) over (b). Every phase keeps its raw client records, the engine's /metrics series, UTC times
+and the load average: the report (harvest_report.py) computes every figure from them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import itertools
 import json
-import os
+import math
+import random
+import subprocess
+import sys
+import tempfile
 import time
 import typing as t
 from pathlib import Path
 
-import httpx
-
+from config import Settings
 from tidal_workers.bench import engine_stats
+from tidal_workers.bench import harvest_report
 from tidal_workers.bench import online
+from tidal_workers.bench import provenance
+from tidal_workers.bench import samples
+from tidal_workers.bench.backlog import closed_loop
+from tidal_workers.bench.engines import BenchEngine
+from tidal_workers.bench.engines import EngineRequest
+from tidal_workers.bench.engines import started
 from tidal_workers.bench.stack import TidalStack
+from tidal_workers.bench.stats import abba_order
+from tidal_workers.bench.workload import Prompts
+from tidal_workers.bench.workload import Workload
+from tidal_workers.bench.workload import batch_requests
+from tidal_workers.bench.workload import chat_body
+from tidal_workers.bench.workload import load_tokenizer
+from tidal_workers.bench.workload import online_requests
 
-RESOLUTION_S = 0.001  # below this a client-side latency is scheduling noise on a shared 2-core machine
-
-
-@dataclasses.dataclass
-class HarvestConfig:
-    """One engine's experiment. Defaults fit the tiny model on a 2-core CPU (docs/benchmarks.md says why)."""
-
-    engine_url: str
-    model: str
-    duration: float = 30.0
-    online_rate: float = 4.0  # requests/s (mean, for diurnal)
-    trace: str = "flat"  # flat | diurnal
-    diurnal_period: float = 30.0
-    online_prompt: str = "Tell me about the sea and the tides. " * 3
-    online_max_tokens: int = 48
-    batch_prompt: str = "Summarise this report: " + "tide data " * 40  # about 420 tokens on the local models
-    batch_max_tokens: int = 128
-    ceiling_concurrency: int = 12  # = the worker's gate ceiling: the most batch work Tidal may have in flight
-    budget_tokens: int = 2048  # the engine's max_num_batched_tokens
-    plugin_metrics_url: str | None = None  # TidalScheduler's endpoint, when the engine runs it
-
-    def rate_fn(self) -> t.Callable[[float], float]:
-        if self.trace == "diurnal":
-            return online.diurnal(self.online_rate, 0.8, self.diurnal_period)
-        return online.flat(self.online_rate)
+RAMP_TIMEOUT_S = 180.0  # filling 256 slots of ~800-token prompts is ~30 s of A6000 prefill at τ = 2,048
+RAMP_S = 35.0  # that ramp, for the duration estimate only
+CLIENT_LEAD_S = 0.5  # between the client saying it is ready and its first arrival
+STACK_OVERHEAD_S = 20.0  # worker start, upload, first item, settling: for the duration estimate only
+DRAIN_S = 10.0  # the last online answers and the engine going idle after a phase: estimate only
 
 
-def report_prompt(num_bytes: int) -> str:
-    """A batch prompt of ``num_bytes`` bytes, the default's text repeated (one token per byte on the local models)."""
-    head = "Summarise this report: "
-    return head + ("tide data " * (num_bytes // 10 + 1))[: max(num_bytes - len(head), 0)]
+@dataclasses.dataclass(frozen=True)
+class HarvestPlan:
+    techniques: tuple[str, ...]  # ("A", "B"), or one of them
+    traces: tuple[str, ...]  # ("flat", "diurnal"), or one of them
+    reps: int
+    flat_rate: float  # online requests/s
+    diurnal_rate: float  # the diurnal trace's mean
+    amplitude: float  # the diurnal swing as a fraction of its mean
+    samples: int  # online requests per phase: each phase lasts samples / rate (≥ 1,000 TTFT samples)
+    ceiling_s: float  # the ceiling's measured window
+    settle_s: float  # after the backlog starts flowing, before the co-served window opens
+    max_inflight: int  # the harvesting worker's gate ceiling (the ceiling ignores it: all slots)
+    b_gate: str  # B's worker gate: aimd like A, or fixed at max_inflight
+    workload: Workload
+    seed: int = 7
+
+    def rate(self, trace: str) -> float:
+        return self.flat_rate if trace == "flat" else self.diurnal_rate
+
+    def phase_s(self, trace: str) -> float:
+        return self.samples / self.rate(trace)
+
+    def expected_s(self, engine_start_s: float) -> float:
+        """Wall time of the whole run, roughly: what the command prints before it starts."""
+        per_unit = (
+            self.ceiling_s + RAMP_S + STACK_OVERHEAD_S + sum(2 * (self.phase_s(x) + DRAIN_S) for x in self.traces)
+        )
+        return len(self.techniques) * engine_start_s + self.reps * len(self.techniques) * per_unit
+
+    def rate_fn(self, trace: str) -> t.Callable[[float], float]:
+        if trace == "diurnal":
+            return online.diurnal(self.diurnal_rate, self.amplitude, self.phase_s(trace))
+        return online.flat(self.flat_rate)
 
 
-class BatchShape(t.Protocol):
-    """What a batch request is made of (HarvestConfig and FleetConfig both say)."""
+class Phase:
+    """One measured phase's record: UTC times and load average around it, then what it measured."""
 
-    model: str
-    batch_prompt: str
-    batch_max_tokens: int
+    def __init__(self, rep: int, technique: str, name: str, trace: str | None):
+        self.record: dict[str, t.Any] = {
+            "rep": rep,
+            "technique": technique,
+            "phase": name,
+            "trace": trace,
+            "utc_start": provenance.utc_now(),
+            "load_average_start": provenance.load_average(),
+        }
 
-
-def batch_body(cfg: BatchShape, n: int, priority: int | None = None) -> dict:
-    """The n-th batch request. Its number comes first, so no two share a prefix: otherwise vLLM's prefix
-    cache would serve every prefill after the first and the batch would cost only its decodes."""
-    body = {
-        "model": cfg.model,
-        "max_tokens": cfg.batch_max_tokens,
-        "ignore_eos": True,
-        "messages": [{"role": "user", "content": f"[{n}] {cfg.batch_prompt}"}],
-    }
-    if priority is not None:
-        body["priority"] = priority
-    return body
+    def close(self, **measured: t.Any) -> dict:
+        self.record.update(measured, utc_end=provenance.utc_now(), load_average_end=provenance.load_average())
+        return self.record
 
 
-async def _closed_loop(cfg: HarvestConfig, lanes: int, duration: float) -> int:
-    """``lanes`` batch requests (priority 100) always in flight straight to vLLM for ``duration`` seconds,
-    as a gate with a fixed target would keep them; returns how many completed."""
-    deadline = time.monotonic() + duration
-    sent = itertools.count()
-    done = 0
-    async with httpx.AsyncClient(timeout=300) as client:
+class Harvest:
+    """The experiment over the given engines (one per technique), in ABBA order."""
 
-        async def lane() -> None:
-            nonlocal done
-            while time.monotonic() < deadline:
-                resp = await client.post(f"{cfg.engine_url}/v1/chat/completions", json=batch_body(cfg, next(sent), 100))
-                resp.raise_for_status()
-                done += 1
+    def __init__(self, plan: HarvestPlan, engines: dict[str, BenchEngine], settings: Settings, out_dir: Path):
+        self.plan = plan
+        self.engines = engines
+        self.settings = settings
+        self.out_dir = out_dir
+        self.rng = random.Random(plan.seed)
+        tokenizers = {e.tokenizer for e in engines.values()}
+        self.prompts = {name: Prompts(load_tokenizer(name), plan.seed) for name in tokenizers}
+        self.phases: list[dict] = []
 
-        await asyncio.gather(*(lane() for _ in range(lanes)))
-    return done
+    def _prompts(self, engine: BenchEngine) -> Prompts:
+        return self.prompts[engine.tokenizer]
+
+    def run(self, log: t.Callable[[str], None]) -> list[dict]:
+        """Every unit in ABBA order. No separate warm-up: each unit opens with the ceiling, whose ramp (every slot
+        filling, unmeasured) warms a fresh engine before anything is measured on it."""
+        for rep, technique in abba_order(self.plan.techniques, self.plan.reps):
+            self.unit(rep, technique, log)
+        return self.phases
+
+    def unit(self, rep: int, technique: str, log: t.Callable[[str], None]) -> None:
+        """One repetition on one engine: ceiling, the baselines, the co-served runs."""
+        engine = self.engines[technique]
+        log(f"[rep {rep + 1}/{self.plan.reps} {technique}] ceiling, all {engine.max_num_seqs} slots ...")
+        phase = Phase(rep, technique, "ceiling", None)
+        self.phases.append(phase.close(**self.ceiling(engine, self.plan.ceiling_s)))
+        items_per_s = self.phases[-1]["requests_per_s"]
+        for trace in self.plan.traces:
+            log(f"[rep {rep + 1} {technique}] online only, {trace}, {self.plan.phase_s(trace):.0f} s ...")
+            phase = Phase(rep, technique, "baseline", trace)
+            self.phases.append(phase.close(**self.online_phase(engine, trace)))
+            engine_stats.wait_idle(engine.url, timeout=300)
+        backlog_s = sum(self.plan.phase_s(x) + DRAIN_S for x in self.plan.traces) + 60.0
+        count = math.ceil(1.5 * items_per_s * backlog_s) + self.plan.max_inflight
+        gate_mode = self.plan.b_gate if technique == "B" else "aimd"
+        stack_dir = self.out_dir / f"stack-{technique}-{rep}"
+        with TidalStack(
+            self.settings, engine.url, stack_dir, gate_mode=gate_mode, max_inflight=self.plan.max_inflight
+        ) as stack:
+            prompts = self._prompts(engine)
+            stack.submit(
+                [chat_body(engine.model, r) for r in batch_requests(count, self.plan.workload, prompts, self.rng)]
+            )
+            stack.wait_until_flowing()
+            time.sleep(self.plan.settle_s)  # the gate reaches its steady state before the window opens
+            for trace in self.plan.traces:
+                log(f"[rep {rep + 1} {technique}] co-served, {trace}, {self.plan.phase_s(trace):.0f} s ...")
+                phase = Phase(rep, technique, "coserved", trace)
+                measured = self.online_phase(engine, trace, stack)
+                measured["backlog_submitted"] = count
+                self.phases.append(phase.close(**measured))
+            stack.cancel_all()
+        engine_stats.wait_idle(engine.url, timeout=300)
+
+    def ceiling(self, engine: BenchEngine, window_s: float) -> dict:
+        """All slots full of batch work; tokens counted between two reads once they are full (no ramp, no drain)."""
+        prompts = self._prompts(engine)
+        bodies = (chat_body(engine.model, r, 100) for r in batch_requests(10**9, self.plan.workload, prompts, self.rng))
+
+        async def measure() -> dict:
+            lanes = asyncio.create_task(closed_loop(engine.url, bodies, engine.max_num_seqs, math.inf))
+            try:
+                ramp = await asyncio.to_thread(_wait_running, engine, engine.max_num_seqs, RAMP_TIMEOUT_S)
+                with engine_stats.Sampler(engine.url) as sampler:
+                    await asyncio.sleep(window_s)
+            finally:
+                lanes.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await lanes
+            readings = sampler.readings  # the closing read too: the lanes are cancelled only after it
+            first, last = readings[0], readings[-1]
+            window = last.at - first.at
+            return {
+                "ramp_s": ramp,
+                "window_s": window,
+                "slots": engine.max_num_seqs,
+                "batch_tokens_per_s": (last.generation_tokens - first.generation_tokens) / window,
+                "requests_per_s": (last.finished - first.finished) / window,
+                "running_mean": sum(r.running for r in readings) / len(readings),
+                **_engine_side(readings, engine),
+            }
+
+        result = asyncio.run(measure())
+        engine_stats.wait_idle(engine.url, timeout=300)
+        return result
+
+    def online_phase(self, engine: BenchEngine, trace: str, stack: TidalStack | None = None) -> dict:
+        """The online load of ``trace`` from the client process; with a stack, Tidal harvests beside it."""
+        times = _first_n(
+            online.arrivals(self.plan.rate_fn(trace), self.plan.phase_s(trace) * 1.5, seed=self.rng.randrange(1 << 30)),
+            self.plan.samples,
+        )
+        window = times[-1]  # the last arrival closes the window: online load is present all through it
+        requests = online_requests(times, self.plan.workload, self._prompts(engine), self.rng)
+        before = stack.progress() if stack else None
+        cpu_before = stack.worker_cpu_seconds() if stack else None
+        plugin_before = engine_stats.read_plugin(engine.plugin_metrics_url) if engine.plugin_metrics_url else None
+        with tempfile.TemporaryDirectory(prefix="tidal-client-") as tmp:
+            client = _OnlineClient(Path(tmp), engine, requests)
+            with engine_stats.Sampler(engine.url, also=stack.gate if stack else None) as sampler:
+                opens = client.open()
+                start = _read_at(engine, opens)
+                end = _read_at(engine, opens + window)
+                after = stack.progress() if stack else None
+                records = client.wait(timeout=window + 900)
+        generated = end.generation_tokens - start.generation_tokens
+        online_tokens = samples.tokens_until(records, window)
+        result: dict[str, t.Any] = {
+            "window_s": end.at - start.at,
+            "rate": self.plan.rate(trace),
+            "batch_tokens_per_s": max(0.0, generated - online_tokens) / (end.at - start.at),
+            "online_tokens_in_window": online_tokens,
+            "summary": samples.summary(records),
+            "records": records,
+            "metrics": [dataclasses.asdict(r) for r in sampler.readings],
+            **_engine_side(sampler.readings, engine),
+        }
+        if stack is not None and before is not None and after is not None and cpu_before is not None:
+            result["tidal_items_completed"] = after.items - before.items
+            result["tidal_output_tokens_per_s"] = (after.output_tokens - before.output_tokens) / window
+            result["worker_cpu_cores"] = (stack.worker_cpu_seconds() - cpu_before) / window
+            result["gate"] = [
+                (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight")) for at, g in sampler.also_readings
+            ]
+        if plugin_before is not None and engine.plugin_metrics_url:
+            result["plugin"] = _plugin_delta(plugin_before, engine_stats.read_plugin(engine.plugin_metrics_url))
+        return result
 
 
-def _engine_side(readings: list[engine_stats.Reading], cfg: HarvestConfig) -> dict:
+def _first_n(times: list[float], n: int) -> list[float]:
+    if len(times) < n:
+        raise RuntimeError(f"only {len(times)} arrivals drawn for {n} requests")
+    return times[:n]
+
+
+class _OnlineClient:
+    """The online client process (tidal_workers/bench/client.py): started, told when to open, waited for."""
+
+    def __init__(self, tmp: Path, engine: BenchEngine, requests: list) -> None:
+        self.spec = tmp / "spec.json"
+        self.out = tmp / "records.json"
+        self.spec.write_text(
+            json.dumps(
+                {"url": engine.url, "model": engine.model, "requests": [dataclasses.asdict(r) for r in requests]}
+            )
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tidal_workers.bench.client", str(self.spec), str(self.out)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def open(self) -> float:
+        """Wait for the client to be ready, then tell it the monotonic instant its first arrival counts from."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"online client failed to start ({self.process.wait()})")
+        opens = time.monotonic() + CLIENT_LEAD_S
+        self.process.stdin.write(f"{opens}\n")
+        self.process.stdin.flush()
+        return opens
+
+    def wait(self, timeout: float) -> list[dict]:
+        if self.process.wait(timeout) != 0:
+            raise RuntimeError(f"online client exited with {self.process.returncode}")
+        return json.loads(self.out.read_text())
+
+
+def _read_at(engine: BenchEngine, when: float) -> engine_stats.Reading:
+    if (delay := when - time.monotonic()) > 0:
+        time.sleep(delay)
+    return engine_stats.read(engine.url)
+
+
+def _wait_running(engine: BenchEngine, slots: int, timeout: float) -> float:
+    """Seconds until the slots are full (the ceiling's window opens then): all but a few, since finished requests
+    are replaced one round trip later."""
+    started = time.monotonic()
+    while engine_stats.read(engine.url).running < slots - max(1, slots // 32):
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"the engine never ran {slots} requests at once in {timeout:.0f} s")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def _engine_side(readings: list[engine_stats.Reading], engine: BenchEngine) -> dict:
     return {
-        "load_average_1m": os.getloadavg()[0],  # the machine is shared: how busy it was
-        "fill": engine_stats.budget_fill(readings, cfg.budget_tokens),
+        "fill": engine_stats.budget_fill(readings, engine.budget_tokens),
         "generation_rate": engine_stats.generation_rate(readings),
         **engine_stats.step_rate(readings),
     }
 
 
-def warm_up(cfg: HarvestConfig, seconds: float = 10.0) -> None:
-    """Unmeasured load on a fresh engine: online at the diurnal peak beside a full backlog.
-
-    A fresh CPU engine is slow for its first seconds of load: measured on the dense model, the same
-    online-only diurnal phase had a TTFT p50 of 281 ms on a fresh engine and 18–47 ms after this warm-up,
-    and the first phase on each engine is a baseline, the denominator of every inflation ratio.
-    """
-    peak = dataclasses.replace(cfg, duration=seconds, online_rate=cfg.online_rate * 1.8, trace="flat")
-    online_beside_backlog(peak, cfg.ceiling_concurrency)
-    engine_stats.wait_idle(cfg.engine_url)
-
-
-def measure_ceiling(cfg: HarvestConfig) -> dict:
-    """Batch only, straight to vLLM, ``ceiling_concurrency`` requests always in flight."""
-    with engine_stats.Sampler(cfg.engine_url) as s:
-        started = time.monotonic()
-        done = asyncio.run(_closed_loop(cfg, cfg.ceiling_concurrency, cfg.duration))
-        elapsed = time.monotonic() - started
-    engine_stats.wait_idle(cfg.engine_url)
-    return {
-        "batch_tokens_per_s": engine_stats.delta(s.readings, "generation_tokens") / elapsed,
-        "requests_completed": done,
-        "seconds": elapsed,
-        **_engine_side(s.readings, cfg),
-    }
-
-
-def measure_online(cfg: HarvestConfig, stack: TidalStack | None = None) -> dict:
-    """Run the online load; with a stack, Tidal harvests beside it. Returns latency and throughput.
-
-    Batch tokens/s is the engine's generation counter minus the online requests' own usage; with a stack it is
-    cross-checked against what Tidal recorded: items completed in the window and their output tokens (SQL).
-    """
-    times = online.arrivals(cfg.rate_fn(), cfg.duration)
-    before = stack.progress() if stack else None
-    cpu_before = stack.worker_cpu_seconds() if stack else None
-    plugin_before = engine_stats.read_plugin(cfg.plugin_metrics_url) if cfg.plugin_metrics_url else None
-    with engine_stats.Sampler(cfg.engine_url, also=stack.gate if stack else None) as s:
-        started = time.monotonic()
-        samples = asyncio.run(
-            online.run_online(cfg.engine_url, cfg.model, times, cfg.online_prompt, cfg.online_max_tokens)
-        )
-        elapsed = time.monotonic() - started
-    result = online.summarize(samples, elapsed)
-    generated = engine_stats.delta(s.readings, "generation_tokens")
-    online_tokens = sum(x.tokens for x in samples)
-    result["seconds"] = elapsed
-    result["batch_tokens_per_s"] = max(0.0, generated - online_tokens) / elapsed
-    result.update(_engine_side(s.readings, cfg))
-    result["ttft_samples"] = sorted(x.ttft for x in samples if x.ttft is not None)
-    result["tbt_samples"] = sorted(g for x in samples for g in x.tbts)
-    if stack is not None and before is not None and cpu_before is not None:
-        after = stack.progress()
-        items = after.items - before.items
-        result["tidal_items_completed"] = items
-        result["tidal_output_tokens_per_s"] = (after.output_tokens - before.output_tokens) / elapsed
-        result["tidal_items_x_max_tokens_per_s"] = items * cfg.batch_max_tokens / elapsed
-        result["worker_cpu_cores"] = (stack.worker_cpu_seconds() - cpu_before) / elapsed
-        result["gate"] = [(at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight")) for at, g in s.also_readings]
-        for key in ("target", "inflight"):
-            seen = [g[f"tidal_gate_{key}"] for _, g in s.also_readings if f"tidal_gate_{key}" in g]
-            result[f"gate_{key}_mean"] = sum(seen) / len(seen) if seen else None
-    if plugin_before is not None and cfg.plugin_metrics_url:
-        result["plugin"] = _plugin_delta(plugin_before, engine_stats.read_plugin(cfg.plugin_metrics_url))
-    return result
-
-
-def online_beside_backlog(cfg: HarvestConfig, lanes: int) -> list[online.OnlineSample]:
-    """The online load while ``lanes`` batch requests are kept in flight straight to vLLM (no Tidal):
-    the engine-level comparison of a scheduler with and without the plugin under the same backlog."""
-    times = online.arrivals(cfg.rate_fn(), cfg.duration)
-
-    async def both() -> list[online.OnlineSample]:
-        backlog = asyncio.create_task(_closed_loop(cfg, lanes, cfg.duration + 1.0))
-        await asyncio.sleep(1.0)  # the backlog is in the engine before the first online request
-        samples = await online.run_online(cfg.engine_url, cfg.model, times, cfg.online_prompt, cfg.online_max_tokens)
-        await backlog
-        return samples
-
-    return asyncio.run(both())
-
-
 def _plugin_delta(before: dict[str, float], after: dict[str, float]) -> dict:
     """The plugin's state over the window: gauges as last seen, counters as increments."""
-    counters = ("_total",)
-    return {k: (v - before.get(k, 0.0)) if k.endswith(counters) else v for k, v in after.items()}
+    return {k: (v - before.get(k, 0.0)) if k.endswith("_total") else v for k, v in after.items()}
 
 
-def run_coserved(cfg: HarvestConfig, stack: TidalStack) -> dict:
-    n = int(cfg.duration * 60) + 200  # more than the engine can finish in the window
-    stack.submit([batch_body(cfg, i) for i in range(n)])
-    stack.wait_until_flowing()
-    time.sleep(3.0)  # let the gate reach its steady state before the window opens
-    try:
-        return measure_online(cfg, stack)
-    finally:
-        stack.cancel_all()
-
-
-def summary(co: dict, base: dict, ceiling: float | None) -> dict:
-    """The headline of one co-served run against its baseline and the ceiling."""
-    out = {
-        "harvest_pct": 100 * co["batch_tokens_per_s"] / ceiling if ceiling else None,
-        "batch_tokens_per_s": co["batch_tokens_per_s"],
-        "tidal_items_x_max_tokens_per_s": co.get("tidal_items_x_max_tokens_per_s"),
-        "online_tokens_per_s": co["tokens_per_s"],
-        "online_errors": co["errors"],
-        "worker_cpu_cores": co.get("worker_cpu_cores"),
-        "gate_target_mean": co.get("gate_target_mean"),
-        "gate_inflight_mean": co.get("gate_inflight_mean"),
-        "load_average_1m": co.get("load_average_1m"),
-        "inflation": inflation(co, base),
+def run_harvest(
+    plan: HarvestPlan,
+    engines: dict[str, EngineRequest | BenchEngine],
+    settings: Settings,
+    out_dir: Path,
+    log: t.Callable[[str], None],
+) -> dict:
+    """Start the engines not given by URL (all kept up for the whole run, so ABBA costs no restarts), run the
+    experiment, and return harvest.json's content: the plan, each engine's description, every phase record
+    with its raw samples, and the figures with their intervals."""
+    with contextlib.ExitStack() as running:
+        live: dict[str, BenchEngine] = {}
+        for technique, engine in engines.items():
+            if isinstance(engine, BenchEngine):
+                live[technique] = engine
+                continue
+            log(f"[{technique}] starting the {engine.kind} engine ...")
+            live[technique] = running.enter_context(
+                started(engine, settings, plugin=technique == "B", log_path=out_dir / f"engine-{technique}.log")
+            )
+        phases = Harvest(plan, live, settings, out_dir).run(log)
+    return {
+        "plan": dataclasses.asdict(plan),
+        "engines": {technique: engine.provenance() for technique, engine in live.items()},
+        "sched_tbt_slo_ms": settings.sched_tbt_slo_ms,
+        "summary": harvest_report.intervals(phases),
+        "phases": phases,
     }
-    if "plugin" in co:
-        out["plugin"] = {
-            k: co["plugin"].get(k)
-            for k in (
-                "tidal_sched_model_r2",
-                "tidal_sched_slack_fill_ratio",
-                "tidal_sched_batch_cap_tokens",
-                "tidal_sched_evictions_total",
-            )
-        }
-    return out
-
-
-def inflation(co: dict, base: dict) -> dict:
-    out = {}
-    """Co-served over baseline, per percentile. A baseline under the client's resolution (tokens that reach
-    it bunched in one read give gaps of ~0) makes a ratio meaningless: None then, the raw values stay in runs."""
-    for key in ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p90", "tbt_p99", "e2e_p50", "e2e_p99"):
-        if co.get(key) is not None and (base.get(key) or 0) >= RESOLUTION_S:
-            out[key] = co[key] / base[key]
-        else:
-            out[key] = None
-    return out
-
-
-def write_results(results: dict, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "harvest.json"
-    slim = json.loads(json.dumps(results, default=str))
-    for run in slim.get("runs", {}).values():
-        run.pop("ttft_samples", None)
-        run.pop("tbt_samples", None)
-    path.write_text(json.dumps(slim, indent=2))
-    plot(results, out_dir)
-    return path
-
-
-def plot(results: dict, out_dir: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = results["runs"]
-    ceiling = runs.get("ceiling", {}).get("batch_tokens_per_s")
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for name, run in runs.items():
-        if run.get("generation_rate") and ceiling:
-            xs, ys = zip(*run["generation_rate"])
-            smooth = [sum(ys[max(0, i - 2) : i + 1]) / len(ys[max(0, i - 2) : i + 1]) for i in range(len(ys))]
-            ax.plot(
-                xs,
-                [100 * y / ceiling for y in smooth],
-                label=name,
-                lw=1.8 if name.startswith("coserved") else 0.9,
-                ls="-" if not name.startswith("baseline") else ":",
-            )
-    ax.axhline(100, color="grey", lw=0.6)
-    ax.set_xlabel("seconds into the phase")
-    ax.set_ylabel("generated tokens/s, % of the offline ceiling")
-    ax.set_title("Fill over time (online + batch, 3 s moving mean; baselines dotted)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out_dir / "harvest_fill.png", dpi=110)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for name, run in runs.items():
-        if name == "ceiling":
-            continue
-        for ax, key in zip(axes, ("ttft_samples", "tbt_samples")):
-            values = run.get(key) or []
-            values = [v for v in values if v >= RESOLUTION_S / 10]  # a log axis: drop bunched ~0 gaps
-            if values:
-                ax.plot([1000 * v for v in values], [i / len(values) for i in range(1, len(values) + 1)], label=name)
-    axes[0].set_xlabel("online TTFT (ms)")
-    axes[1].set_xlabel("online TBT (ms; gaps under 0.1 ms left out)")
-    for ax in axes:
-        ax.set_ylabel("CDF")
-        ax.set_xscale("log")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "harvest_latency_cdf.png", dpi=110)
-    plt.close(fig)

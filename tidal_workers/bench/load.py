@@ -31,7 +31,7 @@ import redis
 import requests
 
 from config.settings import child_environ
-from tidal_workers.bench.online import percentile
+from tidal_workers.bench.stats import percentile
 
 LOAD_REDIS_DB = 12  # the private server's queue; flushed when it stops
 CHAT = "/v1/chat/completions"

@@ -18,6 +18,8 @@ import typing as t
 
 import httpx
 
+from tidal_workers.bench.stats import percentile
+
 
 @dataclasses.dataclass
 class OnlineSample:
@@ -97,30 +99,27 @@ def request_body(model: str, prompt: str, max_tokens: int) -> dict:
 
 
 async def run_online(
-    engine_url: str, model: str, times: list[float], prompt: str, max_tokens: int, timeout: float = 120.0
+    engine_url: str,
+    model: str,
+    times: list[float],
+    prompt: str | t.Sequence[str],
+    max_tokens: int,
+    timeout: float = 120.0,
 ) -> list[OnlineSample]:
-    """Fire one streaming request at each arrival time; return every sample."""
-    body = request_body(model, prompt, max_tokens)
+    """Fire one streaming request at each arrival time; return every sample. A sequence of prompts gives request
+    ``i`` prompt ``i`` (distinct prompts: no prefix-cache hits between them)."""
+    prompts = [prompt] * len(times) if isinstance(prompt, str) else list(prompt)
     url = f"{engine_url}/v1/chat/completions"
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         t0 = time.perf_counter()
         tasks = []
-        for at in times:
+        for at, text in zip(times, prompts, strict=True):
             delay = at - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(client, url, body, t0)))
+            tasks.append(asyncio.create_task(_one(client, url, request_body(model, text, max_tokens), t0)))
         return list(await asyncio.gather(*tasks))
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def summarize(samples: list[OnlineSample], duration: float) -> dict:

@@ -205,5 +205,5 @@ class TidalStack:
     def __enter__(self) -> TidalStack:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

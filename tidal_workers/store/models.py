@@ -172,6 +172,12 @@ class Batch(Base):
     # quotas and retention
     enqueued_tokens: Mapped[int] = mapped_column(BigInteger, default=0)  # estimate, counted while unfinished
     output_expires_after: Mapped[int | None] = mapped_column(Integer, nullable=True)  # seconds, for its files
+    # A-P freeze / thaw (tidal_workers.policy.phase): the batch's split mode, the frozen KV it holds now, and that
+    # size integrated over time (what storage_usd bills)
+    phase_split: Mapped[str] = mapped_column(String(8), default="auto", server_default="never")
+    kv_stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    kv_byte_seconds: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    kv_accounted_at: Mapped[float | None] = mapped_column(nullable=True)  # the last pass that found frozen KV
     seq: Mapped[int] = mapped_column(BigInteger, default=NextSeq("batches"))  # list order (creation order)
 
     __table_args__ = (

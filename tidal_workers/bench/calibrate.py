@@ -1,0 +1,253 @@
+"""`tidal bench calibrate`: time a 7B-class transformer stack on a GPU over the twin's grid; fit a measured profile.
+
+PyTorch only, random weights built on the device (nothing downloaded): the profile's model shape (layers,
+heads, KV heads, head size, hidden and MLP sizes from its config.json) run as one engine step would run it
+for each cell of ``twin.GRID`` — the linear layers over the step's P tokens, attention of those tokens over
+their cached context (``scaled_dot_product_attention`` with grouped KV heads), the output layer on each
+sequence's last token. On CUDA each step is captured in a CUDA graph, as vLLM runs its decode steps, and
+timed by CUDA events. What it leaves out: rotary embeddings and sampling (elementwise, small), and vLLM's
+host-side work per step, which the profile's ``step_overhead_s`` stands for and a stack cannot measure.
+
+The fit keeps the profile's functional form (``step_time.step_seconds``) and finds the bandwidth and
+compute efficiencies and the fixed time per step that best match the measured steps (least squares on
+relative error over a grid: efficiencies in steps of 0.02, the fixed
+time in steps of 0.5 ms); the result is a ``[gpus."GPU-measured"]`` table that loads beside
+the derived one. ``--device cpu --tiny`` runs a two-layer stack on the CPU: it checks the script, its
+numbers are no profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+import typing as t
+
+import numpy as np
+
+from tidal_engine.step_time import Profile
+from tidal_engine.step_time import sequence_pairs
+from tidal_engine.step_time import step_seconds
+from tidal_workers.bench.twin import Cell
+
+if t.TYPE_CHECKING:
+    import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class StackShape:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, profile: Profile, intermediate_size: int) -> StackShape:
+        return cls(
+            profile.hidden_size,
+            intermediate_size,
+            profile.num_layers,
+            profile.num_heads,
+            profile.num_kv_heads,
+            profile.head_dim,
+            profile.vocab_size,
+        )
+
+
+# MLP widths (config.json's intermediate_size; the profiles need only parameter counts).
+INTERMEDIATE = {"qwen2.5-7b": 18944, "llama-3.1-8b": 14336}
+# The tiny CPU check: a two-layer stack over small cells of the same kinds.
+TINY_GRID = (Cell("decode", 1, 64), Cell("decode", 8, 128), Cell("prefill", 128, 0), Cell("prefill", 128, 128))
+TINY = StackShape(
+    hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64, vocab_size=1024
+)
+
+
+class Stack:
+    """Random weights of a decoder stack on one device, and one step of it for a cell."""
+
+    def __init__(self, shape: StackShape, device: torch.device, dtype: torch.dtype, seed: int = 0):
+        import torch
+
+        self.shape, self.device, self.dtype = shape, device, dtype
+        gen = torch.Generator(device=device).manual_seed(seed)
+        s = shape
+
+        def weight(rows: int, cols: int) -> torch.Tensor:
+            return (torch.randn(rows, cols, generator=gen, device=device, dtype=dtype) * 0.02).contiguous()
+
+        qkv = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
+        self.layers = [
+            (
+                weight(s.hidden_size, qkv),
+                weight(s.num_heads * s.head_dim, s.hidden_size),
+                weight(s.hidden_size, 2 * s.intermediate_size),
+                weight(s.intermediate_size, s.hidden_size),
+            )
+            for _ in range(s.num_layers)
+        ]
+        self.lm_head = weight(s.hidden_size, s.vocab_size)
+
+    def step_fn(self, cell: Cell) -> t.Callable[[], torch.Tensor]:
+        """A closure running one step of the cell's shape on inputs and a KV cache allocated here."""
+        import torch
+        import torch.nn.functional as F
+
+        s, dev, dt = self.shape, self.device, self.dtype
+        if cell.kind == "decode":
+            seqs, query, context = cell.tokens, 1, cell.context
+        else:
+            seqs, query, context = 1, cell.tokens, cell.context
+        keys = context + query
+        x = torch.randn(seqs * query, s.hidden_size, device=dev, dtype=dt)
+        caches = [
+            torch.randn(2, seqs, s.num_kv_heads, keys, s.head_dim, device=dev, dtype=dt) for _ in range(s.num_layers)
+        ]
+        mask = None
+        if query > 1 and context > 0:  # causal after the cached context
+            mask = torch.arange(keys, device=dev)[None, :] <= (context + torch.arange(query, device=dev))[:, None]
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+
+        def rms(h: torch.Tensor) -> torch.Tensor:
+            return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+        def run() -> torch.Tensor:
+            h = x
+            for (w_qkv, w_o, w_gate_up, w_down), cache in zip(self.layers, caches, strict=True):
+                qkv = rms(h) @ w_qkv
+                q = qkv[:, :q_size].view(seqs, query, s.num_heads, s.head_dim).transpose(1, 2)
+                k_new = qkv[:, q_size : q_size + kv_size].view(seqs, query, s.num_kv_heads, s.head_dim)
+                cache[0, :, :, context:].copy_(k_new.transpose(1, 2))
+                cache[1, :, :, context:].copy_(
+                    qkv[:, q_size + kv_size :].view(seqs, query, s.num_kv_heads, s.head_dim).transpose(1, 2)
+                )
+                attn = F.scaled_dot_product_attention(
+                    q, cache[0], cache[1], attn_mask=mask, is_causal=mask is None and query > 1, enable_gqa=True
+                )
+                h = h + attn.transpose(1, 2).reshape(seqs * query, q_size) @ w_o
+                gate, up = (rms(h) @ w_gate_up).chunk(2, dim=-1)
+                h = h + (F.silu(gate) * up) @ w_down
+            last = rms(h).view(seqs, query, s.hidden_size)[:, -1]
+            return last @ self.lm_head
+
+        return run
+
+
+def time_step(run: t.Callable[[], t.Any], device: torch.device, reps: int) -> list[float]:
+    """Seconds per step: CUDA-graph replays timed by CUDA events on a GPU, perf_counter on a CPU."""
+    import torch
+
+    if device.type != "cuda":
+        run()  # warm-up
+        samples = []
+        for _ in range(reps):
+            started = time.perf_counter()
+            run()
+            samples.append(time.perf_counter() - started)
+        return samples
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1000.0)
+    return samples
+
+
+def cell_pairs(cell: Cell) -> tuple[int, int, int]:
+    """(P, C, attention pairs) of a grid cell."""
+    if cell.kind == "decode":
+        return cell.tokens, cell.tokens * cell.context, cell.tokens * sequence_pairs(1, cell.context)
+    return cell.tokens, cell.context, sequence_pairs(cell.tokens, cell.context)
+
+
+def fit(profile: Profile, measured: dict[Cell, float]) -> dict[str, float]:
+    """Bandwidth and compute efficiency and fixed step time that best fit the measured steps (relative error)."""
+    efficiencies = np.round(np.arange(0.02, 1.0001, 0.02), 2)
+    overheads = np.round(np.arange(0.0, 0.0050001, 0.0005), 4)
+    cells = list(measured)
+    best: tuple[float, dict[str, float]] | None = None
+    for bw, fl, ov in itertools.product(efficiencies, efficiencies, overheads):
+        candidate = dataclasses.replace(
+            profile, bandwidth_efficiency=float(bw), compute_efficiency=float(fl), step_overhead_s=float(ov)
+        )
+        errors = [step_seconds(candidate, *cell_pairs(c)) / measured[c] - 1.0 for c in cells]
+        loss = float(np.mean(np.square(errors)))
+        if best is None or loss < best[0]:
+            best = (
+                loss,
+                {"bandwidth_efficiency": float(bw), "compute_efficiency": float(fl), "step_overhead_s": float(ov)},
+            )
+    assert best is not None
+    return {**best[1], "rms_relative_error": float(np.sqrt(best[0]))}
+
+
+def run(
+    profile: Profile,
+    shape: StackShape,
+    grid: t.Sequence[Cell],
+    device_name: str,
+    reps: int,
+    budget_s: float,
+) -> dict[str, t.Any]:
+    """Time every cell (within ``budget_s``), then fit; returns samples, fit and the measured GPU table."""
+    import torch
+
+    device = torch.device(device_name)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    started = time.monotonic()
+    stack = Stack(shape, device, dtype)
+    samples: dict[str, list[float]] = {}
+    skipped = []
+    for cell in grid:
+        if time.monotonic() - started > budget_s:
+            skipped.append(cell.label)
+            continue
+        samples[cell.label] = time_step(stack.step_fn(cell), device, reps)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    medians = {c: float(np.median(samples[c.label])) for c in grid if c.label in samples}
+    fitted = fit(profile, medians) if medians else {}
+    return {
+        "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
+        "dtype": str(dtype),
+        "shape": dataclasses.asdict(shape),
+        "seconds": round(time.monotonic() - started, 1),
+        "samples_s": samples,
+        "skipped": skipped,
+        "table": [
+            {
+                "cell": c.label,
+                "measured_s": medians[c],
+                "derived_s": step_seconds(profile, *cell_pairs(c)),
+            }
+            for c in medians
+        ],
+        "fit": fitted,
+    }
+
+
+def measured_toml(gpu: str, gpu_table: t.Mapping[str, t.Any], fitted: t.Mapping[str, float]) -> str:
+    """A ``[gpus."GPU-measured"]`` table: the datasheet rates with the fitted efficiencies and step time."""
+    values = {**gpu_table, **{k: v for k, v in fitted.items() if k in gpu_table}}
+    lines = [
+        f"# Written by `tidal bench calibrate` (rms relative error of the fit {fitted['rms_relative_error']:.3f}).",
+        f'[gpus."{gpu}-measured"]',
+    ]
+    lines += [f"{k} = {v!r}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,96 @@
+"""The statistics every benchmark figure goes through: repetitions in ABBA order, a 95 % bootstrap interval over
+them, and the rule that a ratio whose interval spans 1.0 is "no measurable change".
+
+Pure (no I/O, stdlib only), so the rules are unit-tested apart from any engine. The unit of resampling is the
+repetition: one figure per repetition (a harvest share, a percentile ratio), the repetitions resampled with
+replacement. Within-repetition sampling error (a p99 over 1,000 samples) shows up as spread between repetitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+import typing as t
+
+MIN_REPS = 3  # fewer repetitions than this give no interval worth printing
+CONFIDENCE = 0.95
+RESAMPLES = 10_000
+NO_CHANGE = "no measurable change"
+EPSILON = 1e-9
+
+
+class TooFewRepetitions(ValueError):
+    """A figure was asked of fewer than MIN_REPS repetitions: the report prints the refusal, never the number."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """A figure (the mean over repetitions) and its bootstrap interval."""
+
+    value: float
+    low: float
+    high: float
+    reps: int
+
+    def spans(self, x: float) -> bool:
+        """Whether ``x`` lies in the interval (edges within float rounding count: a mean of equal values)."""
+        return self.low - EPSILON <= x <= self.high + EPSILON
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def abba_order(techniques: t.Sequence[str], reps: int) -> list[tuple[int, str]]:
+    """(repetition, technique) in the order to run them: A B, B A, A B, … so that drift in the machine's load
+    (or the engine warming) falls on both techniques alike instead of always on the second."""
+    out = []
+    for rep in range(reps):
+        order = list(techniques) if rep % 2 == 0 else list(reversed(techniques))
+        out += [(rep, name) for name in order]
+    return out
+
+
+def bootstrap(
+    values: t.Sequence[float],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> Interval:
+    """Mean of ``values`` (one per repetition) with a percentile-bootstrap interval; refuses under MIN_REPS."""
+    if len(values) < MIN_REPS:
+        raise TooFewRepetitions(f"{len(values)} repetition(s); a figure needs at least {MIN_REPS}")
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(statistics.fmean(rng.choices(values, k=n)) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    low = means[int(tail * (resamples - 1))]
+    high = means[round((1 - tail) * (resamples - 1))]
+    return Interval(statistics.fmean(values), low, high, n)
+
+
+def ratio_text(interval: Interval) -> str:
+    """A ratio as the report prints it: "no measurable change" when its interval spans 1.0, never a direction."""
+    if interval.spans(1.0):
+        return f"{NO_CHANGE} ({interval.value:.2f}× [{interval.low:.2f}, {interval.high:.2f}])"
+    return f"{interval.value:.2f}× [{interval.low:.2f}, {interval.high:.2f}]"
+
+
+def figure_text(values: t.Sequence[float], fmt: t.Callable[[Interval], str]) -> str:
+    """The printed figure, or the refusal when there are too few repetitions to give it an interval."""
+    try:
+        return fmt(bootstrap(values))
+    except TooFewRepetitions as exc:
+        return f"refused: {exc}"
+
+
+def percentile(values: t.Sequence[float], q: float) -> float | None:
+    """Linear-interpolated quantile ``q`` in [0, 1]; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)

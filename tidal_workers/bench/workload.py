@@ -1,0 +1,129 @@
+"""What the harvest benchmark sends: request lengths drawn from stated distributions, in tokens of the served
+model, and prompts that never share a prefix.
+
+Lengths are log-normal (median, spread) clipped to a range, the shape request-length traces of chat services
+have (a body of typical requests, a tail of long ones). Every prompt starts with its own random words, so no
+two share even their first cache block: a repeated prompt would be served from vLLM's prefix cache and an
+online prefill would cost nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import typing as t
+
+
+@dataclasses.dataclass(frozen=True)
+class Lengths:
+    """A length in tokens: log-normal around ``median`` (``sigma`` of its log), clipped to [low, high]."""
+
+    median: int
+    low: int
+    high: int
+    sigma: float = 0.6
+
+    def draw(self, rng: random.Random) -> int:
+        return min(self.high, max(self.low, round(rng.lognormvariate(math.log(self.median), self.sigma))))
+
+    def mean(self, draws: int = 4000) -> float:
+        """The clipped distribution's mean (by sampling: sizes the batch backlog, nothing finer)."""
+        rng = random.Random(1)
+        return sum(self.draw(rng) for _ in range(draws)) / draws
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    online_prompt: Lengths
+    online_output: Lengths
+    batch_prompt: Lengths
+    batch_output: Lengths
+
+
+# Chat-like online traffic (prompts of a few hundred tokens, answers up to a few hundred) beside batch work
+# with longer prompts and longer outputs (summaries, extraction). The seed's testbed served this on an A6000.
+GPU_WORKLOAD = Workload(
+    online_prompt=Lengths(median=256, low=32, high=1024),
+    online_output=Lengths(median=128, low=16, high=384),
+    batch_prompt=Lengths(median=768, low=128, high=2048),
+    batch_output=Lengths(median=384, low=64, high=1024),
+)
+# The same shapes scaled to what a 2-core CPU engine answers in a phase (the CPU-engine history's sizes).
+CPU_WORKLOAD = Workload(
+    online_prompt=Lengths(median=120, low=32, high=256),
+    online_output=Lengths(median=48, low=16, high=96),
+    batch_prompt=Lengths(median=420, low=128, high=1024),
+    batch_output=Lengths(median=128, low=32, high=256),
+)
+
+
+class Tokenizer(t.Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def load_tokenizer(model_dir: str) -> Tokenizer:
+    """The served model's own tokenizer (from its directory), so lengths are in the tokens the engine counts."""
+    from transformers import AutoTokenizer
+
+    return t.cast(Tokenizer, AutoTokenizer.from_pretrained(model_dir))
+
+
+SYLLABLES = ("ta", "ri", "so", "ne", "lu", "ka", "mo", "vi", "de", "po", "sha", "ren", "tal", "mir", "que", "zo")
+
+
+class Prompts:
+    """Distinct prompts of a given number of tokens, reproducible from ``seed``."""
+
+    def __init__(self, tokenizer: Tokenizer, seed: int):
+        self.tokenizer = tokenizer
+        self.rng = random.Random(seed)
+
+    def _word(self) -> str:
+        return "".join(self.rng.choice(SYLLABLES) for _ in range(self.rng.randint(1, 3)))
+
+    def make(self, tokens: int) -> str:
+        """Random words cut to ``tokens`` tokens of the tokenizer (a BPE cut may re-encode a token or two off)."""
+        words = max(tokens, 8)
+        while True:
+            ids = self.tokenizer.encode(" ".join(self._word() for _ in range(words)), add_special_tokens=False)
+            if len(ids) >= tokens:
+                return self.tokenizer.decode(ids[:tokens])
+            words *= 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One request to send: when (online: seconds after the phase opens), what, and how many tokens back."""
+
+    at: float
+    prompt: str
+    max_tokens: int
+
+
+def online_requests(
+    times: t.Sequence[float], workload: Workload, prompts: Prompts, rng: random.Random
+) -> list[Request]:
+    return [
+        Request(at, prompts.make(workload.online_prompt.draw(rng)), workload.online_output.draw(rng)) for at in times
+    ]
+
+
+def batch_requests(count: int, workload: Workload, prompts: Prompts, rng: random.Random) -> t.Iterator[Request]:
+    for _ in range(count):
+        yield Request(0.0, prompts.make(workload.batch_prompt.draw(rng)), workload.batch_output.draw(rng))
+
+
+def chat_body(model: str, request: Request, priority: int | None = None) -> dict:
+    """A non-streaming chat request generating exactly ``max_tokens`` (EOS ignored: lengths stay as drawn)."""
+    body: dict = {
+        "model": model,
+        "max_tokens": request.max_tokens,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": request.prompt}],
+    }
+    if priority is not None:
+        body["priority"] = priority
+    return body
