@@ -31,7 +31,7 @@ def test_503_with_a_failing_health_is_an_outage_not_a_retry(rt, make_batch, stub
     batch = make_batch(1)
     stub.health = 503
     stub.script("b0-0", *["503"] * 5)
-    (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30)
+    (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30, models=("m",))
     engine = EngineHealth(rt.settings)
     assert execute_item(rt, claim.item_id, claim.lease, engine) == GIVEN_BACK
     assert stub.seen("b0-0") == 1 and not engine.up  # one request, no retry: the engine is down
@@ -43,7 +43,7 @@ def test_503_with_a_failing_health_is_an_outage_not_a_retry(rt, make_batch, stub
 def test_a_refused_connection_is_an_outage_without_a_probe(rt, make_batch, stub):
     make_batch(1)
     rt.settings = rt.settings.replace(vllm_url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30)
+    (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30, models=("m",))
     engine = EngineHealth(rt.settings)
     assert execute_item(rt, claim.item_id, claim.lease, engine) == GIVEN_BACK and not engine.up
 
@@ -52,7 +52,7 @@ def test_5xx_while_health_passes_is_the_items_own_error(rt, make_batch, stub):
     rt.settings = rt.settings.replace(retry_budget=1)
     make_batch(1)
     stub.script("b0-0", "503", "503")  # retry_budget 1: two failures are one too many
-    (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30)
+    (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30, models=("m",))
     engine = EngineHealth(rt.settings)
     assert execute_item(rt, claim.item_id, claim.lease, engine) == "failed"
     assert engine.up and stub.seen("b0-0") == 2 and stub.health_checks == 2
