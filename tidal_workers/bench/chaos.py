@@ -294,12 +294,11 @@ class Stack:
         threads = [threading.Thread(target=slot.start) for slot in self.engines.values()]
         for th in threads:
             th.start()
-        subprocess.run(
-            [sys.executable, "-m", "tidal_api.cli", "db", "upgrade"],
-            env=self._env(),
-            check=True,
-            capture_output=True,
+        done = subprocess.run(
+            [sys.executable, "-m", "tidal_api.cli", "db", "upgrade"], env=self._env(), capture_output=True, text=True
         )
+        if done.returncode != 0:
+            raise RuntimeError(f"tidal db upgrade failed: {done.stderr[-2000:]}")
         for child in self.children.values():
             child.start()
         _until(lambda: _answers(self.api_url + "/openapi.json"), 120, "the API")
