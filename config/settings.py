@@ -198,12 +198,28 @@ class Settings:
     )
     worker_threads: int = _setting(
         16,
-        "Threads in the worker's pool (HTTP calls to vLLM); an upper bound on in-flight items.",
+        "Threads in the worker's pool (HTTP calls to vLLM); an upper bound on claimed items, so at least the gate's ceiling plus `TIDAL_DISPATCH_PREFETCH`.",
         ge=1,
     )
     max_inflight: int = _setting(
-        4,
-        "Upper bound of the AIMD gate's in-flight target (4 for the CPU engine, 64 on a GPU).",
+        0,
+        "Override of the gate's ceiling: the most batch requests a node keeps at its engine. 0: from the engine, `min(TIDAL_MAX_NUM_SEQS, KV capacity / TIDAL_BATCH_REQUEST_TOKENS) × (1 − TIDAL_ONLINE_HEADROOM)`, the KV capacity read from vLLM's `vllm:cache_config_info`; 4 while the engine tells neither.",
+        ge=0,
+    )
+    max_num_seqs: int = _setting(
+        0,
+        "The engine's slot count (vLLM's `--max-num-seqs`), which a stock /metrics does not show: compose and `tidal engine serve` pass this one value to the engine and the worker. 0: unknown (vLLM's own default on the engine).",
+        ge=0,
+    )
+    online_headroom: float = _setting(
+        0.25,
+        "Share of the engine's slots and KV cache the gate's ceiling leaves for the online peak, when the ceiling comes from the engine.",
+        ge=0,
+        lt=1,
+    )
+    batch_request_tokens: int = _setting(
+        2048,
+        "KV tokens one batch request may hold (prompt and output), for the KV bound of the gate's ceiling.",
         ge=1,
     )
     min_inflight: int = _setting(0, "Lower bound of the gate; the fail-safe closes it to this.", ge=0)
@@ -216,6 +232,17 @@ class Settings:
     claim_idle_seconds: float = _setting(
         0.1,
         "How long the claim loop sleeps when it claims nothing (a settled item on the node wakes it early).",
+        gt=0,
+    )
+    dispatch_prefetch: int = _setting(
+        2,
+        "Items a node claims beyond its gate's target, each waiting on a pool thread for an engine token, so a request the engine answers is replaced in milliseconds; none while the target is 0.",
+        ge=0,
+        le=64,
+    )
+    prefetch_max_age_seconds: float = _setting(
+        2.0,
+        "A claimed item that has not reached the engine after this long (no engine token, or its task never started) goes back to the queue for any node.",
         gt=0,
     )
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.", gt=0)
@@ -512,7 +539,7 @@ def _cross_problems(s: Settings) -> list[str]:
             f"TIDAL_KV_LOW={s.kv_low} exceeds TIDAL_KV_HIGH={s.kv_high}: the gate grows below KV_LOW and halves "
             "above KV_HIGH, so KV_LOW must not exceed KV_HIGH; lower TIDAL_KV_LOW or raise TIDAL_KV_HIGH."
         )
-    if s.min_inflight > s.max_inflight:
+    if s.max_inflight and s.min_inflight > s.max_inflight:
         problems.append(
             f"TIDAL_MIN_INFLIGHT={s.min_inflight} exceeds TIDAL_MAX_INFLIGHT={s.max_inflight}: the gate's lower "
             "bound must not exceed its upper bound."

@@ -182,7 +182,6 @@ class TinyEngine:
     max_num_seqs: int
     log_path: Path
     plugin_metrics_url: str | None = None  # TidalScheduler's /metrics, where the test turned it on
-    tbt_budget_s: float | None = None  # TidalScheduler's step budget, tbt_slo × (1 − guard), where it runs
 
 
 # The end-to-end engine's shape. 8 slots: a burst of a dozen online requests overflows them
@@ -221,9 +220,8 @@ def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny",
     engine = start_engine(options, log_path=tmp_path_factory.mktemp(f"{model}-engine") / "vllm.log", env=env)
     port = settings.sched_metrics_port if settings else 0
     metrics = f"http://127.0.0.1:{port}/metrics" if port else None
-    budget = settings.sched_budget_seconds if tidal_scheduler and settings else None
     try:
-        yield TinyEngine(engine.url, model, TINY_MAX_NUM_SEQS, engine.log_path, metrics, budget)
+        yield TinyEngine(engine.url, model, TINY_MAX_NUM_SEQS, engine.log_path, metrics)
     finally:
         engine.stop()
 
@@ -252,32 +250,12 @@ def two_model_engines(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_plugin_engine(tmp_path_factory):
-    """`tiny_engine`'s server with TidalScheduler loaded at its defaults and its metrics endpoint on."""
+    """`tiny_engine`'s server with TidalScheduler loaded at its defaults and its metrics endpoint on: the one
+    plugin engine of the session (tests/engine, tests/e2e and tests/monitoring share it)."""
     from tidal_engine.serve import free_port
 
     settings = load_settings().replace(sched_metrics_port=free_port())
     yield from _serve_tiny(tmp_path_factory, tidal_scheduler=True, settings=settings)
-
-
-# The TBT SLO the plugin tests give TidalScheduler on the dense model: the default 200 ms is a 7B model's on
-# a GPU, where a full 2,048-token step fits it; the dense model's full step takes about 200 ms on one core,
-# so 100 ms (budget 80 ms with the default guard) is what binds here as 200 ms binds there.
-DENSE_TBT_SLO_MS = 100.0
-
-
-@pytest.fixture(scope="session")
-def dense_engine(tmp_path_factory):
-    """`tiny_engine`'s server (slots, KV pool, lengths) on the dense model, whose steps cost what they carry."""
-    yield from _serve_tiny(tmp_path_factory, tidal_scheduler=False, shape="dense")
-
-
-@pytest.fixture(scope="session")
-def dense_plugin_engine(tmp_path_factory):
-    """`dense_engine` with TidalScheduler loaded at its defaults but the SLO: technique B beside its A."""
-    from tidal_engine.serve import free_port
-
-    settings = load_settings().replace(sched_tbt_slo_ms=DENSE_TBT_SLO_MS, sched_metrics_port=free_port())
-    yield from _serve_tiny(tmp_path_factory, tidal_scheduler=True, shape="dense", settings=settings)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -54,6 +54,28 @@ class SchedulerMetrics:
         self.r2 = Gauge("tidal_sched_model_r2", "R² of the latency model's last fit.", registry=r)
         self.online_waiting = Gauge("tidal_sched_online_waiting", "Online (priority 0) requests waiting.", registry=r)
         self.evictions = Counter("tidal_sched_evictions", "Batch requests evicted by the KV guardband.", registry=r)
+        # Per-step accounting of what the gate decided (tests/e2e/test_plugin_accounting.py reads it).
+        self.batch_tokens = Counter("tidal_sched_batch_tokens", "Tokens scheduled for batch requests.", registry=r)
+        self.online_tokens = Counter("tidal_sched_online_tokens", "Tokens scheduled for online requests.", registry=r)
+        self.capped_steps = Counter(
+            "tidal_sched_capped_steps", "Steps with online traffic in which batch tokens reached the cap X.", registry=r
+        )
+        self.batch_over_cap_tokens = Counter(
+            "tidal_sched_batch_over_cap_tokens",
+            "Batch tokens scheduled past a step's cap X; only online's unused reservation can supply them "
+            "(online prompts that hit the prefix cache), so a step's total stays inside its budget.",
+            registry=r,
+        )
+        self.online_deferred_tokens = Counter(
+            "tidal_sched_online_deferred_tokens",
+            "Online tokens a step left unscheduled (chunked, or no free slot or KV for a waiting request).",
+            registry=r,
+        )
+        self.online_preempted = Counter(
+            "tidal_sched_online_preempted",
+            "Online requests preempted by vLLM (KV exhausted with no batch request left to preempt).",
+            registry=r,
+        )
         self.steps = Counter("tidal_sched_steps", "Steps scheduled.", registry=r)
         self._mode: Mode | None = None
 

@@ -15,12 +15,21 @@ itself (budgets, chunked prefill, KV allocation, preemption) stays vLLM's:
 - the KV guardband (``guardband.py``) stops batch admission above KV usage
   1 − H and evicts the cheapest resident batch request above 1 − H/2.
 
-How the cap is enforced without forking ``schedule()``: for the duration of
-the call, the token budget (``max_num_scheduled_tokens``) is set to online
-demand + X, running requests are ordered online first, running batch requests
-beyond X are parked out of ``self.running`` (the slot limit shrinks by as many,
-so they keep their slots), and batch requests that may not be admitted are
-hidden from ``self.waiting``. All are put back afterwards.
+Each step runs in four phases, so that deciding and acting stay apart:
+
+1. plan (``_plan``): read the queues and the KV pool, decide the cap, the
+   token budget, whether batch may be admitted, which batch request to evict
+   and which running batch requests sit the step out. Nothing is changed.
+2. evict (``_evict``): preempt the chosen victim through vLLM's own path.
+3. gate (``_gated``): for the duration of the stock ``schedule()`` call, the
+   token budget (``max_num_scheduled_tokens``) is online demand + X, running
+   requests are ordered online first, the parked ones are out of
+   ``self.running`` (the slot limit shrinks by as many, so they keep their
+   slots), and batch requests that may not be admitted are hidden from
+   ``self.waiting``. All are put back afterwards.
+4. check and account (``_check``, ``_account``): assert the step stayed inside
+   the plan's budget and everything taken out is back, then export what the
+   step did (``metrics.py``).
 
 Base class. Pinned to vLLM 0.32.x, whose scheduler interface is not public. The
 CPU platform forces ``async_scheduling=False`` (``platforms/cpu.py:331``), so
@@ -36,11 +45,14 @@ inherited by the engine-core process), never from tidal_api or tidal_workers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import time
+import typing as t
 
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
@@ -60,106 +72,128 @@ ONLINE_PRIORITY = 0
 
 
 def is_online(request: Request) -> bool:
-    return request.priority <= ONLINE_PRIORITY
+    return bool(request.priority <= ONLINE_PRIORITY)
 
 
-def waiting_online(queue) -> list[Request]:
-    """The online requests in a priority queue. They sort first, so the queue's
-    lazy ordered iteration stops at the first batch request instead of sorting it all."""
+def waiting_online(queue: RequestQueue) -> list[Request]:
+    """The online requests in a priority queue. They sort first: an O(1) peek answers the common case of none,
+    and otherwise the queue's lazy ordered iteration stops at the first batch request."""
+    if not queue or not is_online(queue.peek_request()):
+        return []
     return list(itertools.takewhile(is_online, queue))
 
 
 def running_demand(request: Request) -> int:
     """Tokens a running request asks for this step (the stock scheduler's formula)."""
-    return max(request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens, 0)
+    return max(int(request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens), 0)
 
 
 def waiting_demand(request: Request) -> int:
     """Tokens a waiting request asks for, ignoring prefix-cache hits (an upper bound)."""
-    return max(request.num_tokens - request.num_computed_tokens, 0)
+    return max(int(request.num_tokens - request.num_computed_tokens), 0)
 
 
 @dataclasses.dataclass
 class StepPlan:
-    """What the gate decided for one step; kept on the scheduler for tests and metrics."""
+    """One step: what the plan decided before the stock scheduler ran, then what the step did.
 
-    mode: Mode
+    Kept on the scheduler as ``last_plan`` for tests and metrics.
+    """
+
+    # Decided by _plan, before anything changes.
+    mode: Mode  # the rule that set the cap: the latency model, a static share of τ, or no online traffic
     batch_cap: int  # X: batch tokens allowed this step
-    token_budget: int  # online demand + X, at most τ
-    online_demand: int
-    kv_usage: float
-    guardband: float  # H
-    admit_batch: bool
-    context: int  # C: tokens resident in the KV of running requests before the step
-    evicted: str | None = None
-    parked: list[str] = dataclasses.field(default_factory=list)  # running batch ids kept out
-    hidden: list[str] = dataclasses.field(default_factory=list)  # waiting batch ids kept out
-    online_scheduled: int = 0
-    batch_scheduled: int = 0
+    token_budget: int  # online demand + X, at most τ: the stock scheduler's token budget for this step
+    online_demand: int  # tokens online requests want: running ones exactly, waiting ones ignoring prefix hits
+    kv_usage: float  # fraction of the KV pool in use when planning, before any eviction
+    guardband: float  # H, after this step's online KV demand was folded into its EWMA
+    admit_batch: bool  # kv_usage <= 1 − H: waiting batch requests may be admitted this step
+    context: int  # C: tokens resident in the KV of the running requests that stay (the victim excluded)
+    evict: str | None = None  # kv_usage > 1 − H/2: the resident batch request whose eviction loses least
+    parked: list[str] = dataclasses.field(default_factory=list)  # running batch requests beyond X: sit out
+    # Filled in by _gated and _account, from what the step did.
+    hidden: list[str] = dataclasses.field(default_factory=list)  # waiting batch requests kept out (not admitted)
+    online_scheduled: int = 0  # tokens the step scheduled for online requests
+    batch_scheduled: int = 0  # tokens the step scheduled for batch requests
+    online_deferred: int = 0  # online tokens still wanted after the step (chunked, no free slot or KV)
+    online_preempted: list[str] = dataclasses.field(default_factory=list)  # by vLLM, with no batch left to take
     batch_waited: bool = False  # batch work waited while online traffic set the budget
+
+    @property
+    def batch_capped(self) -> bool:
+        """Online traffic set a budget and batch reached its cap X: the step the cap exists for."""
+        return self.mode is not Mode.NO_ONLINE and self.batch_scheduled >= self.batch_cap
+
+    @property
+    def batch_over_cap(self) -> int:
+        """Batch tokens past X. Only online's unused reservation can supply them (an online prompt that hit the
+        prefix cache needs less than its reserved demand); the step's total stays inside the budget."""
+        return max(self.batch_scheduled - self.batch_cap, 0)
+
+
+@dataclasses.dataclass
+class SlackFill:
+    """Batch tokens scheduled against cap tokens offered, over the steps in which online traffic set a budget
+    and batch work waited: the slack the plugin exists to fill."""
+
+    scheduled: int = 0
+    offered: int = 0
+
+    def add(self, scheduled: int, cap: int) -> None:
+        self.scheduled += min(scheduled, cap)
+        self.offered += cap
+
+    @property
+    def ratio(self) -> float | None:
+        return self.scheduled / self.offered if self.offered else None
 
 
 class TidalScheduler(Scheduler):
-    def __init__(self, *args, settings: Settings | None = None, **kwargs) -> None:
+    def __init__(self, *args: t.Any, settings: Settings | None = None, **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
         if self.policy != SchedulingPolicy.PRIORITY:
             raise ValueError(
                 "TidalScheduler needs --scheduling-policy priority: it tells online from batch by priority"
             )
         s = settings or load_settings()
-        self.tau = self.max_num_scheduled_tokens
+        self.tau: int = self.max_num_scheduled_tokens
         self.budget_s = s.sched_budget_seconds
         self.r2_min = s.sched_r2_min
         self.static_cap = int(s.sched_static_cap_frac * self.tau)
         self.latency = LatencyModel(window=s.sched_window)
         self.guard = Guardband(s.sched_h_min, s.sched_h_max, s.sched_h_alpha)
-        self.kv_capacity_tokens = self.kv_cache_config.num_blocks * self.block_size
+        self.kv_capacity_tokens: int = self.kv_cache_config.num_blocks * self.block_size
         self.tidal_metrics = SchedulerMetrics()
         if s.sched_metrics_port:
             self.tidal_metrics.serve(s.sched_metrics_port, s.sched_metrics_host)
         self.last_plan: StepPlan | None = None
+        self.slack_fill = SlackFill()
         self._cached_tokens: dict[str, int] = {}  # req_id -> prefix-cache hit at its last admission
         self._step_started: float | None = None
-        self._fill = [0, 0]  # batch tokens scheduled, cap tokens offered, over steps in which batch waited
 
-    # --- the gate around the stock schedule() -------------------------------
+    # --- one step: plan, evict, gate the stock schedule(), check, account ------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         started = time.monotonic()
-        plan = self._plan(started)
-        hidden = [r for r in self.waiting if not is_online(r)] if not plan.admit_batch else []
-        self.waiting.remove_requests(hidden)
-        parked = self._park_running(plan)
-        plan.hidden = [r.request_id for r in hidden]
-        plan.parked = [r.request_id for r in parked]
-        self.max_num_scheduled_tokens = plan.token_budget
-        # Parked requests keep their slots: without this the stock loop would admit waiting requests into
-        # them (up to max_num_active_reqs), and putting the parked ones back would overfill ``running``
-        # (the stock scheduler asserts len(running) <= max_num_running_reqs at the end of the next step).
-        self.max_num_active_reqs -= len(parked)
-        self.max_num_running_reqs -= len(parked)
-        try:
+        plan = self._plan()
+        self._evict(plan, started)
+        with self._gated(plan):
             output = super().schedule(throttle_prefills)
-        finally:
-            self.max_num_scheduled_tokens = self.tau
-            self.max_num_active_reqs += len(parked)
-            self.max_num_running_reqs += len(parked)
-            self.running.extend(parked)
-            for request in hidden:
-                self.waiting.add_request(request)
-        batch_waits = bool(parked) or len(self.waiting) > len(waiting_online(self.waiting))
-        self._account(plan, output, waiting_batch=batch_waits)
+        self._check(plan, output)
+        self._account(plan, output)
         self._step_started = started
         return output
 
-    def _plan(self, now: float) -> StepPlan:
+    def _plan(self) -> StepPlan:
+        """Decide the step from the queues and the KV pool; changes nothing but the guardband's EWMA."""
         online_running = [r for r in self.running if is_online(r)]
         online_waiting = waiting_online(self.waiting)
         online_demand = sum(map(running_demand, online_running)) + sum(map(waiting_demand, online_waiting))
         held = sum(r.num_tokens for r in online_running) + sum(r.num_tokens for r in online_waiting)
         h = self.guard.observe(held / self.kv_capacity_tokens)
-        usage = self.get_kv_cache_usage()
-        evicted = self._evict_cheapest(now) if self.guard.must_evict(usage) else None
-        context = sum(r.num_computed_tokens for r in self.running)
+        usage = float(self.get_kv_cache_usage())
+        victim = self._cheapest_batch() if self.guard.must_evict(usage) else None
+        staying = self.running if victim is None else [r for r in self.running if r.request_id != victim]
+        context = sum(r.num_computed_tokens for r in staying)
         if not (online_running or online_waiting):
             mode, cap = Mode.NO_ONLINE, self.tau
         elif (fit := self.latency.trusted(self.r2_min)) is not None:
@@ -179,49 +213,70 @@ class TidalScheduler(Scheduler):
             # is not re-admitted in the same step.
             admit_batch=self.guard.admits(usage),
             context=context,
-            evicted=evicted,
+            evict=victim,
+            parked=[] if mode is Mode.NO_ONLINE else beyond_cap(staying, cap, online_waits=bool(online_waiting)),
         )
 
-    def _park_running(self, plan: StepPlan) -> list[Request]:
-        """Order ``self.running`` online first and take out batch requests beyond the cap."""
-        if plan.mode is Mode.NO_ONLINE:
-            return []
-        self.running.sort(key=lambda r: not is_online(r))  # stable: arrival order kept within each class
-        online_waits = bool(self.waiting) and is_online(self.waiting.peek_request())
-        remaining, parked = plan.batch_cap, []
-        for request in [r for r in self.running if not is_online(r)]:
-            demand = running_demand(request)
-            if demand <= remaining:
-                remaining -= demand
-            elif remaining > 0 and not online_waits:
-                # Last in the running order: the token budget chunks it to what is left.
-                remaining = 0
-            else:
-                # A partial chunk here would eat the budget kept for waiting
-                # online requests, which the stock loop schedules after all
-                # running ones.
-                parked.append(request)
-        for request in parked:
-            self.running.remove(request)
-        return parked
-
-    def _evict_cheapest(self, now: float) -> str | None:
+    def _cheapest_batch(self) -> str | None:
         residents = [
             Resident(r.request_id, r.num_computed_tokens, self._cached_tokens.get(r.request_id, 0))
             for r in self.running
             if not is_online(r)
         ]
         victim = cheapest(residents)
-        if victim is None:
-            return None
-        request = self.requests[victim.request_id]
+        return victim.request_id if victim is not None else None
+
+    def _evict(self, plan: StepPlan, now: float) -> None:
+        """Preempt the plan's victim; vLLM reports it to the model runner in this step's preempted_req_ids."""
+        if plan.evict is None:
+            return
+        request = self.requests[plan.evict]
         self.running.remove(request)
-        # Reported to the model runner through this step's preempted_req_ids.
         self._preempt_request(request, now)
         self.tidal_metrics.evictions.inc()
-        return victim.request_id
 
-    def _account(self, plan: StepPlan, output: SchedulerOutput, waiting_batch: bool) -> None:
+    @contextlib.contextmanager
+    def _gated(self, plan: StepPlan) -> t.Iterator[None]:
+        """The stock scheduler's view for one call: the plan's budget, online first, parked and hidden out."""
+        hidden = [r for r in self.waiting if not is_online(r)] if not plan.admit_batch else []
+        self.waiting.remove_requests(hidden)
+        plan.hidden = [r.request_id for r in hidden]
+        if plan.mode is not Mode.NO_ONLINE:
+            self.running.sort(key=lambda r: not is_online(r))  # stable: arrival order kept within each class
+        parked = [self.requests[i] for i in plan.parked]
+        for request in parked:
+            self.running.remove(request)
+        self.max_num_scheduled_tokens = plan.token_budget
+        # Parked requests keep their slots: without this the stock loop would admit waiting requests into
+        # them (up to max_num_active_reqs), and putting the parked ones back would overfill ``running``
+        # (the stock scheduler asserts len(running) <= max_num_running_reqs at the end of the next step).
+        self.max_num_active_reqs -= len(parked)
+        self.max_num_running_reqs -= len(parked)
+        try:
+            yield
+        finally:
+            self.max_num_scheduled_tokens = self.tau
+            self.max_num_active_reqs += len(parked)
+            self.max_num_running_reqs += len(parked)
+            self.running.extend(parked)
+            for request in hidden:
+                self.waiting.add_request(request)
+
+    def _check(self, plan: StepPlan, output: SchedulerOutput) -> None:
+        """The step's invariants; a failure is a bug in the gate, and stops the engine core like vLLM's own."""
+        assert output.total_num_scheduled_tokens <= plan.token_budget <= self.tau, (
+            f"scheduled {output.total_num_scheduled_tokens} tokens on a budget of {plan.token_budget} (τ {self.tau})"
+        )
+        assert self.max_num_scheduled_tokens == self.tau, "the token budget was not restored"
+        if plan.parked:
+            running = {r.request_id for r in self.running}
+            assert running.issuperset(plan.parked), f"parked requests not restored: {set(plan.parked) - running}"
+            assert not set(plan.parked) & set(output.num_scheduled_tokens), "a parked request was scheduled"
+        if plan.hidden:
+            waiting = {r.request_id for r in self.waiting}
+            assert waiting.issuperset(plan.hidden), f"hidden requests not restored: {set(plan.hidden) - waiting}"
+
+    def _account(self, plan: StepPlan, output: SchedulerOutput) -> None:
         for new in output.scheduled_new_reqs:
             self._cached_tokens[new.req_id] = new.num_computed_tokens
         for req_id in output.scheduled_cached_reqs.resumed_req_ids:
@@ -233,18 +288,36 @@ class TidalScheduler(Scheduler):
                 plan.online_scheduled += num
             else:
                 plan.batch_scheduled += num
+        online_waiting = waiting_online(self.waiting)
+        if plan.mode is not Mode.NO_ONLINE:  # else no online request was there to schedule
+            plan.online_deferred = sum(running_demand(r) for r in self.running if is_online(r)) + sum(
+                map(waiting_demand, online_waiting)
+            )
+        plan.online_preempted = sorted(
+            i for i in output.preempted_req_ids if i in self.requests and is_online(self.requests[i])
+        )
+        batch_waits = bool(plan.parked) or len(self.waiting) > len(online_waiting)
         # Slack is budget left while online traffic sets one; without online
         # traffic there is no TBT budget to leave unfilled.
-        plan.batch_waited = waiting_batch and plan.mode is not Mode.NO_ONLINE
-        if plan.batch_waited:
-            self._fill[0] += min(plan.batch_scheduled, plan.batch_cap)
-            self._fill[1] += plan.batch_cap
-            self.tidal_metrics.slack_offered_tokens.inc(plan.batch_cap)
-            self.tidal_metrics.starved_slack_tokens.inc(max(plan.batch_cap - plan.batch_scheduled, 0))
-            if self._fill[1]:
-                self.tidal_metrics.slack_fill_ratio.set(self._fill[0] / self._fill[1])
+        plan.batch_waited = batch_waits and plan.mode is not Mode.NO_ONLINE
         m = self.tidal_metrics
+        if plan.batch_waited:
+            self.slack_fill.add(plan.batch_scheduled, plan.batch_cap)
+            m.slack_offered_tokens.inc(plan.batch_cap)
+            m.starved_slack_tokens.inc(max(plan.batch_cap - plan.batch_scheduled, 0))
+            if (ratio := self.slack_fill.ratio) is not None:
+                m.slack_fill_ratio.set(ratio)
         m.steps.inc()
+        for counter, value in (
+            (m.batch_tokens, plan.batch_scheduled),
+            (m.online_tokens, plan.online_scheduled),
+            (m.batch_over_cap_tokens, plan.batch_over_cap),
+            (m.online_deferred_tokens, plan.online_deferred),
+            (m.online_preempted, len(plan.online_preempted)),
+            (m.capped_steps, int(plan.batch_capped)),
+        ):
+            if value:  # most are 0 on most steps: skip the counter's lock
+                counter.inc(value)
         m.batch_cap.set(plan.batch_cap)
         m.set_mode(plan.mode)
         m.guardband.set(plan.guardband)
@@ -253,7 +326,9 @@ class TidalScheduler(Scheduler):
         self.last_plan = plan
 
     # --- learning the step time ----------------------------------------------
-    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput):
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> t.Any:  # vLLM's dict[int, EngineCoreOutputs]
         # Synchronous engine: schedule() -> execute_model() -> here, so the time
         # since schedule() began is the step an online token waits for.
         plan, started = self.last_plan, self._step_started
@@ -265,7 +340,26 @@ class TidalScheduler(Scheduler):
         self._step_started = None
         return super().update_from_output(scheduler_output, model_runner_output)
 
-    def _free_request(self, request: Request, delay_free_blocks: bool = False):
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> t.Any:
         # Every finished request passes here (stopped, aborted, length).
         self._cached_tokens.pop(request.request_id, None)
         return super()._free_request(request, delay_free_blocks)
+
+
+def beyond_cap(running: list[Request], cap: int, online_waits: bool) -> list[str]:
+    """The running batch requests that sit this step out: those past the cap X in online-first running order.
+
+    The last one that only partly fits is chunked by the token budget to what is left, unless online requests
+    wait: the stock loop schedules waiting requests after all running ones, so that chunk would eat the budget
+    kept for them.
+    """
+    remaining, parked = cap, []
+    for request in (r for r in running if not is_online(r)):
+        demand = running_demand(request)
+        if demand <= remaining:
+            remaining -= demand
+        elif remaining > 0 and not online_waits:
+            remaining = 0
+        else:
+            parked.append(request.request_id)
+    return parked

@@ -279,4 +279,16 @@ def start_twin(
         max_model_len=max_model_len,
         extra_args=extra_args,
     )
-    return start_engine(options, log_path=log_path, env=scheduler_env(settings))
+    return start_engine(options, log_path=log_path, env=twin_env(settings))
+
+
+def twin_env(settings: Settings) -> dict[str, str]:
+    """The twin's environment: TidalScheduler's settings, and the model in the engine-core process.
+
+    By default the CPU platform runs the model in a separate worker process, and vLLM's shared-memory
+    queues between the two busy-poll (``sched_yield``) for a second after each message: while the twin
+    sleeps out a step both processes would spin a core each. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps
+    ``vllm serve``'s API server and engine-core processes and runs the model inside the engine core
+    (vLLM's ``UniProcExecutor``, as on a single GPU), which then sleeps while the twin waits.
+    """
+    return {**scheduler_env(settings), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -4,7 +4,7 @@ The engine is taken as down when a request to it is refused, or when a request f
 too (``policy.outage``); the tasks mark it. While it is down the claim loop claims nothing (the floor included) and
 probes ``/health`` every ``engine_probe_seconds``; the first 200 marks it up and claiming resumes. Each change is
 one log line and moves the ``tidal_engine_up`` gauge. Tasks hand their items back while it is down
-(:func:`tidal_workers.sweeps.give_back`), so an outage of any length costs no retry and no error line. A worker
+(``Queue.give_back``), so an outage of any length costs no retry and no error line. A worker
 that is shutting down holds its sends the same way (``stopping``): what it has not sent goes back at once.
 """
 

@@ -1,22 +1,24 @@
-"""The ``tidal.run_item`` task: POST one claimed item to the co-located vLLM, then record what came back.
+"""The ``tidal.run_item`` task: one attempt through prefetched → sent → answered → released.
 
-Priority is read from the batch at each submission, so an escalation reaches
-items not yet sent. A failed request is judged by ``policy.outage``: if the
-engine is down (refused, or failing its ``/health``), the item goes back to the
-queue at once with no retry spent and the node stops claiming until the engine
-answers again (``engine_health``). Otherwise the failure (a timeout, a broken
-connection, a 5xx, a 429) is the item's own: retried here with exponential
-backoff while the claim thread keeps renewing the lease, and an error line once
-``retry_budget`` is spent. A 4xx is the request's own fault: an error line with
-the engine's status and body.
+The task waits in the node's LeaseBook for an engine token (the gate's target bounds requests at the
+engine, not leases), then re-checks its lease and its batch's status and priority and POSTs, so an
+escalation or a cancel reaches items claimed but not yet sent. The token is freed the moment the POST
+returns. A failed request is judged by ``policy.outage``: if the engine is down (refused, or failing
+its ``/health``), the item goes back to the queue at once with no retry spent and the node claims
+nothing until the engine answers again (``engine_health``). Otherwise the failure (a timeout, a broken
+connection, a 5xx, a 429) is the item's own: retried with exponential backoff while the renewal thread
+keeps the lease, and an error line only once ``retry_budget`` is spent. A 4xx is the request's own fault: an error line with the engine's status and body. See
+docs/architecture.md, "The lease state machine".
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 import typing as t
 
+import prometheus_client
 import requests
 import urllib3.exceptions
 from celery import Task
@@ -28,27 +30,44 @@ from tidal_workers import task_names
 from tidal_workers.context import worker_context
 from tidal_workers.engine_health import HANDED_BACK
 from tidal_workers.engine_health import EngineHealth
-from tidal_workers.finalize import maybe_finalize
+from tidal_workers.finalize import finalize_if_due
+from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.outage import Failure
 from tidal_workers.policy.outage import is_outage
 from tidal_workers.policy.outage import needs_probe
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome
+from tidal_workers.result import Write
 from tidal_workers.result import record
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
-from tidal_workers.sweeps import give_back
 
 log = logging.getLogger(__name__)
 
 BACKOFF_CAP_SECONDS = 30.0
 
+# Dispatch overhead is milliseconds against requests of seconds: buckets from 1 ms to 10 min.
+_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0)
+TOKEN_TO_POST = prometheus_client.Histogram(
+    "tidal_dispatch_token_to_post_seconds",
+    "An engine token freed (a batch request answered) to the next batch POST sent on this node.",
+    buckets=_BUCKETS,
+)
+POST_SECONDS = prometheus_client.Histogram(
+    "tidal_dispatch_post_seconds", "One batch POST to the engine, sent to answered.", buckets=_BUCKETS
+)
+RELEASE_SECONDS = prometheus_client.Histogram(
+    "tidal_dispatch_release_seconds",
+    "A batch POST answered to its lease released (the result written, the lease dropped).",
+    buckets=_BUCKETS,
+)
+
 
 class Transient(Exception):
-    """The engine may answer next time; ``failure`` says how this request failed."""
+    """The engine may answer next time; ``failure`` says how this request failed (``policy.outage``)."""
 
     def __init__(self, failure: Failure, message: str):
         super().__init__(message)
@@ -60,6 +79,15 @@ def _failure(exc: requests.RequestException) -> Failure:
         reason = getattr(exc.args[0], "reason", None) if exc.args else None
         return Failure.REFUSED if isinstance(reason, urllib3.exceptions.NewConnectionError) else Failure.BROKEN
     return Failure.TIMEOUT if isinstance(exc, requests.Timeout) else Failure.BROKEN
+
+
+def engine_down(engine: EngineHealth, exc: Transient) -> bool:
+    """Whether this failure is an engine outage (``policy.outage``, probing /health when it asks); marks it so."""
+    health_ok = engine.healthy() if needs_probe(exc.failure) else None
+    if not is_outage(exc.failure, health_ok):
+        return False
+    engine.mark_down(f"{exc.failure.value}: {exc}"[:200])
+    return True
 
 
 def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str] | None:
@@ -76,9 +104,9 @@ def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int]:
 
 
 def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outcome:
-    """One POST to the engine; raises Transient for anything worth retrying."""
+    """One POST to the engine on the process's pooled client; raises Transient for anything worth retrying."""
     try:
-        resp = requests.post(
+        resp = rt.http.post(
             rt.settings.vllm_url.rstrip("/") + url,
             json={**body, "priority": priority},
             timeout=rt.settings.request_timeout_seconds,
@@ -103,74 +131,109 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outc
     )
 
 
-def engine_down(engine: EngineHealth, exc: Transient) -> bool:
-    """Whether this failure is an engine outage (``policy.outage``, probing /health when it asks); marks it so."""
-    health_ok = engine.healthy() if needs_probe(exc.failure) else None
-    if not is_outage(exc.failure, health_ok):
-        return False
-    engine.mark_down(f"{exc.failure.value}: {exc}"[:200])
-    return True
+def _give_back(rt: Runtime, item_id: int, lease: str) -> str:
+    """No engine token within the prefetch age: the item goes back to the queue for any node."""
+    given = rt.queue.give_back(item_id, lease)
+    if given is None:
+        return "stale"
+    if not given.requeued and given.batch_id:  # its batch was dropped (cancelled, expired) meanwhile
+        finalize_if_due(rt, given.batch_id)
+    return "given_back" if given.requeued else "abandoned"
 
 
-GIVEN_BACK = "given_back"  # execute_item's answer when the engine is down: run_item requeues the item
+def _outage_give_back(rt: Runtime, item_id: int, lease: str) -> str:
+    """The engine is down (or the worker stopping): the item goes back for another node, no retry spent."""
+    given = _give_back(rt, item_id, lease)
+    if given == "given_back":
+        HANDED_BACK.inc()
+    return given
 
 
-def execute_item(rt: Runtime, item_id: int, lease: str, engine: EngineHealth | None = None) -> str:
-    """Run one claimed item to its outcome; returns what happened (for Flower and tests).
+def _post(
+    rt: Runtime, book: LeaseBook, engine: EngineHealth, item_id: int, lease: str, row: Row[str, str, str, str]
+) -> Outcome | str:
+    """prefetched → sent → answered, retrying the item's own transient failures; the Outcome, or why the attempt
+    stopped. An engine outage (``policy.outage``) gives the item back at once and spends no retry."""
+    s = rt.settings
+    body = json.loads(row.body)
+    failures = 0
+    while True:
+        if not engine.may_send():  # leased but not sent, and the engine is down or the worker stopping
+            return _outage_give_back(rt, item_id, lease)
+        got, freed_at = book.take_token(item_id, lease, s.prefetch_max_age_seconds)
+        if not got:
+            return _give_back(rt, item_id, lease)
+        # The re-checks, at the moment of sending: the lease, then the batch's status and priority now.
+        if not rt.queue.lease_current(item_id, lease):
+            book.return_token(item_id, lease, freed_at)
+            return "stale"
+        batch = _batch_now(rt, row.batch_id)
+        if batch.status != BatchStatus.in_progress.value:  # cancelled or expired since it was claimed
+            book.return_token(item_id, lease, freed_at)
+            rt.queue.complete(item_id, lease)
+            finalize_if_due(rt, row.batch_id)
+            return "abandoned"
+        sent = time.monotonic()
+        if freed_at is not None:
+            TOKEN_TO_POST.observe(sent - freed_at)
+        try:
+            return submit(rt, row.url, body, batch.priority)
+        except Transient as exc:
+            if engine_down(engine, exc):
+                return _outage_give_back(rt, item_id, lease)
+            failures += 1
+            if failures > s.retry_budget:
+                return Outcome(
+                    status=ItemStatus.failed,
+                    error_code="retry_budget_exhausted",
+                    error_message=f"The engine failed {failures} times; last: {exc}",
+                )
+            delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
+            log.info("item %s: %s; retry %d in %.2fs", item_id, exc, failures, delay)
+        finally:
+            book.answered(item_id, lease)
+            POST_SECONDS.observe(time.monotonic() - sent)
+        # The token is free meanwhile; the renewal thread keeps the lease. An outage found by another task, or a
+        # shutdown, ends the wait at once.
+        engine.hold.wait(delay)
+        if not rt.queue.lease_current(item_id, lease):
+            return "stale"
 
-    ``GIVEN_BACK``: the engine is down (or the worker stopping) and the item must go back to the queue (the caller
-    does it, after it has stopped renewing the lease).
-    """
+
+def execute_item(
+    rt: Runtime,
+    book: LeaseBook,
+    item_id: int,
+    lease: str,
+    write: Write | None = None,
+    engine: EngineHealth | None = None,
+) -> str:
+    """Run one claimed attempt (booked in ``book``) to its outcome; returns what happened (for Flower and tests).
+    ``write``: the worker's ResultWriter (group commit); by default the outcome gets a transaction of its own.
+    ``engine``: the process's EngineHealth; by default one of its own, taken as up."""
     engine = engine or EngineHealth(rt.settings)
-    if not rt.queue.lease_current(item_id, lease):
+    if not book.start(item_id, lease) or not rt.queue.lease_current(item_id, lease):
         return "stale"
     row = _load(rt, item_id)
     if row is None or row.status != ItemStatus.pending.value:  # already settled by an earlier attempt
         rt.queue.complete(item_id, lease)
         return "done"
-    body = json.loads(row.body)
-    s = rt.settings
-    failures = 0
-    while True:
-        batch = _batch_now(rt, row.batch_id)
-        if batch.status != BatchStatus.in_progress.value:  # cancelled or expired since it was claimed
-            rt.queue.complete(item_id, lease)
-            maybe_finalize(rt, row.batch_id)
-            return "abandoned"
-        if not engine.may_send():  # leased but not sent, and the engine is down or the worker stopping
-            return GIVEN_BACK
-        try:
-            outcome = submit(rt, row.url, body, batch.priority)
-            break
-        except Transient as exc:
-            if engine_down(engine, exc):
-                return GIVEN_BACK
-            failures += 1
-            if failures > s.retry_budget:
-                outcome = Outcome(
-                    status=ItemStatus.failed,
-                    error_code="retry_budget_exhausted",
-                    error_message=f"The engine failed {failures} times; last: {exc}",
-                )
-                break
-            delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
-            log.info("item %s: %s; retry %d in %.2fs", item_id, exc, failures, delay)
-            engine.hold.wait(delay)  # an outage found by another task, or a shutdown, ends the wait at once
-            if not rt.queue.lease_current(item_id, lease):
-                return "stale"
+    outcome = _post(rt, book, engine, item_id, lease, row)
+    if isinstance(outcome, str):
+        return outcome
+    answered = time.monotonic()
+    written = record(rt, item_id, row.batch_id, lease, outcome, write)
+    book.discard(item_id, lease)  # released: the claim loop may fill the room
+    RELEASE_SECONDS.observe(time.monotonic() - answered)
+    finalize_if_due(rt, row.batch_id)
     # "dropped": the lease went stale, or another attempt wrote first.
-    return outcome.status.value if record(rt, item_id, row.batch_id, lease, outcome) else "dropped"
+    return outcome.status.value if written else "dropped"
 
 
 @shared_task(name=task_names.RUN_ITEM, bind=True)
 def run_item(self: Task, item_id: int, lease: str) -> str:
     ctx = worker_context(self.app)
-    if not ctx.leases.start(item_id, lease):  # not started within its lease: the item went back to the queue
-        return "stale"
     try:
-        result = execute_item(ctx.rt, item_id, lease, ctx.engine)
+        return execute_item(ctx.rt, ctx.leases, item_id, lease, ctx.results.write, ctx.engine)
     finally:
         ctx.leases.discard(item_id, lease)
-    if result == GIVEN_BACK and give_back(ctx.rt, item_id, lease):  # renewals stopped first: nothing re-extends it
-        HANDED_BACK.inc()
-    return result

@@ -14,10 +14,12 @@ import json
 import time
 import typing as t
 
+from sqlalchemy import Row
 from sqlalchemy import select
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from tidal_workers import task_names
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.db import rows_updated
 from tidal_workers.store.models import Batch
@@ -107,8 +109,8 @@ def _settle(
     written: list[str] = []
     try:
         with rt.store.transaction() as s:
-            if not _move(s, batch_id, frm, to, now):
-                return False
+            # Items before the batch row, in the order result writes take them: the two never deadlock on
+            # PostgreSQL. A caller that then loses the election rolls its item changes back.
             if pending_as is not None:
                 code, message = PENDING_ERRORS[pending_as]
                 s.execute(
@@ -116,6 +118,8 @@ def _settle(
                     .where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
                     .values(status=pending_as.value, error_code=code, error_message=message, finished_at=now)
                 )
+            if not _move(s, batch_id, frm, to, now):
+                return False
             batch = s.get(Batch, batch_id)
             assert batch is not None  # the UPDATE above just moved it
             file_ids = {}
@@ -152,19 +156,41 @@ def expire(rt: Runtime, batch_id: str) -> bool:
     return _settle(rt, batch_id, BatchStatus.in_progress, BatchStatus.expired, ItemStatus.expired)
 
 
-def maybe_finalize(rt: Runtime, batch_id: str) -> bool:
-    """Finalize ``batch_id`` if its work is over: all items done, or cancelling with nothing in flight."""
+def _counts(rt: Runtime, batch_id: str) -> Row[str, int, int, int] | None:
     with rt.store.read() as s:
-        row = s.execute(
+        return s.execute(
             select(Batch.status, Batch.total, Batch.completed, Batch.failed).where(Batch.id == batch_id)
         ).one_or_none()
+
+
+def _work_over(row: Row[str, int, int, int]) -> bool:
+    return row.status == BatchStatus.in_progress.value and row.completed + row.failed >= row.total
+
+
+def maybe_finalize(rt: Runtime, batch_id: str) -> bool:
+    """Finalize ``batch_id`` if its work is over: all items done, or cancelling with nothing in flight."""
+    row = _counts(rt, batch_id)
     if row is None:
         return False
-    if row.status == BatchStatus.in_progress.value and row.completed + row.failed >= row.total:
+    if _work_over(row):
         return complete(rt, batch_id)
     if row.status == BatchStatus.cancelling.value and rt.queue.batch_inflight(batch_id) == 0:
         return _settle(rt, batch_id, BatchStatus.cancelling, BatchStatus.cancelled, ItemStatus.cancelled)
     return False
 
 
-__all__ = ["complete", "expire", "finish_finalizing", "line", "maybe_finalize"]
+def request_finalize(rt: Runtime, batch_id: str) -> None:
+    """Ask the ops worker to run ``maybe_finalize``: a GPU node's claim path never writes a batch's files."""
+    rt.celery.send_task(task_names.FINALIZE, (batch_id,), queue=task_names.OPS_QUEUE)
+
+
+def finalize_if_due(rt: Runtime, batch_id: str) -> bool:
+    """After an item settles: one read, and a finalize request if the batch's work looks over; True if sent."""
+    row = _counts(rt, batch_id)
+    due = row is not None and (_work_over(row) or row.status == BatchStatus.cancelling.value)
+    if due:
+        request_finalize(rt, batch_id)
+    return due
+
+
+__all__ = ["complete", "expire", "finalize_if_due", "finish_finalizing", "line", "maybe_finalize", "request_finalize"]

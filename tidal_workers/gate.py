@@ -1,7 +1,8 @@
-"""The admission gate: how many batch items this node may have in flight right now.
+"""The admission gate: how many batch requests this node may have at the engine right now.
 
-The claim loop calls ``gate.poll(now, inflight)`` each pass and claims up to
-``target - inflight``. :class:`AimdGate` is the I/O edge of the pure rule in
+The claim loop calls ``gate.poll(now, outstanding)`` each pass with O, the node's
+requests at the engine, and hands the target to the LeaseBook, whose engine
+tokens the tasks wait for; it claims up to the target plus a small prefetch. :class:`AimdGate` is the I/O edge of the pure rule in
 :mod:`tidal_workers.policy.aimd`: once per period it scrapes the ``/metrics``
 pages its signal map names (the co-located vLLM's by default; a prefill and a
 decode pool's, or Dynamo's, under ``TIDAL_GATE_SIGNALS``: :mod:`tidal_workers.signals`),
@@ -12,19 +13,25 @@ error, text that does not parse, a missing series, samples stamped older than
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import threading
+import time
 import typing as t
 
 import prometheus_client
 import requests
 
+from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.aimd import DECISIONS
 from tidal_workers.policy.aimd import FAILSAFE
+from tidal_workers.policy.aimd import UNKNOWN_ENGINE_CEILING
 from tidal_workers.policy.aimd import AimdConfig
 from tidal_workers.policy.aimd import AimdController
 from tidal_workers.policy.aimd import AimdState
 from tidal_workers.policy.aimd import Observation
+from tidal_workers.policy.aimd import engine_ceiling
 from tidal_workers.scrape import fetch
 from tidal_workers.scrape import samples
 from tidal_workers.signals import ENGINE
@@ -38,9 +45,14 @@ if t.TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CACHE_CONFIG = "vllm:cache_config_info"
 
-TARGET = prometheus_client.Gauge("tidal_gate_target", "The AIMD gate's in-flight target for batch items on this node.")
-INFLIGHT = prometheus_client.Gauge("tidal_gate_inflight", "Batch items this node has in flight, as the gate last saw.")
+TARGET = prometheus_client.Gauge(
+    "tidal_gate_target", "The gate's target: the most batch requests this node keeps at its engine."
+)
+CEILING = prometheus_client.Gauge(
+    "tidal_gate_ceiling", "The gate's ceiling: TIDAL_MAX_INFLIGHT, or what the engine allows beside its online peak."
+)
 KV_EWMA = prometheus_client.Gauge("tidal_gate_kv_ewma", "Smoothed KV cache usage of the co-located vLLM (0..1).")
 WAITING_EWMA = prometheus_client.Gauge("tidal_gate_waiting_ewma", "Smoothed count of online requests waiting in vLLM.")
 DECIDED = prometheus_client.Counter("tidal_gate_decisions", "AIMD controller steps by decision.", ["decision"])
@@ -49,7 +61,9 @@ for _decision in DECISIONS:
 
 
 class Gate(t.Protocol):
-    def poll(self, now: float, inflight: int) -> int: ...
+    def poll(self, now: float, inflight: int) -> int:
+        """The target for the node's batch requests at the engine, given ``inflight`` (O) of them there now."""
+        ...
 
 
 class FixedGate:
@@ -57,6 +71,8 @@ class FixedGate:
 
     def __init__(self, target: int):
         self.target = target
+        TARGET.set(target)
+        CEILING.set(target)
 
     def poll(self, now: float, inflight: int) -> int:
         return self.target
@@ -120,23 +136,48 @@ def _page_values(source: str, text: str, wanted: set[str], now: float, stale_sec
     return values
 
 
+def kv_capacity_tokens(text: str) -> int | None:
+    """Tokens the engine's KV cache holds (``num_gpu_blocks × block_size`` of ``vllm:cache_config_info``; the
+    smallest engine's), or None where the page does not say (an older vLLM, blocks not yet allocated)."""
+    sizes = []
+    try:
+        for sample in samples(text):
+            if sample.name == CACHE_CONFIG:
+                blocks, size = sample.labels.get("num_gpu_blocks", ""), sample.labels.get("block_size", "")
+                if blocks.isdigit() and size.isdigit():
+                    sizes.append(int(blocks) * int(size))
+    except Exception:  # text that is not an exposition: parse_metrics says why
+        return None
+    return min(sizes) if sizes else None
+
+
+def configured_ceiling(settings: Settings, kv_tokens: int | None = None) -> int:
+    """The gate's ceiling: ``TIDAL_MAX_INFLIGHT`` if set, else what the engine allows beside its online peak."""
+    if settings.max_inflight:
+        return settings.max_inflight
+    allowed = engine_ceiling(settings.max_num_seqs, kv_tokens, settings.batch_request_tokens, settings.online_headroom)
+    return allowed or UNKNOWN_ENGINE_CEILING
+
+
 class AimdGate:
-    """The in-flight target, set by the AIMD rule from the co-located vLLM's /metrics."""
+    """The target for requests at the engine, set by the AIMD rule from the co-located vLLM's /metrics."""
 
     def __init__(self, settings: Settings, session: requests.Session | None = None):
+        self.settings = settings
         self.mapping = MAPS[settings.gate_signals]
         named = {ENGINE: settings.vllm_url.rstrip("/") + "/metrics", **settings.gate_metrics_url_map}
         self.urls = {source: named[source] for source in self.mapping.sources()}  # Settings checked they exist
         self.period = settings.scrape_seconds
         self.stale_seconds = settings.metrics_stale_seconds
         self.session = session or requests.Session()
-        self.controller = AimdController(AimdConfig.from_settings(settings))
+        self.controller = AimdController(AimdConfig.from_settings(settings, configured_ceiling(settings)))
         self.state = self.controller.initial()
         self._scraped_at: float | None = None
+        self._kv_seen = bool(settings.max_inflight)  # an override needs nothing from the engine
         TARGET.set(self.state.target)
+        CEILING.set(self.controller.config.max_target)
 
     def poll(self, now: float, inflight: int) -> int:
-        INFLIGHT.set(inflight)
         if self._scraped_at is not None and 0 <= now - self._scraped_at < self.period:
             return self.state.target
         self._scraped_at = now
@@ -144,12 +185,27 @@ class AimdGate:
             pages = {source: self._scrape(url) for source, url in self.urls.items()}
             obs = parse_pages(pages, now, self.stale_seconds, inflight, self.mapping)
             why = ""
+            if not self._kv_seen and ENGINE in pages:  # the ceiling follows the co-located engine's KV pool
+                self._size(pages[ENGINE])
         except MetricsError as exc:
             obs, why = Observation.failed(inflight), str(exc)
         before = self.state
         self.state = self.controller.step(before, obs, now)
         self._export(before, obs, why)
         return self.state.target
+
+    def _size(self, text: str) -> None:
+        """Once the engine shows its KV capacity: the ceiling it allows (the target is clamped under it)."""
+        kv = kv_capacity_tokens(text)
+        if kv is None:
+            return
+        self._kv_seen = True
+        ceiling = configured_ceiling(self.settings, kv)
+        if ceiling != self.controller.config.max_target:
+            log.info("gate ceiling %d (engine: %d KV tokens, %d slots)", ceiling, kv, self.settings.max_num_seqs)
+            self.controller = AimdController(AimdConfig.from_settings(self.settings, ceiling))
+            self.state = dataclasses.replace(self.state, target=min(self.state.target, ceiling))
+            CEILING.set(ceiling)
 
     def _scrape(self, url: str) -> str:
         try:
@@ -184,8 +240,35 @@ class AimdGate:
             )
 
 
-def make_gate(settings: Settings) -> Gate:
+class SteppedGate:
+    """An AimdGate stepped on a thread of its own, so a slow or hanging scrape never holds up the claim loop:
+    ``poll`` answers the last target at once. A change of target wakes the claim loop and the waiting tasks."""
+
+    def __init__(self, gate: AimdGate, book: LeaseBook):
+        self.gate, self.book = gate, book
+
+    def poll(self, now: float, inflight: int) -> int:
+        return self.gate.state.target
+
+    def runner(self, stopping: threading.Event) -> t.Callable[[], None]:
+        def run() -> None:
+            while not stopping.is_set():
+                before = self.gate.state.target
+                try:
+                    target = self.gate.poll(time.time(), self.book.outstanding())
+                except Exception:  # a bug in a step must not stop the scrapes: the target stays where it was
+                    log.exception("gate step failed")
+                    target = before
+                if target != before:
+                    self.book.set_target(target)
+                    self.book.released.set()
+                stopping.wait(self.gate.period)
+
+        return run
+
+
+def make_gate(settings: Settings, session: requests.Session | None = None) -> Gate:
     """The gate ``TIDAL_GATE_MODE`` names (Settings admits only ``aimd`` and ``fixed``)."""
     if settings.gate_mode == "fixed":
-        return FixedGate(settings.max_inflight)
-    return AimdGate(settings)
+        return FixedGate(configured_ceiling(settings))
+    return AimdGate(settings, session)

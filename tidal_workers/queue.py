@@ -256,18 +256,6 @@ redis.call('DEL', KEYS[4])
 return 1
 """
 
-EXPIRE = """
--- KEYS[1] = tidal:inflight  KEYS[2] = tidal:node:{node}:inflight  KEYS[3] = tidal:lease
--- ARGV[1] = item id  ARGV[2] = lease
--- Ends a lease now if ARGV[2] is still current, so the next RECLAIM requeues its item. Returns 1, or 0 if stale.
-if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
-  return 0
-end
-redis.call('ZADD', KEYS[1], 'XX', 0, ARGV[1])
-redis.call('ZADD', KEYS[2], 'XX', 0, ARGV[1])
-return 1
-"""
-
 RECLAIM = (
     _PLACEMENT
     + """
@@ -298,6 +286,31 @@ for _, id in ipairs(expired) do
   end
 end
 return out
+"""
+)
+
+GIVE_BACK = (
+    _PLACEMENT
+    + """
+-- KEYS[1] = tidal:inflight  KEYS[2] = tidal:node:{node}:inflight  KEYS[3] = tidal:lease
+-- ARGV[1] = item id  ARGV[2] = lease
+-- A claim that never reached the engine goes back to its batch's ready set at its ordinal, and the batch back into
+-- the claim structure where its hash places it, if ARGV[2] is still its lease; an item of a dropped batch is
+-- abandoned. Returns {1 = requeued / 2 = abandoned / 0 = the lease was not current, batch id or ''}.
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+  return {0, ''}
+end
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+local f = redis.call('HMGET', K.item(ARGV[1]), 'batch', 'ord')
+if not (f[1] and redis.call('EXISTS', K.batch(f[1])) == 1) then
+  redis.call('DEL', K.item(ARGV[1]))
+  return {2, f[1] or ''}
+end
+redis.call('ZADD', K.ready(f[1]), f[2], ARGV[1])
+link(f[1])
+return {1, f[1]}
 """
 )
 
@@ -417,7 +430,7 @@ class Queue:
         self._renew = client.register_script(RENEW)
         self._complete = client.register_script(COMPLETE)
         self._reclaim = client.register_script(RECLAIM)
-        self._expire = client.register_script(EXPIRE)
+        self._give_back = client.register_script(GIVE_BACK)
         self._rescore = client.register_script(RESCORE)
         self._drop = client.register_script(DROP)
         self._batch_inflight = client.register_script(BATCH_INFLIGHT)
@@ -504,10 +517,14 @@ class Queue:
             )
         )
 
-    def expire(self, item_id: int, lease: str) -> bool:
-        """End ``lease`` now, if still current, for the next reclaim to requeue its item (an engine outage)."""
+    def give_back(self, item_id: int, lease: str) -> Reclaimed | None:
+        """Requeue a claim that never reached the engine, if ``lease`` is current (None if not); the item is
+        abandoned instead if its batch was dropped. The next claim of it is a new attempt."""
         node, _ = parse_lease(lease)
-        return bool(self._expire(keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[item_id, lease]))
+        code, batch_id = self._give_back(
+            keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[item_id, lease]
+        )
+        return Reclaimed(item_id, batch_id, int(code) == 1) if int(code) else None
 
     def lease_current(self, item_id: int, lease: str) -> bool:
         return self.redis.hget(keys.LEASES, str(item_id)) == lease

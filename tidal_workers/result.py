@@ -1,21 +1,26 @@
-"""Record one item's outcome in SQL exactly once, then release its lease.
+"""Record each item's outcome in SQL exactly once, then release its lease (finalizing is the caller's to ask for).
 
 Delivery is at least once (a dead worker's item runs again), so the write is
 idempotent: ``UPDATE items ... WHERE status = 'pending'`` lets the first write
 win, and a result under a lease that is no longer current is dropped before it
-gets there. request_counts and billed usage move in the same transaction.
+gets there. request_counts and billed usage move in the same transaction. A
+worker writes through its ``ResultWriter``: outcomes that arrive together share
+one transaction, so a batch's row is updated once per group, not per item.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 import time
+import typing as t
+from concurrent.futures import Future
 
 import prometheus_client
-from sqlalchemy import select
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
-from tidal_workers.finalize import maybe_finalize
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.queue import parse_lease
 from tidal_workers.runtime import Runtime
@@ -46,55 +51,136 @@ class Outcome:
     usage: Usage = Usage()
 
 
-def record(rt: Runtime, item_id: int, batch_id: str, lease: str, outcome: Outcome) -> bool:
-    """Write ``outcome`` if ``lease`` is current and the item still pending; True if this call wrote it."""
-    if not rt.queue.lease_current(item_id, lease):
-        return False
-    now = int(time.time())
-    completed = outcome.status is ItemStatus.completed
-    usage = outcome.usage
-    with rt.store.transaction() as s:
-        # Lock the batch row first, as finalize does, so the two never deadlock on PostgreSQL.
-        s.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
-        written = (
-            rows_updated(
-                s,
-                update(Item)
-                .where(Item.id == item_id, Item.status == ItemStatus.pending.value)
-                .values(
-                    status=outcome.status.value,
-                    attempts=parse_lease(lease)[1],
-                    response_status=outcome.response_status,
-                    request_id=outcome.request_id,
-                    response_body=outcome.body,
-                    error_code=outcome.error_code,
-                    error_message=outcome.error_message,
-                    finished_at=now,
-                    input_tokens=usage.input_tokens,
-                    cached_tokens=usage.cached_tokens,
-                    output_tokens=usage.output_tokens,
-                    reasoning_tokens=usage.reasoning_tokens,
-                ),
-            )
-            == 1
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One attempt's outcome to write."""
+
+    item_id: int
+    batch_id: str
+    lease: str
+    outcome: Outcome
+
+
+def _write_item(s: Session, e: Entry, now: int) -> bool:
+    """The item's conditional UPDATE: True if it was still pending, i.e. this write is the first."""
+    usage = e.outcome.usage
+    stmt = (
+        update(Item)
+        .where(Item.id == e.item_id, Item.status == ItemStatus.pending.value)
+        .values(
+            status=e.outcome.status.value,
+            attempts=parse_lease(e.lease)[1],
+            response_status=e.outcome.response_status,
+            request_id=e.outcome.request_id,
+            response_body=e.outcome.body,
+            error_code=e.outcome.error_code,
+            error_message=e.outcome.error_message,
+            finished_at=now,
+            input_tokens=usage.input_tokens,
+            cached_tokens=usage.cached_tokens,
+            output_tokens=usage.output_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
         )
-        if written and completed:  # only completed items are billed
+    )
+    return rows_updated(s, stmt) == 1
+
+
+def write_outcomes(rt: Runtime, entries: list[Entry]) -> list[bool]:
+    """Write a group of outcomes in one transaction; for each, True if it was the first write of its item.
+
+    Items first, then one counter UPDATE per batch (in batch-id order) for the whole group: a batch's row is
+    locked once per group and only for the statement before the commit, never while each item is written.
+    finalize takes items before its batch too, so the two never deadlock on PostgreSQL.
+    """
+    now = int(time.time())
+    with rt.store.transaction() as s:
+        written = [_write_item(s, e, now) for e in entries]
+        counts: dict[str, list[Entry]] = {}
+        for e, first in zip(entries, written):
+            if first:
+                counts.setdefault(e.batch_id, []).append(e)
+        for batch_id in sorted(counts):
+            done = [e.outcome.usage for e in counts[batch_id] if e.outcome.status is ItemStatus.completed]
             s.execute(
                 update(Batch)
                 .where(Batch.id == batch_id)
                 .values(
-                    completed=Batch.completed + 1,
-                    input_tokens=Batch.input_tokens + usage.input_tokens,
-                    cached_tokens=Batch.cached_tokens + usage.cached_tokens,
-                    output_tokens=Batch.output_tokens + usage.output_tokens,
-                    reasoning_tokens=Batch.reasoning_tokens + usage.reasoning_tokens,
+                    completed=Batch.completed + len(done),  # only completed items are billed
+                    failed=Batch.failed + len(counts[batch_id]) - len(done),
+                    input_tokens=Batch.input_tokens + sum(u.input_tokens for u in done),
+                    cached_tokens=Batch.cached_tokens + sum(u.cached_tokens for u in done),
+                    output_tokens=Batch.output_tokens + sum(u.output_tokens for u in done),
+                    reasoning_tokens=Batch.reasoning_tokens + sum(u.reasoning_tokens for u in done),
                 )
             )
-        elif written:
-            s.execute(update(Batch).where(Batch.id == batch_id).values(failed=Batch.failed + 1))
-    if written and completed:
-        HARVESTED.labels("input").inc(usage.input_tokens)
-        HARVESTED.labels("output").inc(usage.output_tokens)
-    rt.queue.complete(item_id, lease)
-    maybe_finalize(rt, batch_id)
+    for e, first in zip(entries, written):
+        if first and e.outcome.status is ItemStatus.completed:
+            HARVESTED.labels("input").inc(e.outcome.usage.input_tokens)
+            HARVESTED.labels("output").inc(e.outcome.usage.output_tokens)
     return written
+
+
+#: Writes one group of outcomes; ``write_outcomes`` bound to a Runtime, or a ResultWriter's group commit.
+Write = t.Callable[[list[Entry]], list[bool]]
+
+
+def record(rt: Runtime, item_id: int, batch_id: str, lease: str, outcome: Outcome, write: Write | None = None) -> bool:
+    """Write ``outcome`` if ``lease`` is current and the item still pending, then release the lease; True if this
+    call wrote it. ``write``: a worker's ResultWriter; by default a transaction of its own."""
+    if not rt.queue.lease_current(item_id, lease):
+        return False
+    entry = Entry(item_id, batch_id, lease, outcome)
+    (written,) = (write or functools.partial(write_outcomes, rt))([entry])
+    rt.queue.complete(item_id, lease)
+    return written
+
+
+class ResultWriter:
+    """Group commit for one worker process: outcomes that arrive while a group is being written go out together
+    in the next transaction (one commit, one counter UPDATE per batch), and each caller returns once its own
+    outcome is durable. An idle writer writes an arriving outcome at once: nothing waits to form a group."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self._cond = threading.Condition()
+        self._queue: list[tuple[Entry, Future[bool]]] = []
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    def write(self, entries: list[Entry]) -> list[bool]:
+        futures: list[Future[bool]] = [Future() for _ in entries]
+        with self._cond:
+            if self._closing:  # a straggler after shutdown began: its own transaction
+                return write_outcomes(self.rt, entries)
+            self._queue += zip(entries, futures)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tidal-results", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Stop the writer thread once what is queued is written (the worker is shutting down)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(30)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                group, self._queue = self._queue, []
+            try:
+                written = write_outcomes(self.rt, [e for e, _ in group])
+            except BaseException as exc:  # every caller of the group sees the failure, as with its own write
+                for _, future in group:
+                    future.set_exception(exc)
+                continue
+            for (_, future), first in zip(group, written):
+                future.set_result(first)

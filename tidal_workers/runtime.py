@@ -11,7 +11,9 @@ from __future__ import annotations
 import functools
 
 import redis
+import requests
 from celery import Celery
+from requests.adapters import HTTPAdapter
 
 from config import Settings
 from config.celery import sending_app
@@ -45,6 +47,17 @@ class Runtime:
         return Queue(self.redis)
 
     @functools.cached_property
+    def http(self) -> requests.Session:
+        """The process's one pooled HTTP client (the engine's POSTs and its /metrics): connections are reused,
+        and the pool holds one per worker thread so no POST waits for a connection or opens one per request."""
+        session = requests.Session()
+        size = self.settings.worker_threads + 2  # the task threads, the gate's scrape, one spare
+        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=size)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        return session
+
+    @functools.cached_property
     def celery(self) -> Celery:
         """The app to send tasks with: the worker's own inside a worker, else a sending-only one."""
         return sending_app(self.settings)
@@ -54,5 +67,7 @@ class Runtime:
             self.store.dispose()
         if "redis" in self.__dict__:
             self.redis.close()
+        if "http" in self.__dict__:
+            self.http.close()
         if "celery" in self.__dict__ and self._owns_celery:
             self.celery.close()

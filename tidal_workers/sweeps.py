@@ -43,19 +43,12 @@ def expire_due(rt: Runtime, now: float | None = None) -> list[str]:
 
 
 def reclaim(rt: Runtime) -> int:
-    """Requeue items whose lease expired; settle batches whose abandoned items were the last in flight."""
+    """Requeue items whose lease expired; ask the ops worker to settle batches whose abandoned items were the last
+    in flight (a GPU node's renewal thread runs this too, and must not write a batch's files)."""
     reclaimed = rt.queue.reclaim_expired()
     for batch_id in {r.batch_id for r in reclaimed if not r.requeued and r.batch_id}:
-        finalize.maybe_finalize(rt, batch_id)
+        finalize.request_finalize(rt, batch_id)
     return len(reclaimed)
-
-
-def give_back(rt: Runtime, item_id: int, lease: str) -> bool:
-    """Requeue one leased item now, with no retry spent (its engine is down); False if the lease was stale."""
-    if not rt.queue.expire(item_id, lease):
-        return False
-    reclaim(rt)
-    return True
 
 
 def reconcile(rt: Runtime, now: float | None = None) -> int:
@@ -96,6 +89,14 @@ def reconcile(rt: Runtime, now: float | None = None) -> int:
     for batch_id in finalizing:
         finalize.finish_finalizing(rt, batch_id)
     return queued
+
+
+# A request is sent once, by the item task that settled the batch's last item: a transient failure (the SQL store
+# busy or restarting) is retried here, so the batch does not wait for beat's reconcile.
+@shared_task(name=task_names.FINALIZE, bind=True, autoretry_for=(Exception,), retry_backoff=1, max_retries=8)
+def finalize_task(self: Task, batch_id: str) -> bool:
+    """An item task found its batch's work over (or the batch cancelling): settle it here, on the ops worker."""
+    return finalize.maybe_finalize(worker_context(self.app).rt, batch_id)
 
 
 @shared_task(name=task_names.SWEEP_EXPIRE, bind=True)

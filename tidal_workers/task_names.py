@@ -15,6 +15,9 @@ OPS_QUEUE = "tidal.ops"
 RUN_ITEM = "tidal.run_item"
 #: Validate a large input file and create its items (the API sends it; reconcile resends it).
 INGEST = "tidal.ingest"
+#: Settle one batch whose work may be over (``finalize.maybe_finalize``), sent to ``OPS_QUEUE`` by the item task
+#: that released its batch's last lease: finalization never runs on a GPU node's claim path.
+FINALIZE = "tidal.finalize"
 #: Beat's periodic sweeps (``sweeps.py``), sent to ``OPS_QUEUE``.
 SWEEP_EXPIRE = "tidal.sweep.expire"
 SWEEP_RECLAIM = "tidal.sweep.reclaim"

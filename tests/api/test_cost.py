@@ -7,6 +7,7 @@ import json
 import pytest
 from api_helpers import request_line
 
+from tidal_workers.finalize import maybe_finalize
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome
 from tidal_workers.result import record
@@ -26,6 +27,7 @@ def _finish(rt, n: int, outcomes: list[Outcome]) -> None:
     assert len(claims) == n
     for claim, outcome in zip(claims, outcomes):
         assert record(rt, claim.item_id, claim.batch_id, claim.lease, outcome)
+    maybe_finalize(rt, claims[0].batch_id)  # the ops worker's part, once the last item settled
 
 
 def test_cost_bills_only_completed_items_at_the_discount(rt, acme, batch_file):

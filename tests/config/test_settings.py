@@ -159,7 +159,7 @@ def test_a_bad_api_key_entry_fails_at_load_and_never_echoes_a_key(keys, why):
         ({"TIDAL_GATE_MODE": "adaptive"}, "TIDAL_GATE_MODE='adaptive': must be one of aimd, fixed."),
         ({"TIDAL_KV_LOW": "0.9"}, "TIDAL_KV_LOW=0.9 exceeds TIDAL_KV_HIGH=0.85"),
         ({"TIDAL_KV_HIGH": "1.5"}, "TIDAL_KV_HIGH=1.5: must be at least 0 and at most 1 (default 0.85)."),
-        ({"TIDAL_MIN_INFLIGHT": "5"}, "TIDAL_MIN_INFLIGHT=5 exceeds TIDAL_MAX_INFLIGHT=4"),
+        ({"TIDAL_MIN_INFLIGHT": "5", "TIDAL_MAX_INFLIGHT": "4"}, "TIDAL_MIN_INFLIGHT=5 exceeds TIDAL_MAX_INFLIGHT=4"),
         ({"TIDAL_SCHED_H_MIN": "0.5"}, "TIDAL_SCHED_H_MIN=0.5 exceeds TIDAL_SCHED_H_MAX=0.3"),
         ({"TIDAL_API_WORKERS": "0"}, "TIDAL_API_WORKERS=0: must be at least 1 (default 2)."),
         ({"TIDAL_LEASE_SECONDS": "0"}, "TIDAL_LEASE_SECONDS=0.0: must be above 0 (default 30.0)."),

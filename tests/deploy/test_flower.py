@@ -48,6 +48,7 @@ def test_flower_shows_a_finished_item_task(rt, settings, live_api, children, tmp
         what="Flower to answer",
     )
     children.append(spawn(settings, "worker", "--loglevel=warning", log=tmp_path / "worker.log"))
+    children.append(spawn(settings, "worker", "--ops", "--loglevel=warning", log=tmp_path / "ops.log"))  # finalizes
 
     batch_id = upload_batch(live_api.url, 3, tag="f")
     wait_for(lambda: batch_row(rt, batch_id).status == "completed", timeout=30, what="the batch to complete")

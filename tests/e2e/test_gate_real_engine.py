@@ -1,23 +1,48 @@
-"""The AIMD gate driven by the real engine's /metrics under an online burst (issue 4, item 6)."""
+"""The AIMD gate driven by the real engine's /metrics under an online burst (issue 4, item 6).
+
+The test drives the gate itself, one poll per scrape on a clock it advances by one period per poll (the
+controller's time), so it counts scrapes, not seconds: nothing depends on how fast a loaded machine runs. A
+backlog of batch requests (priority 100) is kept in flight at the gate's target, as the claim loop would; the
+burst is online requests (priority 0) the test sends straight to vLLM, and the test waits until /metrics shows
+them waiting before it counts scrapes. The gate's scrape timeout is half a period of real time (5 s here), so a
+slow /metrics on a busy machine is still a reading, not a failsafe.
+
+This replaces a trace on the wall clock (1 Hz scrapes, a burst at 3.5 s) that failed on a clean machine when the
+burst had not reached /metrics by the time it looked. The wall-clock trace is `tidal bench gate`.
+"""
 
 from __future__ import annotations
+
+import os
+import threading
+import time
 
 import pytest
 
 from config import load_settings
+from tidal_workers.bench import engine_stats
 from tidal_workers.bench import gate_trace
+from tidal_workers.gate import AimdGate
+from tidal_workers.gate import FixedGate
 from tidal_workers.policy.aimd import GROW
+from tidal_workers.policy.aimd import HALVE
 from tidal_workers.policy.aimd import HOLD
 
 pytestmark = pytest.mark.engine
 
 MAX_INFLIGHT = 4
+PERIOD = 10.0  # seconds of the gate's clock per poll; its scrape timeout is half of that, in real time
+# 24 online requests against 8 slots: 16 or more of them wait in vLLM for seconds, and 8 running ones with
+# ~400-token prompts overfill the 3,072-token KV pool.
+BURST_REQUESTS, BURST_MAX_TOKENS = 24, 384
+BURST_VISIBLE = 8  # waiting requests beyond the batch backlog's that show the burst is in the engine's queue
+RECOVERY_SCRAPES = 30  # the EWMAs decay in about 6 scrapes, then the target grows back one per scrape
 
 
 def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(tiny_engine):
-    # The default controller (1 Hz scrapes; each scrape may take half a period), starting at its ceiling.
     settings = load_settings().replace(
-        scrape_seconds=1.0,
+        vllm_url=tiny_engine.url,
+        scrape_seconds=PERIOD,
         ewma_alpha=0.5,
         kv_high=0.85,
         kv_low=0.70,
@@ -25,34 +50,71 @@ def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(tiny_engine)
         min_inflight=0,
         max_inflight=MAX_INFLIGHT,
         initial_inflight=MAX_INFLIGHT,
-        metrics_stale_seconds=5.0,
+        metrics_stale_seconds=3 * PERIOD,
     )
-    # 24 online requests against 8 slots: most of them wait in vLLM for a second or more, and 8 running ones
-    # with ~400-token prompts overfill the 3,072-token KV pool, for 3-5 s on this machine. Recovery after the burst takes about 4 periods
-    # for the waiting EWMA to decay and 4 to grow back to the ceiling: 26 s leaves room for a slow machine.
-    cfg = gate_trace.GateTraceConfig(
-        engine_url=tiny_engine.url,
-        model=tiny_engine.model,
-        duration=26.0,
-        burst_at=3.5,
-        burst_requests=24,
-        burst_max_tokens=384,
-        batch_max_tokens=64,
-    )
-    trace = gate_trace.run(cfg, settings)
-    summary = trace.summary()
-    print(f"gate trace: {summary}")
+    engine_stats.wait_until(tiny_engine.url, lambda r: r.running == r.waiting == 0, 120, "an idle engine")
+    gate = AimdGate(settings)
+    backlog_gate = FixedGate(MAX_INFLIGHT)
+    scrapes: list[tuple[int, str]] = []  # (target, decision) per scrape
 
-    assert summary["burst_errors"] == 0 and summary["batch_errors"] == 0, trace.batch_errors[:3]
-    assert summary["batch_completed"] > 0
-    before = [s for s in trace.scrapes if s.at < trace.burst_start]
-    assert len(before) >= 3 and all(s.target == MAX_INFLIGHT and s.decision in (GROW, HOLD) for s in before)
+    with gate_trace.Trickle(tiny_engine.url, tiny_engine.model, backlog_gate, max_tokens=64) as backlog:
 
-    seen = trace.pressure_seen()
-    assert seen is not None, "the burst never showed up in /metrics"
-    assert seen.at <= trace.burst_end + settings.scrape_seconds  # the pressure was the burst's
-    assert summary["scrapes_seen_to_halving"] is not None and summary["scrapes_seen_to_halving"] <= 2, summary
-    assert summary["min_target_in_burst"] <= MAX_INFLIGHT // 2
+        def scrape() -> tuple[int, str]:
+            """One poll of the gate at the next period of its clock; the backlog follows its target."""
+            backlog_gate.target = gate.poll(len(scrapes) * PERIOD, backlog.inflight)
+            scrapes.append((gate.state.target, gate.state.decision))
+            return scrapes[-1]
 
-    assert summary["recovered_s"] is not None, f"target never returned to {MAX_INFLIGHT} after the burst: {summary}"
-    assert trace.scrapes[-1].target == MAX_INFLIGHT
+        def wait_backlog(timeout: float = 120.0) -> None:
+            """Until the backlog fills the target (the gate grows only while it is in use)."""
+            deadline = time.monotonic() + timeout
+            while backlog.inflight < backlog_gate.target - 1:
+                assert time.monotonic() < deadline, (
+                    f"backlog {backlog.inflight} in flight, target {backlog_gate.target}"
+                )
+                time.sleep(0.01)
+
+        for _ in range(3):
+            wait_backlog()
+            target, decision = scrape()
+            assert target == MAX_INFLIGHT and decision in (GROW, HOLD), (scrapes, gate.state)
+
+        answered: list[gate_trace.BurstRequest] = []
+        burst = threading.Thread(
+            target=lambda: answered.extend(
+                gate_trace.burst(
+                    tiny_engine.url, tiny_engine.model, BURST_REQUESTS, gate_trace.BURST_PROMPT, BURST_MAX_TOKENS, 0.0
+                )
+            )
+        )
+        burst.start()
+        seen = engine_stats.wait_until(
+            tiny_engine.url,
+            lambda r: r.waiting - backlog.inflight >= BURST_VISIBLE,
+            120,
+            f"{BURST_VISIBLE} online requests waiting",
+        )
+        before_burst = len(scrapes)
+        for _ in range(2):
+            if scrape()[1] == HALVE:
+                break
+        assert HALVE in (d for _, d in scrapes[before_burst:]), (
+            f"the gate did not halve within 2 scrapes of the burst showing in /metrics ({seen}); "
+            f"scrapes {scrapes[before_burst:]}, state {gate.state}, load average {os.getloadavg()}"
+        )
+        assert gate.state.target <= MAX_INFLIGHT // 2
+
+        burst.join(240)
+        assert not burst.is_alive() and len(answered) == BURST_REQUESTS
+        assert not [b.error for b in answered if b.error], [b.error for b in answered if b.error][:3]
+        after_burst = len(scrapes)
+        while gate.state.target < MAX_INFLIGHT:
+            assert len(scrapes) - after_burst < RECOVERY_SCRAPES, (
+                f"target not back to {MAX_INFLIGHT} within {RECOVERY_SCRAPES} scrapes after the burst: "
+                f"{scrapes[after_burst:]}, state {gate.state}"
+            )
+            wait_backlog()
+            scrape()
+    print(f"gate scrapes (target, decision): {scrapes}")
+    assert not backlog.errors, backlog.errors[:3]
+    assert backlog.completed > 0

@@ -1,11 +1,11 @@
-"""Fixtures for the engine area: the tiny model (built once, cached), the real
-vLLM scheduler built in-process from that model's VllmConfig, and one real
-vLLM-CPU server per session for the tests that need it.
+"""Fixtures for the engine area: the tiny model (built once, cached) and the real
+vLLM scheduler built in-process from that model's VllmConfig. The real vLLM-CPU
+server with the plugin is tests/conftest.py's `tiny_plugin_engine`, one per
+session for every area that needs it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -24,11 +24,6 @@ from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 from vllm.v1.structured_output import StructuredOutputManager
 
 from config import load_settings
-from tidal_engine.serve import Engine
-from tidal_engine.serve import EngineOptions
-from tidal_engine.serve import free_port
-from tidal_engine.serve import scheduler_env
-from tidal_engine.serve import start_engine
 from tidal_engine.tiny import build_tiny
 
 
@@ -84,25 +79,3 @@ def make_scheduler(vllm_config_factory):
         )
 
     return make
-
-
-@dataclasses.dataclass(frozen=True)
-class PluginServer:
-    engine: Engine
-    metrics_url: str  # TidalScheduler's own endpoint in the engine-core process
-
-
-@pytest.fixture(scope="session")
-def plugin_server(tiny_model, tmp_path_factory):
-    """One real vLLM-CPU server per session, serving the tiny model with TidalScheduler loaded."""
-    metrics_port = free_port()
-    engine = start_engine(
-        # A 6 MB KV pool (about 5,800 float32 tokens of the tiny model) lets a test fill it.
-        EngineOptions(
-            str(tiny_model), served_model_name="tiny", tidal_scheduler=True, max_num_seqs=16, kv_cache_bytes="6M"
-        ),
-        log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
-        env=scheduler_env(load_settings().replace(sched_metrics_port=metrics_port)),
-    )
-    yield PluginServer(engine, f"http://127.0.0.1:{metrics_port}/metrics")
-    engine.stop()

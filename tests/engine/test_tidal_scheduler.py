@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 
 import numpy as np
+import pytest
 from engine_steps import make_request
 from engine_steps import run_step
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -138,7 +141,7 @@ def test_batch_admission_stops_above_one_minus_h(make_scheduler):
     out = run_step(s)
     assert not s.last_plan.admit_batch and s.last_plan.hidden == ["new-batch"]
     assert "online" in out.num_scheduled_tokens and "new-batch" not in out.num_scheduled_tokens
-    assert s.last_plan.evicted is None
+    assert s.last_plan.evict is None
     assert any(r.request_id == "new-batch" for r in s.waiting)  # hidden, then put back
 
 
@@ -158,7 +161,7 @@ def test_eviction_above_one_minus_half_h_takes_the_cheapest(make_scheduler):
     assert s.get_kv_cache_usage() > 0.85
 
     out = run_step(s)
-    assert s.last_plan.evicted == "cached"
+    assert s.last_plan.evict == "cached"
     assert out.preempted_req_ids == {"cached"}
     assert {r.request_id for r in s.running} == {"b", "c", "live"}
     assert "cached" in s.last_plan.hidden  # not re-admitted in the step that evicted it
@@ -167,8 +170,11 @@ def test_eviction_above_one_minus_half_h_takes_the_cheapest(make_scheduler):
 def test_plugin_overhead_per_step(make_scheduler):
     """The gate's cost over the stock scheduler, 16 running requests (reported in docs/engine.md).
 
-    Rounds alternate between the two so a load spike from other processes
-    hits both; the best round of each is compared.
+    Measured in this thread's CPU time, not wall-clock time, so that other processes on a busy machine (the
+    suite runs beside a CPU burner in CI's proof) do not count; rounds alternate between the two and the best
+    round of each is compared. On the idle machine the gate adds about 20 % (docs/engine.md); the bound is 2x so
+    that cache contention with a busy neighbour does not fail it, while an accidental sort or scan of the whole
+    waiting queue per step, the regression this guards against, still would.
     """
     schedulers = {"stock": make_scheduler(Scheduler), "tidal": make_scheduler(TidalScheduler, settings=settings())}
     best = dict.fromkeys(schedulers, float("inf"))
@@ -178,10 +184,116 @@ def test_plugin_overhead_per_step(make_scheduler):
         run_step(s)
     for _ in range(5):
         for name, s in schedulers.items():
-            started = time.perf_counter()
+            started = time.thread_time()
             for _ in range(100):
                 run_step(s)
-            best[name] = min(best[name], (time.perf_counter() - started) / 100)
-    print(f"per step: stock {best['stock'] * 1e6:.0f} µs, TidalScheduler {best['tidal'] * 1e6:.0f} µs")
+            best[name] = min(best[name], (time.thread_time() - started) / 100)
+    measured = (
+        f"CPU time per step: stock {best['stock'] * 1e6:.0f} µs, TidalScheduler {best['tidal'] * 1e6:.0f} µs "
+        f"(load average {os.getloadavg()})"
+    )
+    print(measured)
     assert all(len(s.running) == 16 for s in schedulers.values())  # every round measured full steps
-    assert best["tidal"] < 1.5 * best["stock"]
+    assert best["tidal"] < 2 * best["stock"], measured
+
+
+def test_planning_changes_nothing_and_eviction_is_its_own_phase(make_scheduler):
+    """_plan decides the victim, the cap and the parked requests; only the phases after it act on them."""
+    s = make_scheduler(TidalScheduler, num_blocks=101, settings=fixed_h(0.3).replace(sched_static_cap_frac=1.0))
+    for name, size in (("a", 540), ("b", 400), ("c", 450)):
+        s.add_request(make_request(name, size, priority=1, max_tokens=50))
+    s.add_request(make_request("live", 16, priority=0, max_tokens=50))
+    run_step(s)
+    assert s.get_kv_cache_usage() > 0.85
+    running = [r.request_id for r in s.running]
+    waiting = [r.request_id for r in s.waiting]
+
+    plan = s._plan()
+    assert plan.evict == "b"  # the fewest computed tokens, none of them from the prefix cache
+    assert [r.request_id for r in s.running] == running and [r.request_id for r in s.waiting] == waiting
+    assert plan.context == sum(r.num_computed_tokens for r in s.running if r.request_id != "b")
+
+    s._evict(plan, time.monotonic())
+    assert "b" not in {r.request_id for r in s.running} and "b" in {r.request_id for r in s.waiting}
+
+
+class ForgetsParked(TidalScheduler):
+    """A gate bug on purpose: parked requests are not put back."""
+
+    @contextlib.contextmanager
+    def _gated(self, plan):
+        with super()._gated(plan):
+            yield
+        for request_id in plan.parked:
+            self.running.remove(self.requests[request_id])
+
+
+def test_the_end_of_step_check_catches_a_request_left_parked(make_scheduler):
+    s = make_scheduler(ForgetsParked, settings=settings())
+    for i in range(2):
+        s.add_request(make_request(f"batch-{i}", 1500, priority=1, max_tokens=8))
+    run_step(s)
+    s.add_request(make_request("online", 16, priority=0, max_tokens=8))
+    with pytest.raises(AssertionError, match="parked requests not restored"):
+        run_step(s)
+
+
+def test_every_step_stays_inside_its_plan(make_scheduler):
+    """Random online and batch arrivals on a small pool: the accounting identities hold on every step.
+
+    The total never passes the token budget; batch never passes X except by online's unused reservation
+    (online prompts that hit the prefix cache); online gets all it asks for while slots and KV allow; parked
+    requests are not scheduled and are back in ``running`` after the step; the exported counters add up.
+    """
+    s = make_scheduler(TidalScheduler, num_blocks=301, settings=settings(), max_num_seqs=8)
+    rng = np.random.default_rng(14)
+    shared = [3] * 64  # a prefix some online prompts share: their reservation is loose by what the cache returns
+    totals = {"batch": 0, "online": 0, "over": 0, "deferred": 0, "capped": 0}
+    for step in range(300):
+        if rng.random() < 0.3:
+            size = int(rng.integers(8, 80))
+            prompt = shared + [int(x) for x in rng.integers(0, 250, size)] if rng.random() < 0.5 else size
+            s.add_request(make_request(f"online-{step}", prompt, priority=0, max_tokens=int(rng.integers(1, 16))))
+        if rng.random() < 0.2:
+            size = int(rng.integers(200, 1200))
+            s.add_request(make_request(f"batch-{step}", size, priority=int(rng.integers(1, 100)), max_tokens=16))
+        out = run_step(s)
+        plan = s.last_plan
+        assert out.total_num_scheduled_tokens == plan.online_scheduled + plan.batch_scheduled <= plan.token_budget
+        assert plan.online_scheduled <= plan.online_demand
+        assert plan.batch_scheduled <= plan.batch_cap + (plan.online_demand - plan.online_scheduled)
+        assert plan.batch_over_cap <= plan.online_demand - plan.online_scheduled
+        assert not set(plan.parked) & set(out.num_scheduled_tokens)
+        assert set(plan.parked) <= {r.request_id for r in s.running}
+        assert not plan.online_preempted and not set(out.preempted_req_ids) & {i for i in s.requests if "online" in i}
+        totals["batch"] += plan.batch_scheduled
+        totals["online"] += plan.online_scheduled
+        totals["over"] += plan.batch_over_cap
+        totals["deferred"] += plan.online_deferred
+        totals["capped"] += plan.batch_capped
+    sample = s.tidal_metrics.registry.get_sample_value
+    assert sample("tidal_sched_batch_tokens_total") == totals["batch"] > 0
+    assert sample("tidal_sched_online_tokens_total") == totals["online"] > 0
+    assert sample("tidal_sched_batch_over_cap_tokens_total") == totals["over"]
+    assert sample("tidal_sched_online_deferred_tokens_total") == totals["deferred"]
+    assert sample("tidal_sched_online_preempted_total") == 0
+    assert sample("tidal_sched_capped_steps_total") == totals["capped"] > 0  # the cap bound, not vacuous
+    assert sample("tidal_sched_steps_total") == 300
+
+
+def test_online_waiting_for_a_slot_is_deferred_not_displaced(make_scheduler):
+    """Every slot held by batch: the online request waits for one (vLLM issue #40004, the gate's job), which the
+    plugin counts as deferred online tokens; once a slot frees it is admitted ahead of every waiting batch one."""
+    s = make_scheduler(TidalScheduler, settings=settings(), max_num_seqs=2)
+    for i in range(3):
+        s.add_request(make_request(f"batch-{i}", 32, priority=1, max_tokens=4))
+    run_step(s)
+    s.add_request(make_request("online", 40, priority=0, max_tokens=4))
+    out = run_step(s)
+    assert "online" not in out.num_scheduled_tokens
+    assert s.last_plan.online_deferred == 40 and s.last_plan.batch_over_cap == 0
+    while "online" not in out.num_scheduled_tokens:
+        out = run_step(s)
+    assert out.num_scheduled_tokens["online"] == 40  # its whole prompt, in the first step a slot freed
+    assert out.scheduled_new_reqs[0].req_id == "online"  # admitted ahead of batch-2
+    assert s.last_plan.online_deferred == 0

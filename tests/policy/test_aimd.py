@@ -15,6 +15,7 @@ from tidal_workers.policy.aimd import AimdConfig
 from tidal_workers.policy.aimd import AimdController
 from tidal_workers.policy.aimd import AimdState
 from tidal_workers.policy.aimd import Observation
+from tidal_workers.policy.aimd import engine_ceiling
 
 CFG = AimdConfig(kv_high=0.85, kv_low=0.70, alpha=0.5, period=1.0, min_target=0, max_target=8, initial_target=1)
 
@@ -49,9 +50,9 @@ def test_from_settings_reads_every_knob():
         max_inflight=64,
         initial_inflight=2,
     )
-    assert AimdConfig.from_settings(s) == AimdConfig(0.9, 0.5, 0.25, 2.0, 3.0, 1, 64, 2)
+    assert AimdConfig.from_settings(s, 64) == AimdConfig(0.9, 0.5, 0.25, 2.0, 3.0, 1, 64, 2)
     # a start value outside the bounds is clamped into them
-    assert AimdConfig.from_settings(s.replace(initial_inflight=100)).initial_target == 64
+    assert AimdConfig.from_settings(s.replace(initial_inflight=100), 64).initial_target == 64
 
 
 def test_config_rejects_nonsense():
@@ -185,3 +186,19 @@ def test_a_clock_stepping_back_does_not_freeze_the_controller():
     state = ctl.step(AimdState(target=8), obs(kv=0.99), 1000.0)
     assert state.target == 4
     assert ctl.step(state, obs(kv=0.99), 10.0).target == 2
+
+
+def test_online_waiting_is_exact_when_our_requests_all_run():
+    """O = 20 of ours at the engine, all running beside 8 online ones: the one waiting request is online."""
+    assert Observation(0.5, waiting=1, running=28, preemptions_total=0, batch_inflight=20).online_waiting == 1
+    assert Observation(0.5, waiting=0, running=28, preemptions_total=0, batch_inflight=20).online_waiting == 0
+    # 5 of ours cannot be running (only 15 run): at most 5 of the 7 waiting are ours
+    assert Observation(0.5, waiting=7, running=15, preemptions_total=0, batch_inflight=20).online_waiting == 2
+
+
+def test_engine_ceiling_is_the_tighter_of_slots_and_kv_less_the_online_headroom():
+    assert engine_ceiling(256, 16 * 2048, 1024, 0.25) == 24  # KV fits 32 requests, the tighter bound
+    assert engine_ceiling(16, 10**9, 1024, 0.25) == 12  # the slots are
+    assert engine_ceiling(0, 8192, 1024, 0.5) == 4  # slots unknown: KV alone
+    assert engine_ceiling(0, None, 1024, 0.25) is None  # the engine told nothing
+    assert engine_ceiling(1, None, 1024, 0.9) == 1  # never below one

@@ -111,6 +111,7 @@ def test_kill_9_of_a_worker_mid_batch_10_trials(rt, live_api, stub, settings, pr
     """Each trial kills the worker that holds leases; a survivor (and the next worker) finish the batch."""
     stub.delay = 0.4  # 24 items over two 4-slot workers: ~1.2 s of work, so the doomed one is mid-request
     procs.append(start_worker(settings, "survivor", tmp_path))
+    procs.append(start_worker(settings, "ops", tmp_path, ops=True))  # finalization runs there, as deployed
     doomed = start_worker(settings, "doomed-0", tmp_path)
     procs.append(doomed)
     recoveries = []
@@ -138,6 +139,7 @@ def test_redis_restart_without_persistence_rebuilds_the_queue_from_sql(
 ):
     stub.delay = 0.3
     procs.append(start_worker(settings, NODE, tmp_path))
+    procs.append(start_worker(settings, "ops", tmp_path, ops=True))
     batch = upload_batch(live_api.url, 40)
     wait_for(lambda: batch_row(rt, batch).completed >= 4 and rt.queue.inflight(NODE) > 0, 120, what="progress")
     done_before, in_flight = batch_row(rt, batch).completed, rt.queue.inflight(NODE)
@@ -182,6 +184,7 @@ def test_vllm_down_for_180_s_mid_batch_costs_nothing_at_default_settings(rt, liv
             vllm_url=engine.url, **{name: getattr(defaults, name) for name in OUTAGE_DEFAULTS}
         )
         procs.append(start_worker(worker_settings, NODE, tmp_path))
+        procs.append(start_worker(worker_settings, "ops", tmp_path, ops=True))
         # 40 items of exactly 128 tokens, 4 at a time: tens of seconds of work even on an idle machine, so the
         # kill lands mid-batch however fast the engine runs (12 items of 8 tokens once finished before the kill).
         batch = upload_batch(live_api.url, N_RESTART, model="tiny", max_tokens=128, ignore_eos=True)
@@ -271,6 +274,7 @@ def test_api_killed_mid_upload_leaves_no_visible_file(rt, settings, procs, tmp_p
 def test_postgres_restart_mid_batch(private_pg, rt, live_api, stub, settings, procs, tmp_path):
     stub.delay = 0.3
     procs.append(start_worker(settings, NODE, tmp_path))
+    procs.append(start_worker(settings, "ops", tmp_path, ops=True))
     batch = upload_batch(live_api.url, 40)
     wait_for(lambda: batch_row(rt, batch).completed >= 4 and rt.queue.inflight(NODE) > 0, 120, what="progress")
     done_before = batch_row(rt, batch).completed
@@ -287,9 +291,10 @@ def test_postgres_restart_mid_batch(private_pg, rt, live_api, stub, settings, pr
     )
 
 
-def test_a_task_that_fails_before_its_claim_is_booked_leaves_no_lease_behind(rt, live_api):
+def test_a_task_that_fails_before_its_claim_is_booked_leaves_no_lease_behind(rt, live_api, stub):
     """The race the PostgreSQL restart exposed: a task died on SQL before the claim thread booked its lease,
-    so the lease was booked after the task discarded it and renewed forever: the item never ran again."""
+    so the lease was booked after the task discarded it and renewed forever: the item never ran again.
+    (The stub engine is there for its /v1/models: the loop claims only the models an engine serves.)"""
     upload_batch(live_api.url, 2)
     ctx = WorkerContext(rt, LeaseBook())
 

@@ -55,6 +55,7 @@ def make_batch(rt):
         tenant: str = "acme",
         model: str = "m",
         max_tokens: int | None = None,
+        extra_body: dict | None = None,
     ) -> str:
         k = next(counter)
         now = int(time.time())
@@ -83,6 +84,7 @@ def make_batch(rt):
                 body = {"model": model, "messages": [{"role": "user", "content": cid}]}
                 if max_tokens is not None:
                     body["max_tokens"] = max_tokens
+                body.update(extra_body or {})
                 s.add(
                     Item(
                         batch_id=b.id,

@@ -13,12 +13,18 @@ from workers.worker_helpers import wait_for
 
 from tidal_engine.serve import free_port
 from tidal_workers.engine_health import EngineHealth
-from tidal_workers.execute import GIVEN_BACK
 from tidal_workers.execute import execute_item
+from tidal_workers.leases import LeaseBook
 from tidal_workers.store.models import Item
-from tidal_workers.sweeps import give_back
 
 NODE = "test-node"
+
+
+def booked(claim) -> LeaseBook:
+    """The book a claim loop would have made for this claim, its task about to start."""
+    book = LeaseBook()
+    book.add(claim.item_id, claim.lease)
+    return book
 
 
 @pytest.fixture
@@ -33,11 +39,10 @@ def test_503_with_a_failing_health_is_an_outage_not_a_retry(rt, make_batch, stub
     stub.script("b0-0", *["503"] * 5)
     (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30, models=("m",))
     engine = EngineHealth(rt.settings)
-    assert execute_item(rt, claim.item_id, claim.lease, engine) == GIVEN_BACK
+    assert execute_item(rt, booked(claim), claim.item_id, claim.lease, engine=engine) == "given_back"
     assert stub.seen("b0-0") == 1 and not engine.up  # one request, no retry: the engine is down
-    assert give_back(rt, claim.item_id, claim.lease)
     assert queued(rt, batch) == 1 and rt.queue.inflight(NODE) == 0  # back in the queue at once
-    assert not give_back(rt, claim.item_id, claim.lease)  # a stale lease gives nothing back twice
+    assert not rt.queue.lease_current(claim.item_id, claim.lease)
 
 
 def test_a_refused_connection_is_an_outage_without_a_probe(rt, make_batch, stub):
@@ -45,7 +50,8 @@ def test_a_refused_connection_is_an_outage_without_a_probe(rt, make_batch, stub)
     rt.settings = rt.settings.replace(vllm_url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
     (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30, models=("m",))
     engine = EngineHealth(rt.settings)
-    assert execute_item(rt, claim.item_id, claim.lease, engine) == GIVEN_BACK and not engine.up
+    assert execute_item(rt, booked(claim), claim.item_id, claim.lease, engine=engine) == "given_back"
+    assert not engine.up
 
 
 def test_5xx_while_health_passes_is_the_items_own_error(rt, make_batch, stub):
@@ -54,7 +60,7 @@ def test_5xx_while_health_passes_is_the_items_own_error(rt, make_batch, stub):
     stub.script("b0-0", "503", "503")  # retry_budget 1: two failures are one too many
     (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30, models=("m",))
     engine = EngineHealth(rt.settings)
-    assert execute_item(rt, claim.item_id, claim.lease, engine) == "failed"
+    assert execute_item(rt, booked(claim), claim.item_id, claim.lease, engine=engine) == "failed"
     assert engine.up and stub.seen("b0-0") == 2 and stub.health_checks == 2
 
 

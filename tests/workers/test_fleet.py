@@ -57,6 +57,8 @@ def test_batch_goes_to_the_idle_node_and_follows_the_pressure(rt, settings, make
                 log=tmp_path / f"node-{i}.log",
             )
         )
+    # Finalization runs on the ops worker, as deployed.
+    children.append(spawn(gated, "worker", "--ops", "--loglevel=warning", log=tmp_path / "ops.log"))
     wait_for(lambda: all(e.scrapes >= 2 for e in engines), timeout=60, what="both workers' gates to scrape")
 
     first = make_batch(40)
@@ -67,7 +69,7 @@ def test_batch_goes_to_the_idle_node_and_follows_the_pressure(rt, settings, make
     engines[0].metrics, engines[1].metrics = IDLE, BUSY
     seen = [e.scrapes for e in engines]
     # node-1 halves once per scrape (4 -> 2 -> 1 -> 0), node-0 grows from 0
-    wait_for(lambda: all(e.scrapes >= n + 4 for e, n in zip(engines, seen)), timeout=30, what="the gates to turn")
+    wait_for(lambda: all(e.scrapes >= n + 4 for e, n in zip(engines, seen)), timeout=120, what="the gates to turn")
     second = make_batch(40)
     b, _, err = settled(rt, second)
     assert (b.completed, err) == (40, [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -13,9 +14,9 @@ from workers.worker_helpers import queued
 from workers.worker_helpers import settled
 
 from tidal_workers.claim import ClaimLoop
-from tidal_workers.context import LeaseBook
 from tidal_workers.context import WorkerContext
 from tidal_workers.gate import FixedGate
+from tidal_workers.leases import LeaseBook
 from tidal_workers.rescore import rescore
 
 FLOOR_RATE = 4.0
@@ -24,17 +25,22 @@ FLOOR_RATE = 4.0
 @pytest.fixture
 def settings(settings):
     """The real AIMD gate, starting closed; a floor fast enough to measure in seconds."""
-    return settings.replace(gate_mode="aimd", initial_inflight=0, floor_rate=FLOOR_RATE, scrape_seconds=0.5)
+    return settings.replace(
+        gate_mode="aimd", initial_inflight=0, floor_rate=FLOOR_RATE, scrape_seconds=0.5, dispatch_prefetch=0
+    )
 
 
 def loop_for(rt, target: int, sent: list, settle: bool):
+    book = LeaseBook()
+
     def send(claims):
         sent.extend(claims)
         for c in claims if settle else ():  # an engine that answers at once: the slot is free again
             rt.queue.complete(c.item_id, c.lease)
+            book.discard(c.item_id, c.lease)
         return claims
 
-    return ClaimLoop(WorkerContext(rt, LeaseBook()), FixedGate(target), send)
+    return ClaimLoop(WorkerContext(rt, book), FixedGate(target), send)
 
 
 def urgent_pair(rt, make_batch, n: int = 100):
@@ -95,7 +101,8 @@ def test_a_batch_starved_by_online_load_still_makes_its_floor_rate(rt, make_batc
     assert len(out) == n and not err
     assert batch_row(rt, calm).completed == 0 and queued(rt, calm) == n  # the gate admitted nothing
     rate = (n - 2) / (seen_at[-1] - seen_at[1])  # from the second arrival: the first may wait on a cold worker
-    assert FLOOR_RATE / 4 <= rate <= FLOOR_RATE * 1.5, rate  # settles at the floor, not above it
+    # settles at the floor, not above it
+    assert FLOOR_RATE / 4 <= rate <= FLOOR_RATE * 1.5, f"{rate:.2f} items/s (load average {os.getloadavg()})"
 
 
 def test_the_floor_claims_nothing_while_the_engine_is_down(rt, make_batch, stub):

@@ -13,10 +13,12 @@ from workers.worker_helpers import batch_row
 from workers.worker_helpers import queued
 from workers.worker_helpers import settled
 from workers.worker_helpers import wait_for
+from workers.worker_helpers import wait_lease_expired
 
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.execute import execute_item
 from tidal_workers.finalize import maybe_finalize
+from tidal_workers.leases import LeaseBook
 from tidal_workers.result import Outcome
 from tidal_workers.result import record
 from tidal_workers.store.models import Batch
@@ -28,20 +30,29 @@ from tidal_workers.sweeps import reconcile
 NODE = "test-node"
 
 
+def booked(claim) -> LeaseBook:
+    """The node's book holding only ``claim``, with one engine token: as the claim loop leaves it."""
+    book = LeaseBook()
+    book.add(claim.item_id, claim.lease)
+    book.set_target(1)
+    return book
+
+
 def test_stale_attempt_is_dropped_and_first_write_wins(rt, make_batch, stub):
     batch = make_batch(1)
     (old,) = rt.queue.claim(NODE, 1, 0.2, ["m"])
-    time.sleep(0.3)
+    wait_lease_expired(rt, old.item_id)
     rt.queue.reclaim_expired()  # the first worker "died": its lease expired
     (new,) = rt.queue.claim("node-b", 1, 30, ["m"])
     assert new.item_id == old.item_id and new.attempt == 2
 
-    assert execute_item(rt, old.item_id, old.lease) == "stale" and stub.requests == []
+    assert execute_item(rt, booked(old), old.item_id, old.lease) == "stale" and stub.requests == []
     late = Outcome(status=ItemStatus.completed, response_status=200, request_id="late", body='{"late": true}')
     assert not record(rt, old.item_id, batch, old.lease, late)  # a zombie's late result never lands
 
-    assert execute_item(rt, new.item_id, new.lease) == "completed"
+    assert execute_item(rt, booked(new), new.item_id, new.lease) == "completed"
     assert not record(rt, new.item_id, batch, new.lease, late)  # a second write of the same attempt neither
+    assert maybe_finalize(rt, batch)  # what the ops worker does on the item task's finalize request
     b, out, err = settled(rt, batch)
     assert (b.completed, b.failed, err) == (1, 0, [])
     assert out[0]["response"]["request_id"] != "late"
@@ -122,5 +133,5 @@ def test_priority_sent_is_the_batch_priority_at_submission(rt, make_batch, stub)
     (claim,) = rt.queue.claim(NODE, 1, 30, ["m"])
     with rt.store.transaction() as s:  # escalated after the claim, before the POST
         s.execute(update(Batch).where(Batch.id == batch).values(priority=3))
-    assert execute_item(rt, claim.item_id, claim.lease) == "completed"
+    assert execute_item(rt, booked(claim), claim.item_id, claim.lease) == "completed"
     assert [body["priority"] for body in stub.requests] == [3]

@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 from sqlalchemy import update
 from workers.worker_helpers import item_ids
 from workers.worker_helpers import queued
+from workers.worker_helpers import wait_lease_expired
 
 from tidal_workers import keys
 from tidal_workers.enqueue import rebuild
@@ -59,12 +60,12 @@ def test_rescore_reorders_queued_items_with_one_zadd(rt, make_batch):
 
 def test_lease_fencing_renew_complete_and_reclaim(rt, make_batch):
     batch = make_batch(2)
-    first, second = rt.queue.claim(NODE, 2, 0.3, MODELS)
+    first, second = rt.queue.claim(NODE, 2, 2.0, MODELS)  # long enough to renew one before it expires
     assert parse_lease(first.lease) == (NODE, 1) and first.task_id == f"item-{first.item_id}#1"
     assert rt.queue.inflight(NODE) == 2 and rt.queue.batch_inflight(batch) == 2
 
     assert rt.queue.renew(NODE, [(second.item_id, second.lease)], lease_seconds=30) == []
-    time.sleep(0.4)
+    wait_lease_expired(rt, first.item_id)
     reclaimed = rt.queue.reclaim_expired()
     assert [(r.item_id, r.requeued) for r in reclaimed] == [(first.item_id, True)]  # the renewed one stays
     assert rt.queue.inflight(NODE) == 1
@@ -83,7 +84,7 @@ def test_drop_batch_forgets_queued_items_and_abandons_leased_ones(rt, make_batch
     (leased,) = rt.queue.claim(NODE, 1, 0.2, MODELS)
     assert rt.queue.drop_batch(batch) == 4
     assert claim_order(rt, 10) == []
-    time.sleep(0.3)
+    wait_lease_expired(rt, leased.item_id)
     (r,) = rt.queue.reclaim_expired()
     assert (r.item_id, r.batch_id, r.requeued) == (leased.item_id, batch, False)
     assert rt.queue.batch_inflight(batch) == 0

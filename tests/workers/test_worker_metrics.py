@@ -32,6 +32,7 @@ def test_worker_exports_gate_and_queue_metrics(rt, make_batch, stub, settings, c
     url = f"http://127.0.0.1:{settings.worker_metrics_port}/metrics"
     proc = spawn(settings, "worker", "--loglevel=info", log=tmp_path / "worker.log")
     children.append(proc)
+    children.append(spawn(settings, "worker", "--ops", log=tmp_path / "ops.log"))  # it finalizes, as deployed
 
     def scrape() -> str | None:
         try:

@@ -33,6 +33,19 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def redis_now(rt) -> float:
+    """Redis's clock, which lease expiries are stamped with."""
+    seconds, micros = rt.redis.time()
+    return seconds + micros / 1e6
+
+
+def wait_lease_expired(rt, item_id: int, timeout: float = 30.0) -> None:
+    """Until Redis's clock passes the item's lease expiry (the event a reclaim sweep acts on)."""
+    expiry = rt.redis.zscore(keys.INFLIGHT, str(item_id))
+    assert expiry is not None, f"item {item_id} holds no lease"
+    wait_for(lambda: redis_now(rt) > expiry, timeout, what=f"item {item_id}'s lease to expire")
+
+
 def batch_row(rt, batch_id: str) -> Batch:
     with rt.store.read() as s:
         return s.get(Batch, batch_id)

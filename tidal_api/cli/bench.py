@@ -42,14 +42,21 @@ def begin(name: str, out: str) -> tuple[Path, dict]:
 
 
 def finish(
-    name: str, origin: dict, results: dict, out_dir: Path, headline: t.Any, files: t.Sequence[Path] = ()
+    name: str,
+    origin: dict,
+    results: dict,
+    out_dir: Path,
+    headline: t.Any,
+    files: t.Sequence[Path] = (),
+    *,
+    indent: int | None = 2,
 ) -> None:
     """Every bench command's ending: NAME.json (provenance first), the headline on stdout, the paths on stderr."""
     from tidal_workers.bench import provenance
 
     path = out_dir / f"{name}.json"
     origin = {**origin, "finished_utc": provenance.utc_now(), "load_average_end": provenance.load_average()}
-    path.write_text(json.dumps({**origin, **results}, indent=2, default=str))
+    path.write_text(json.dumps({**origin, **results}, indent=indent, default=str))
     click.echo(headline if isinstance(headline, str) else json.dumps(headline, indent=2, default=str))
     click.echo(f"results: {path}" + "".join(f"; {f}" for f in files), err=True)
 
@@ -184,7 +191,8 @@ def harvest(
     click.echo(f"expected duration: about {expected / 60:.0f} min ({plan.reps} reps, ABBA)", err=True)
     results = hv.run_harvest(plan, engines, load_settings(), out_dir, lambda line: click.echo(line, err=True))
     files = harvest_report.plot(results["phases"], out_dir)
-    finish("harvest", origin, results, out_dir, harvest_report.table(results["phases"]), files)
+    # Compact: the raw records (every chunk of ~12,000 online requests) would triple in size indented.
+    finish("harvest", origin, results, out_dir, harvest_report.table(results["phases"]), files, indent=None)
 
 
 @bench.command()
@@ -424,7 +432,13 @@ def twin(
         "params": {"reps": reps, "steps": steps, "cpu_duration": cpu_duration, "load": dataclasses.asdict(load)},
         "scheduler": "stock vLLM Scheduler, synchronous (the CPU platform forces async_scheduling off)",
     }
-    engine = start_twin(load_settings(), profile, log_path=out_dir / "twin.log", trace_path=trace.resolve())
+    engine = start_twin(
+        load_settings(),
+        profile,
+        log_path=out_dir / "twin.log",
+        trace_path=trace.resolve(),
+        max_model_len=tw.MAX_MODEL_LEN,
+    )
     results["engine_start_s"] = engine.started_s
     try:
         click.echo(f"fidelity: {len(grid)} cells x {reps} reps ...", err=True)
@@ -498,7 +512,7 @@ def kv_probe(connectors: str, thaw: bool, reps: int, out: str) -> None:
     results["probe"] = kp.probe(kp.ProbeConfig(home=Path(settings.home), model_dir=model_dir, work=out_dir), names)
     if thaw:
         results["thaw"] = kp.thaw_ttft(kp.ThawConfig(model_dir=model_dir, work=out_dir, reps=reps))
-    finish("kv_probe", origin, results, out_dir, results)
+    finish("kv-probe", origin, results, out_dir, results)
 
 
 @bench.command()
@@ -533,7 +547,9 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
         max_num_seqs=16,
         extra_args=("--kv-transfer-config", json.dumps(connector)),
     )
-    with ThreadPoolExecutor(2) as pool:  # one core each: the default binds both engines to core 0
+    # One core each (the default binds both engines to core 0). Started from threads that outlive the run: an
+    # engine gets SIGTERM when the thread that spawned it ends (PR_SET_PDEATHSIG follows the thread).
+    with ThreadPoolExecutor(2) as pool:
         starts = [
             pool.submit(
                 start_engine, options, log_path=out_dir / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}
@@ -541,22 +557,22 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
             for i, name in enumerate(("prefill", "decode"))
         ]
         engines = [f.result() for f in starts]
-    router = dg.Router(engines[0].url, engines[1].url)
-    gate_settings = settings.replace(
-        gate_mode="aimd",
-        gate_signals="disagg",
-        gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
-        min_inflight=0,
-        max_inflight=max_inflight,
-        initial_inflight=1,
-    )
-    cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
-    try:
-        arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
-    finally:
-        router.stop()
-        for e in engines:
-            e.stop()
+        router = dg.Router(engines[0].url, engines[1].url)
+        gate_settings = settings.replace(
+            gate_mode="aimd",
+            gate_signals="disagg",
+            gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
+            min_inflight=0,
+            max_inflight=max_inflight,
+            initial_inflight=1,
+        )
+        cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
+        try:
+            arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
+        finally:
+            router.stop()
+            for e in engines:
+                e.stop()
     results = {
         "engine": "2 x dense vLLM-CPU (one core each), TidalFreezeConnector on a shared folder",
         "params": dataclasses.asdict(cfg),
@@ -592,6 +608,38 @@ def fairness(weights: str, reps: int, nodes: int, inflight: int, items: int, ser
         for pair in results["pairs"]
     )
     finish("fairness", origin, results, out_dir, headline)
+
+
+@bench.command()
+@click.option(
+    "--scenarios",
+    default="250:64,30:8",
+    show_default=True,
+    help="Comma-separated engine-ms:max_tokens pairs: the fixed engine's time per request and the items' max_tokens.",
+)
+@click.option("--target", default=8, show_default=True, help="The gate's (fixed) target: engine slots to keep busy.")
+@click.option("--reps", default=3, show_default=True, help="Repetitions per scenario (ABBA order).")
+@click.option("--window", default=15.0, show_default=True, help="Seconds measured per run.")
+@out_option("dispatch")
+def dispatch(scenarios: str, target: int, reps: int, window: float, out: str) -> None:
+    """Batch requests at a fixed-time engine against the gate's target, batch tokens/s against a closed loop
+    holding as many requests, and the dispatch-overhead percentiles."""
+    import tempfile
+
+    from tidal_workers.bench import dispatch as dp
+
+    cfg = dp.DispatchConfig(
+        scenarios=tuple(dp.Scenario(float(ms), int(mt)) for ms, mt in (p.split(":") for p in scenarios.split(","))),
+        target=target,
+        reps=reps,
+        window=window,
+    )
+    out_dir, origin = begin("dispatch", out)
+    results: dict = {"config": dataclasses.asdict(cfg)}
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-dispatch-") as home:
+        results["scenarios"] = [dp.run_scenario(cfg, sc, load_settings(), Path(home)) for sc in cfg.scenarios]
+    headline = [{"scenario": r["scenario"], **r["summary"]} for r in results["scenarios"]]
+    finish("dispatch", origin, results, out_dir, headline)
 
 
 @bench.command()

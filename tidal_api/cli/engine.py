@@ -63,7 +63,12 @@ def build_tiny(shape: str) -> None:
 @TIDAL_SCHEDULER
 @click.option("--gpu", is_flag=True, help="A GPU host: no CPU fast-start flags, vLLM sizes the KV cache itself.")
 @click.option("--kv-bytes", default="64M", show_default=True, help="--kv-cache-memory-bytes on CPU hosts.")
-@click.option("--max-num-seqs", default=0, type=int, help="vLLM's slot count (0: vLLM's default).")
+@click.option(
+    "--max-num-seqs",
+    default=None,
+    type=int,
+    help="vLLM's slot count; default TIDAL_MAX_NUM_SEQS, the value the worker's gate sizes its ceiling by (0: vLLM's).",
+)
 @click.option("--log", "log_path", default="", help="Server log file; default $TIDAL_HOME/logs/vllm-PORT.log.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(
@@ -75,7 +80,7 @@ def serve(
     tidal_scheduler: bool,
     gpu: bool,
     kv_bytes: str,
-    max_num_seqs: int,
+    max_num_seqs: int | None,
     log_path: str,
     vllm_args: tuple[str, ...],
 ) -> None:
@@ -97,7 +102,7 @@ def serve(
         tidal_scheduler=tidal_scheduler,
         cpu=not gpu,
         kv_cache_bytes=None if gpu else kv_bytes,
-        max_num_seqs=max_num_seqs or None,
+        max_num_seqs=(settings.max_num_seqs if max_num_seqs is None else max_num_seqs) or None,
         extra_args=tuple(vllm_args),
     )
     _serve_until_interrupted(options, Path(log_path) if log_path else Path(settings.home) / "logs" / f"vllm-{port}.log")
@@ -148,7 +153,7 @@ def twin(
     Served as the profile's name, with the GPU's KV pool (in tokens), slots and token budget (τ = 2,048);
     vLLM's CPU platform runs the synchronous scheduler. Arguments after the options go to `vllm serve`.
     """
-    from tidal_engine.serve import scheduler_env
+    from tidal_engine.serve import twin_env
     from tidal_engine.serve import twin_options
 
     settings = load_settings()
@@ -167,7 +172,7 @@ def twin(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
     log = Path(log_path) if log_path else Path(settings.home) / "logs" / f"twin-{port}.log"
-    _serve_until_interrupted(options, log, env=scheduler_env(settings))
+    _serve_until_interrupted(options, log, env=twin_env(settings))
 
 
 COMMANDS = [engine]

@@ -220,6 +220,7 @@ class Harvest:
         online_tokens = samples.tokens_until(records, window)
         result: dict[str, t.Any] = {
             "window_s": end.at - start.at,
+            "opens_at_s": start.at - sampler.readings[0].at,  # where the window starts on the series' clock
             "rate": self.plan.rate(trace),
             "batch_tokens_per_s": max(0.0, generated - online_tokens) / (end.at - start.at),
             "online_tokens_in_window": online_tokens,
@@ -232,8 +233,9 @@ class Harvest:
             result["tidal_items_completed"] = after.items - before.items
             result["tidal_output_tokens_per_s"] = (after.output_tokens - before.output_tokens) / window
             result["worker_cpu_cores"] = (stack.worker_cpu_seconds() - cpu_before) / window
-            result["gate"] = [
-                (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight")) for at, g in sampler.also_readings
+            result["gate"] = [  # (time, target, leases held, requests at the engine)
+                (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight"), g.get("tidal_gate_engine_outstanding"))
+                for at, g in sampler.also_readings
             ]
         if plugin_before is not None and engine.plugin_metrics_url:
             result["plugin"] = _plugin_delta(plugin_before, engine_stats.read_plugin(engine.plugin_metrics_url))

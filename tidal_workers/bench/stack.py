@@ -1,4 +1,4 @@
-"""A private Tidal (store, Redis DB, one `tidal worker` process) feeding one engine, for benchmarks.
+"""A private Tidal (store, Redis DB, one `tidal worker` process and its ops worker) feeding one engine, for benchmarks.
 
 Batches go in through the real API code (the Flask app in-process), and the
 worker is the same command production runs, so a benchmark measures Tidal
@@ -80,6 +80,7 @@ class TidalStack:
             metrics_port=self.metrics_port,
             extra_env=extra_env,
         )
+        self.ops = self.spawn_worker(engine_url, "bench-ops", ops=True)  # finalization runs there, as deployed
         self.batch_ids: list[str] = []
 
     def spawn_worker(
@@ -91,8 +92,10 @@ class TidalStack:
         max_inflight: int = 16,
         metrics_port: int = 0,
         extra_env: dict[str, str] | None = None,
+        ops: bool = False,
     ) -> subprocess.Popen:
-        """A `tidal worker` process on this stack's store and Redis DB, feeding ``engine_url`` as ``node``."""
+        """A `tidal worker` process (with ``ops``: `tidal worker --ops`) on this stack's store and Redis DB,
+        feeding ``engine_url`` as ``node``."""
         s = self.settings
         env = {
             env_name("home"): s.home,
@@ -111,7 +114,7 @@ class TidalStack:
             **(extra_env or {}),
         }
         return subprocess.Popen(
-            [sys.executable, "-m", "tidal_api.cli", "worker"],
+            [sys.executable, "-m", "tidal_api.cli", "worker", *(["--ops"] if ops else [])],
             env=child_environ(**env),
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -152,13 +155,14 @@ class TidalStack:
         return Progress(int(count), int(tokens))
 
     def gate(self) -> dict[str, float]:
-        """The worker's gate as it exports it: ``tidal_gate_target`` and ``tidal_gate_inflight``."""
+        """The worker's gate as it exports it: ``tidal_gate_target``, ``tidal_gate_inflight`` (leases held) and
+        ``tidal_gate_engine_outstanding`` (batch requests at the engine)."""
         text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2.0).text
         return {
             s.name: s.value
             for family in text_string_to_metric_families(text)
             for s in family.samples
-            if s.name in ("tidal_gate_target", "tidal_gate_inflight")
+            if s.name in ("tidal_gate_target", "tidal_gate_inflight", "tidal_gate_engine_outstanding")
         }
 
     def worker_cpu_seconds(self) -> float:
@@ -192,12 +196,14 @@ class TidalStack:
             self.client.post(f"/v1/batches/{batch_id}/cancel", headers=self.headers)
 
     def close(self) -> None:
-        self.worker.terminate()
-        try:
-            self.worker.wait(20)
-        except subprocess.TimeoutExpired:
-            self.worker.kill()
-            self.worker.wait()
+        for proc in (self.worker, self.ops):
+            proc.terminate()
+        for proc in (self.worker, self.ops):
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         self.log.close()
         self.rt.redis.flushdb()
         self.rt.close()

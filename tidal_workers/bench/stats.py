@@ -1,9 +1,11 @@
 """The statistics every benchmark figure goes through: repetitions in ABBA order, a 95 % bootstrap interval over
 them, and the rule that a ratio whose interval spans 1.0 is "no measurable change".
 
-Pure (no I/O, stdlib only), so the rules are unit-tested apart from any engine. The unit of resampling is the
+Pure (no I/O), so the rules are unit-tested apart from any engine. For figures the unit of resampling is the
 repetition: one figure per repetition (a harvest share, a percentile ratio), the repetitions resampled with
-replacement. Within-repetition sampling error (a p99 over 1,000 samples) shows up as spread between repetitions.
+replacement; within-repetition sampling error (a p99 over 1,000 samples) shows up as spread between
+repetitions. ``sample_bootstrap`` resamples raw samples instead (the twin's step intervals), for a statistic of
+one large sample.
 """
 
 from __future__ import annotations
@@ -94,3 +96,10 @@ def percentile(values: t.Sequence[float], q: float) -> float | None:
     lo = int(k)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def interval(values: t.Sequence[float]) -> dict[str, float | int | None]:
+    """A figure for the JSON: the mean with its bootstrap interval, or, under MIN_REPS, the mean alone."""
+    if len(values) >= MIN_REPS:
+        return {**bootstrap(values).as_dict()}
+    return {"value": statistics.fmean(values) if values else None, "low": None, "high": None, "reps": len(values)}

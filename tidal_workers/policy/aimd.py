@@ -13,7 +13,7 @@ queue. One :meth:`AimdController.step` per scrape of the co-located vLLM:
   scraped, so one burst seen by several scrapes does not collapse the target.
 * Growth: no pressure and KV EWMA < ``kv_low`` add one, at most once per
   period and not within a period of the last change, and only while the gate
-  is in use (``batch_inflight >= target - 1``): an idle node's target stays
+  is in use (``batch_inflight >= target - 1``, O: requests at the engine): an idle node's target stays
   where it is instead of ballooning, so a burst of batch work starts from a
   target that was earned under load.
 * Between ``kv_low`` and ``kv_high`` the target holds (hysteresis).
@@ -42,6 +42,19 @@ FAILSAFE = "failsafe"
 DECISIONS = (HALVE, GROW, HOLD, FAILSAFE)
 
 
+#: The gate's ceiling while the engine has told neither its slots nor its KV capacity (the CPU engine's value).
+UNKNOWN_ENGINE_CEILING = 4
+
+
+def engine_ceiling(slots: int, kv_tokens: int | None, request_tokens: int, headroom: float) -> int | None:
+    """Batch requests the engine can hold beside its online peak: its slots and the requests its KV cache fits,
+    the smaller, less ``headroom`` of it (at least one); None while neither is known (``slots`` 0: unknown)."""
+    bounds = [b for b in (slots, kv_tokens // request_tokens if kv_tokens else 0) if b > 0]
+    if not bounds:
+        return None
+    return max(1, int(min(bounds) * (1 - headroom)))
+
+
 @dataclasses.dataclass(frozen=True)
 class AimdConfig:
     kv_high: float = 0.85
@@ -65,17 +78,18 @@ class AimdConfig:
             )
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> AimdConfig:
+    def from_settings(cls, settings: Settings, ceiling: int) -> AimdConfig:
+        """The rule as configured, under ``ceiling`` (``TIDAL_MAX_INFLIGHT``, or what the engine allows)."""
         return cls(
             kv_high=settings.kv_high,
             kv_low=settings.kv_low,
             alpha=settings.ewma_alpha,
             period=settings.scrape_seconds,
             online_waiting_tolerance=settings.online_waiting_tolerance,
-            min_target=settings.min_inflight,
-            max_target=settings.max_inflight,
+            min_target=min(settings.min_inflight, ceiling),
+            max_target=ceiling,
             # a misconfigured start value is clamped rather than fatal: the bounds are what matter
-            initial_target=min(max(settings.initial_inflight, settings.min_inflight), settings.max_inflight),
+            initial_target=min(max(settings.initial_inflight, settings.min_inflight), ceiling),
         )
 
 
@@ -87,7 +101,7 @@ class Observation:
     waiting: float  # requests in the engine's waiting queue, online and batch alike
     running: float
     preemptions_total: float  # a counter
-    batch_inflight: int  # this node's batch items sent and not yet answered
+    batch_inflight: int  # O: this node's batch requests at the engine (POSTs sent and not yet answered)
     ok: bool = True  # False: unreachable, malformed or stale
 
     @classmethod
@@ -96,18 +110,18 @@ class Observation:
 
     @property
     def online_waiting(self) -> float:
-        """Waiting requests that cannot be ours: ``max(0, waiting - batch_inflight)``.
+        """Waiting requests that cannot be ours: ``max(0, W - max(0, O - R))``.
 
-        vLLM does not label its queue by origin, but this node's batch items can
-        account for at most ``batch_inflight`` of the waiting requests. The
-        estimate is biased low: when some of our items are running, the
-        remainder of ``batch_inflight`` still "absorbs" that many online waiters,
-        so online waiting is seen only once it exceeds our unanswered items. The
-        bias errs toward admitting batch work, and the target bounds it: at
-        most ``target`` online requests can hide behind our own. Other nodes do
-        not share this engine, so their items never appear here.
+        vLLM does not label its queue by origin. Of this node's O requests at
+        the engine, at least ``O - R`` are not running (R running, ours or not),
+        so at most ``max(0, O - R)`` of the W waiting are ours. The estimate errs
+        toward online traffic: it is exact whenever our requests are all
+        running, it never hides an online request behind one of ours that is in
+        fact running, and it can only over-count (some of ours wait while online
+        ones run), which closes the gate sooner. Other nodes do not share this
+        engine, so their requests never appear here.
         """
-        return max(0.0, self.waiting - self.batch_inflight)
+        return max(0.0, self.waiting - max(0.0, self.batch_inflight - self.running))
 
 
 @dataclasses.dataclass(frozen=True)

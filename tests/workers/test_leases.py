@@ -1,0 +1,86 @@
+"""The LeaseBook's engine tokens: the gate's target bounds requests at the engine, waiters are served in order."""
+
+from __future__ import annotations
+
+import threading
+
+from workers.worker_helpers import wait_for
+
+from tidal_workers.leases import PREFETCHED
+from tidal_workers.leases import LeaseBook
+
+
+def book_of(n: int, target: int) -> LeaseBook:
+    book = LeaseBook()
+    for i in range(n):
+        book.add(i, f"n|1|{i}")
+    book.set_target(target)
+    return book
+
+
+def test_the_target_bounds_requests_at_the_engine_not_leases():
+    book = book_of(3, target=2)
+    assert book.take_token(0, "n|1|0", 1)[0] and book.take_token(1, "n|1|1", 1)[0]
+    assert book.outstanding() == 2 and len(book) == 3
+    assert book.take_token(2, "n|1|2", 0.05) == (False, None)  # no token: the target is spent
+    book.answered(0, "n|1|0")
+    got, freed_at = book.take_token(2, "n|1|2", 1)
+    assert got and freed_at is not None  # the token an answered request freed, stamped when it was
+    assert book.outstanding() == 2
+
+
+def test_waiters_take_tokens_in_the_order_they_asked():
+    book = book_of(3, target=1)
+    assert book.take_token(0, "n|1|0", 1)[0]
+    order: list[int] = []
+
+    def wait(i: int) -> None:
+        if book.take_token(i, f"n|1|{i}", 30)[0]:
+            order.append(i)
+            book.answered(i, f"n|1|{i}")
+
+    first = threading.Thread(target=wait, args=(1,))
+    first.start()
+    wait_for(lambda: book._waiting and book._waiting[0] == 1, 10, what="the first waiter")
+    second = threading.Thread(target=wait, args=(2,))
+    second.start()
+    wait_for(lambda: len(book._waiting) == 2, 10, what="the second waiter")
+    book.answered(0, "n|1|0")
+    first.join(10)
+    second.join(10)
+    assert order == [1, 2]
+
+
+def test_a_floor_item_passes_the_target_and_counts_in_o():
+    book = LeaseBook()
+    book.add(7, "n|1|7", floor=True)
+    assert book.take_token(7, "n|1|7", 0.05)[0] and book.outstanding() == 1  # target 0: the gate is closed
+
+
+def test_a_returned_token_goes_to_the_next_waiter_with_its_stamp():
+    book = book_of(2, target=1)
+    book.take_token(0, "n|1|0", 1)
+    book.answered(0, "n|1|0")
+    got = book.take_token(1, "n|1|1", 1)
+    assert got[0] and got[1] is not None
+    book.return_token(1, "n|1|1", got[1])  # a re-check failed: no POST
+    assert book.outstanding() == 0
+    assert book.take_token(1, "n|1|1", 1) == got
+
+
+def test_a_lost_lease_at_the_engine_stays_in_o_until_it_is_answered():
+    book = book_of(2, target=2)
+    book.take_token(0, "n|1|0", 1)
+    book.forget([0, 1])
+    assert book.outstanding() == 1 and book.items() == [(0, "n|1|0")]
+    book.answered(0, "n|1|0")
+    book.discard(0, "n|1|0")
+    assert book.outstanding() == 0 and len(book) == 0
+
+
+def test_unstarted_claims_are_taken_out_once_old():
+    book = book_of(2, target=1)
+    assert book.start(0, "n|1|0")
+    assert book.take_unstarted(0.0) == [(1, "n|1|1")]
+    assert not book.start(1, "n|1|1")  # its task starts late and finds itself gone
+    assert [h.state for h in book._held.values()] == [PREFETCHED]

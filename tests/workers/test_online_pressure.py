@@ -1,0 +1,108 @@
+"""Online pressure is never missed on a stock engine: with all 20 of the node's batch requests running, one
+online request queued reads as one online waiting, and none queued as zero (issue 17).
+
+A real vLLM-CPU engine with exactly 20 slots, a real worker holding 20 requests there (fixed target 20), and the
+gate's own reading of the engine's /metrics with the node's O. Every step waits for the engine's states; nothing
+is timed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+from prometheus_client import REGISTRY
+from workers.worker_helpers import settled
+from workers.worker_helpers import wait_for
+
+from config import load_settings
+from tidal_workers.gate import parse_metrics
+from tidal_workers.scrape import fetch
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+SLOTS = OURS = 20
+LONG = 1000  # tokens each batch request generates (ignore_eos): they run for many steps after the checks
+
+
+@pytest.fixture(scope="module")
+def engine_20(tmp_path_factory):
+    """The tiny model on a stock engine with exactly 20 slots and room in its KV cache for all of them."""
+    from tidal_engine.serve import EngineOptions
+    from tidal_engine.serve import start_engine
+    from tidal_engine.tiny import build_tiny
+
+    options = EngineOptions(
+        model=str(build_tiny(load_settings().home)),
+        served_model_name="tiny",
+        kv_cache_bytes="64M",
+        max_model_len=2048,
+        max_num_seqs=SLOTS,
+    )
+    engine = start_engine(options, log_path=tmp_path_factory.mktemp("engine-20") / "vllm.log")
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture
+def settings(settings, engine_20):
+    return settings.replace(
+        vllm_url=engine_20.url,
+        gate_mode="fixed",
+        max_inflight=OURS,
+        worker_threads=OURS + 4,
+        dispatch_prefetch=0,
+        request_timeout_seconds=600.0,
+        lease_seconds=30.0,
+    )
+
+
+def engine_reading(url: str) -> dict[str, float]:
+    obs = parse_metrics(fetch(url + "/metrics", 5.0), time.time(), 5.0, 0)
+    return {"waiting": obs.waiting, "running": obs.running}
+
+
+def online_waiting(url: str, outstanding: int) -> float:
+    """What the gate reads: the engine's /metrics with the node's O."""
+    return parse_metrics(fetch(url + "/metrics", 5.0), time.time(), 5.0, outstanding).online_waiting
+
+
+def test_one_online_request_queued_behind_20_running_batch_requests_reads_as_one(
+    rt, make_batch, worker, celery_app, engine_20, settings
+):
+    batch = make_batch(OURS, model="tiny", max_tokens=LONG, extra_body={"ignore_eos": True})
+    url = engine_20.url
+    with worker():
+        book = celery_app.tidal_context.leases
+        wait_for(
+            lambda: book.outstanding() == OURS and engine_reading(url) == {"waiting": 0, "running": OURS},
+            timeout=300,
+            what="all 20 of the node's batch requests running at the engine",
+        )
+        assert REGISTRY.get_sample_value("tidal_gate_engine_outstanding") == OURS
+        assert online_waiting(url, book.outstanding()) == 0  # none queued reads as zero
+
+        answered: list[int] = []
+        online = threading.Thread(
+            target=lambda: answered.append(
+                requests.post(
+                    url + "/v1/chat/completions",
+                    json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                    timeout=600,
+                ).status_code
+            ),
+            daemon=True,
+        )
+        online.start()
+        wait_for(
+            lambda: engine_reading(url) == {"waiting": 1, "running": OURS},
+            timeout=120,
+            what="the online request queued behind the 20 running",
+        )
+        assert book.outstanding() == OURS  # all of ours are still at the engine, and all running
+        assert online_waiting(url, book.outstanding()) >= 1  # the old estimate, waiting − O, read 0 here
+        b, _out, err = settled(rt, batch, timeout=600)
+        online.join(600)
+    assert answered == [200] and (b.completed, err) == (OURS, [])

@@ -1,0 +1,194 @@
+"""The node's lease book: every attempt this process claimed, in its state of the lease state machine.
+
+claimed → prefetched → sent → answered → released (docs/architecture.md, "The lease state machine"). The
+claim thread books claims and keeps the book at most the gate's target plus a small prefetch; each
+``tidal.run_item`` task waits here for an *engine token* (one of the gate's target) before it POSTs, and frees
+it as soon as the POST returns, so the target bounds the node's batch requests at the engine (O), not its
+leases. The renewal thread renews what the book holds. One lock guards it all; nothing under it does I/O.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+
+import prometheus_client
+
+CLAIMED, PREFETCHED, SENT, ANSWERED = "claimed", "prefetched", "sent", "answered"
+
+HELD = prometheus_client.Gauge(
+    "tidal_gate_inflight",
+    "Batch items this node holds leases on: claimed, waiting for an engine token, at the engine, or being recorded.",
+)
+ENGINE_OUTSTANDING = prometheus_client.Gauge(
+    "tidal_gate_engine_outstanding",
+    "Batch requests this node has at the engine (POSTs sent and not yet answered): the gate's O.",
+)
+
+
+@dataclasses.dataclass
+class Held:
+    lease: str
+    state: str
+    since: float  # time.monotonic() when it entered ``state``
+    floor: bool  # admitted by the SLA floor: it may take a token past the target
+
+
+class LeaseBook:
+    """item_id -> the attempt this process holds, and the engine tokens (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, Held] = {}
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[int] = collections.deque()  # prefetched items, in the order they asked
+        self._freed: collections.deque[float] = collections.deque()  # when tokens were freed and not yet taken
+        self._outstanding = 0
+        self.target = 0  # engine tokens: the gate's target, set by the claim loop
+        # Set when an attempt is released: there may be room under target + prefetch again, and the claim loop
+        # waits on this rather than sleeping out its idle period while the engine runs short.
+        self.released = threading.Event()
+        ENGINE_OUTSTANDING.set(0)
+        HELD.set(0)
+
+    # --- the claim thread ------------------------------------------------------
+    def add(self, item_id: int, lease: str, floor: bool = False) -> None:
+        """claimed: booked before its message is published (a task may start before send() returns)."""
+        with self._cond:
+            self._held[item_id] = Held(lease, CLAIMED, time.monotonic(), floor)
+            HELD.set(len(self._held))
+
+    def set_target(self, target: int) -> None:
+        with self._cond:
+            if target != self.target:
+                self.target = target
+                self._cond.notify_all()
+
+    # --- the task ----------------------------------------------------------------
+    def start(self, item_id: int, lease: str) -> bool:
+        """claimed → prefetched: the task runs; False if the book no longer holds this attempt (given back)."""
+        with self._cond:
+            held = self._mine(item_id, lease)
+            if held is not None and held.state == CLAIMED:
+                held.state, held.since = PREFETCHED, time.monotonic()
+            return held is not None
+
+    def take_token(self, item_id: int, lease: str, timeout: float) -> tuple[bool, float | None]:
+        """prefetched → sent once a token is free and every earlier waiter has one; (False, None) on timeout.
+
+        Returns with the token the time it was freed, if it was one an answered request gave back (the start of
+        the "token freed → next POST sent" interval), else None (a token the gate added).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            held = self._mine(item_id, lease)
+            if held is None:
+                return False, None
+            held.state, held.since = PREFETCHED, time.monotonic()
+            self._waiting.append(item_id)
+            try:
+                while True:
+                    held = self._mine(item_id, lease)
+                    if held is None:  # the renewal lost its lease, or it was given back
+                        return False, None
+                    first = self._waiting[0] == item_id
+                    if held.floor or (first and self._outstanding < self.target):
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False, None
+                    self._cond.wait(left)
+            finally:
+                self._waiting.remove(item_id)
+                self._cond.notify_all()  # the next waiter may now be first
+            held.state, held.since = SENT, time.monotonic()
+            self._set_outstanding(self._outstanding + 1)
+            return True, self._freed.popleft() if self._freed else None
+
+    def return_token(self, item_id: int, lease: str, freed_at: float | None) -> None:
+        """sent → prefetched without a POST (a re-check failed): the token goes to the next waiter unused."""
+        with self._cond:
+            self._free_token(item_id, lease, PREFETCHED)
+            if freed_at is not None:
+                self._freed.appendleft(freed_at)
+
+    def answered(self, item_id: int, lease: str) -> None:
+        """sent → answered: the POST returned, so its token is free for the next prefetched attempt."""
+        with self._cond:
+            if self._free_token(item_id, lease, ANSWERED):
+                self._freed.append(time.monotonic())
+                del_old = len(self._freed) - max(self.target, 1)
+                for _ in range(max(0, del_old)):  # stamps of tokens nobody waited for are not dispatch delay
+                    self._freed.popleft()
+
+    def discard(self, item_id: int, lease: str) -> None:
+        """→ released (from any state): the attempt is over on this node."""
+        with self._cond:
+            held = self._mine(item_id, lease)
+            if held is None:
+                return
+            if held.state == SENT:  # defensive: a sent attempt is answered first
+                self._set_outstanding(self._outstanding - 1)
+            del self._held[item_id]
+            HELD.set(len(self._held))
+            self._cond.notify_all()
+        self.released.set()
+
+    # --- the renewal thread --------------------------------------------------------
+    def forget(self, item_ids: list[int]) -> None:
+        """Leases Redis no longer holds for us: a waiting attempt wakes and finds itself gone.
+
+        A sent one stays until its POST returns (it is still at the engine, so still in O); its result is dropped.
+        """
+        with self._cond:
+            for item_id in item_ids:
+                held = self._held.get(item_id)
+                if held is not None and held.state != SENT:
+                    del self._held[item_id]
+            HELD.set(len(self._held))
+            self._cond.notify_all()
+        self.released.set()
+
+    def take_unstarted(self, older_than: float) -> list[tuple[int, str]]:
+        """Remove and return claims whose task has not started for ``older_than`` seconds (a revoked or lost
+        message): the renewal thread gives them back, and a task that starts later finds itself gone."""
+        cutoff = time.monotonic() - older_than
+        with self._cond:
+            old = [(i, h.lease) for i, h in self._held.items() if h.state == CLAIMED and h.since < cutoff]
+            for item_id, _lease in old:
+                del self._held[item_id]
+            HELD.set(len(self._held))
+        return old
+
+    # --- reading -------------------------------------------------------------------
+    def items(self) -> list[tuple[int, str]]:
+        with self._cond:
+            return [(i, h.lease) for i, h in self._held.items()]
+
+    def outstanding(self) -> int:
+        """O: this node's batch requests at the engine."""
+        with self._cond:
+            return self._outstanding
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._held)
+
+    # --- under the lock ----------------------------------------------------------------
+    def _mine(self, item_id: int, lease: str) -> Held | None:
+        held = self._held.get(item_id)
+        return held if held is not None and held.lease == lease else None
+
+    def _free_token(self, item_id: int, lease: str, to: str) -> bool:
+        held = self._mine(item_id, lease)
+        if held is None or held.state != SENT:
+            return False
+        held.state, held.since = to, time.monotonic()
+        self._set_outstanding(self._outstanding - 1)
+        self._cond.notify_all()
+        return True
+
+    def _set_outstanding(self, n: int) -> None:
+        self._outstanding = n
+        ENGINE_OUTSTANDING.set(n)

@@ -1,0 +1,55 @@
+"""The renewal thread: keeps this node's leases alive, on a thread of its own.
+
+Every ``lease_seconds / 3`` it renews every attempt the LeaseBook holds (a slow
+claim pass, scrape or result write can never let them lapse and the engine's
+work be redone), forgets the ones Redis no longer holds for us, gives back
+claims whose task has not started within a lease (a revoked or lost message), requeues expired
+leases of dead nodes (``RECLAIM``; their batches' finalization goes to the ops
+worker) and rebuilds the queue from SQL at start and after Redis lost its data.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import typing as t
+
+from tidal_workers.context import WorkerContext
+from tidal_workers.enqueue import rebuild
+from tidal_workers.finalize import request_finalize
+from tidal_workers.sweeps import reclaim
+
+log = logging.getLogger(__name__)
+
+
+class Renewal:
+    def __init__(self, ctx: WorkerContext):
+        self.rt, self.leases = ctx.rt, ctx.leases
+        self.settings = ctx.rt.settings
+        self._built = False
+
+    def once(self) -> None:
+        s, q = self.settings, self.rt.queue
+        lost = q.renew(s.node, self.leases.items(), s.lease_seconds)
+        self.leases.forget(lost)
+        for item_id, lease in self.leases.take_unstarted(s.lease_seconds):
+            given = q.give_back(item_id, lease)
+            if given is not None and not given.requeued and given.batch_id:  # its batch was dropped meanwhile
+                request_finalize(self.rt, given.batch_id)
+        reclaim(self.rt)
+        if not self._built or not q.is_built():
+            if self._built:
+                log.warning("the Redis queue is gone: rebuilding it from SQL")
+            rebuild(self.rt)
+            self._built = True
+
+    def runner(self, stopping: threading.Event) -> t.Callable[[], None]:
+        def run() -> None:
+            while not stopping.is_set():
+                try:
+                    self.once()
+                except Exception:  # Redis or SQL blinked: keep the thread, try again next period
+                    log.exception("lease renewal failed")
+                stopping.wait(self.settings.lease_seconds / 3)
+
+        return run
