@@ -269,67 +269,116 @@ def load(
     finish("load", origin, results, out_dir, results)
 
 
+def _log(line: str) -> None:
+    click.echo(line, err=True)
+
+
+# Per engine kind: the fleet's defaults. Two twins share this machine's 2 cores, so their online rate is what they
+# sustain here (the run reports it); the tiny CPU engines keep the CPU history's sizes.
+FLEET_DEFAULTS = {
+    "twin": {"rate": 6.0, "batch_items": 1200, "max_inflight": 64, "interval": 10.0},
+    "tiny": {"rate": 2.0, "batch_items": 300, "max_inflight": 12, "interval": 5.0},
+}
+
+
 @bench.command()
-@click.option("--engine-urls", help="Comma-separated replicas to use. Default: start two tiny engines, one per core.")
-@MODEL_OPTION
-@click.option("--period", default=120.0, show_default=True, help="Seconds of one online day (the seed used 600).")
-@click.option("--periods", default=2.0, show_default=True, help="Days per run; each mode runs this long.")
-@click.option("--rate", default=4.0, show_default=True, help="Mean online requests/s per replica.")
+@click.option(
+    "--engine",
+    "kind",
+    type=click.Choice(["twin", "tiny"]),
+    default="twin",
+    show_default=True,
+    help="twin: real vLLM with a GPU's step times (--profile); tiny: the CPU engine computing for real.",
+)
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twins' GPU profile.")
+@click.option("--engine-urls", help="Comma-separated replicas already running (with --model, --tokenizer).")
+@click.option("--model", default="", help="Model name clients send, with --engine-urls.")
+@click.option("--tokenizer", default="", help="The served model's tokenizer, with --engine-urls.")
+@click.option("--reps", default=3, show_default=True, help="Repetitions (ABBA order of the arms); < 3: no figures.")
+@click.option("--period", default=600.0, show_default=True, help="Seconds of one online day (the seed's 600).")
+@click.option("--periods", default=1.0, show_default=True, help="Days per arm.")
+@click.option("--rate", default=0.0, help="Mean online requests/s per replica (twin 6, tiny 2).")
 @click.option("--amplitude", default=0.8, show_default=True, help="Diurnal swing as a fraction of the mean.")
-@click.option("--max-inflight", default=12, show_default=True, help="Gate ceiling of each worker.")
-@click.option("--max-num-seqs", default=16, show_default=True, help="Slots of each locally started engine.")
-@click.option("--interval", default=5.0, show_default=True, help="Seconds per bin of the fill series.")
+@click.option("--batch-items", default=0, type=int, help="Items of the batch each arm gets (twin 1200, tiny 300).")
+@click.option("--max-inflight", default=0, type=int, help="Gate ceiling of each worker (twin 64, tiny 12).")
+@click.option("--max-num-seqs", default=0, type=int, help="Engine slots (0: the profile's; 16 on the CPU engine).")
+@click.option("--interval", default=0.0, help="Seconds per bin of the fill series and r (twin 10, tiny 5).")
 @out_option("fleet")
 def fleet(
+    kind: str,
+    profile: str,
     engine_urls: str | None,
     model: str,
+    tokenizer: str,
+    reps: int,
     period: float,
     periods: float,
     rate: float,
     amplitude: float,
+    batch_items: int,
     max_inflight: int,
     max_num_seqs: int,
     interval: float,
     out: str,
 ) -> None:
-    """Batch work placed by per-replica gates against pinned to replica 0, under anti-phase online load."""
+    """Placement (a gated worker per replica, one queue) against a static even split of the same batch over the
+    same replicas and against pinning it to replica 0, under anti-phase online load, ABBA with intervals."""
+    import contextlib
     import dataclasses
 
-    from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import fleet as fl
-    from tidal_workers.bench import provenance
+    from tidal_workers.bench import fleet_report
+    from tidal_workers.bench.engines import EngineRequest
+    from tidal_workers.bench.engines import external
+    from tidal_workers.bench.stack import reserved_redis_db
+    from tidal_workers.bench.workload import CPU_WORKLOAD
+    from tidal_workers.bench.workload import GPU_WORKLOAD
 
     out_dir, origin = begin("fleet", out)
     settings = load_settings()
-    engines = [] if engine_urls else fl.start_replicas(build_tiny(settings.home), 2, out_dir, max_num_seqs)
-    urls = engine_urls.split(",") if engine_urls else [e.url for e in engines]
-    cfg = fl.FleetConfig(
-        engine_urls=urls,
-        model=model,
+    defaults = FLEET_DEFAULTS[kind]
+    plan = fl.FleetPlan(
+        reps=reps,
         period=period,
         periods=periods,
-        online_rate=rate,
+        online_rate=rate or defaults["rate"],
         amplitude=amplitude,
-        max_inflight=max_inflight,
-        interval=interval,
+        batch_items=batch_items or int(defaults["batch_items"]),
+        max_inflight=max_inflight or int(defaults["max_inflight"]),
+        interval=interval or defaults["interval"],
+        workload=GPU_WORKLOAD if kind == "twin" else CPU_WORKLOAD,
     )
-    results: dict = {
-        "params": {k: v for k, v in dataclasses.asdict(cfg).items() if not k.endswith("prompt")},
-        "load_average": {},
-        "runs": {},
+    notes = []
+    if period < 600:
+        notes.append(f"period {period:.0f} s, shorter than the seed's 600 s: not the seed's conditions")
+    if reps < 3:
+        notes.append(f"{reps} repetition(s): the report refuses every figure (at least 3 are needed)")
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    expected = plan.expected_s(engine_start_s=0.0 if engine_urls else 90.0)
+    click.echo(f"expected duration: about {expected / 60:.0f} min ({reps} reps x 4 arms, ABBA)", err=True)
+    with contextlib.ExitStack() as running:
+        if engine_urls:
+            slots = max_num_seqs or 16
+            engines = [external(u, model, tokenizer, slots, 2048, None) for u in engine_urls.split(",")]
+        else:
+            request = EngineRequest(kind, profile if kind == "twin" else None, max_num_seqs)
+            replicas, engines = fl.start_replicas(request, 2, settings, out_dir)
+            running.enter_context(replicas)
+        split_db = running.enter_context(reserved_redis_db(settings))
+        arms = fl.Fleet(plan, engines, settings, out_dir, split_db).run(_log)
+    results = {
+        "notes": notes,
+        "plan": dataclasses.asdict(plan),
+        "engines": [e.provenance() for e in engines],
+        "summary": fleet_report.intervals(arms),
+        "arms": arms,
     }
-    try:
-        for mode in ("placement", "pinning"):
-            click.echo(f"{mode}: {cfg.duration:.0f} s ...", err=True)
-            results["runs"][mode] = fl.run_mode(cfg, settings, mode, out_dir / f"stack-{mode}")
-            results["load_average"][f"after_{mode}"] = provenance.load_average()
-    finally:
-        for engine in engines:
-            engine.stop()
-    results["summary"] = fl.summary(results["runs"]["placement"], results["runs"]["pinning"])
-    fl.plot(results, out_dir / "fleet.png")
-    headline = {"load_average": results["load_average"], "summary": results["summary"]}
-    finish("fleet", origin, results, out_dir, headline, [out_dir / "fleet.png"])
+    fl.plot(arms, out_dir / "fleet.png")
+    table = fleet_report.table(arms, len(engines))
+    finish(
+        "fleet", origin, results, out_dir, "\n".join([*(f"note: {n}" for n in notes), table]), [out_dir / "fleet.png"]
+    )
 
 
 @bench.command()
