@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from workers.worker_helpers import assert_exactly_once
+from workers.worker_helpers import booked
 from workers.worker_helpers import item_ids
 from workers.worker_helpers import queued
 from workers.worker_helpers import settled
@@ -14,17 +15,9 @@ from workers.worker_helpers import wait_for
 from tidal_engine.serve import free_port
 from tidal_workers.engine_health import EngineHealth
 from tidal_workers.execute import execute_item
-from tidal_workers.leases import LeaseBook
 from tidal_workers.store.models import Item
 
 NODE = "test-node"
-
-
-def booked(claim) -> LeaseBook:
-    """The book a claim loop would have made for this claim, its task about to start."""
-    book = LeaseBook()
-    book.add(claim.item_id, claim.lease)
-    return book
 
 
 @pytest.fixture
