@@ -88,7 +88,10 @@ class EngineHealth:
         log.warning("engine %s is up again after %.0f s: claiming resumes", self.url, lasted)
 
     def may_claim(self, now: float) -> bool:
-        """The claim loop's question each pass: up, or found up by a probe now (at most one per probe period)."""
+        """The claim loop's question each pass: up, or found up by a probe now (at most one per probe period); never
+        while the worker is stopping (a claim then would sit unsent until its lease ran out)."""
+        if self._stopping:
+            return False
         if self.up:
             return True
         if now < self._next_probe:
