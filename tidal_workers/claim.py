@@ -11,7 +11,9 @@ re-score) at up to ``floor_rate`` items/s on this node through a per-batch
 token bucket, so a batch about to miss its window still progresses when the
 gate is closed; those items count as held and at the engine like any other,
 so an open gate simply claims that many fewer. It claims only batches of the
-models its engine serves (``served.py``). Each claim becomes a
+models its engine serves (``served.py``), and nothing at all, the floor
+included, while its engine is down (``engine_health``: it probes ``/health``
+instead). Each claim becomes a
 ``tidal.run_item`` message on this worker's ``<hostname>.dq2`` queue with task
 id ``item-<id>#<attempt>``, which Flower shows."""
 
@@ -50,7 +52,7 @@ class ClaimLoop:
     gate's scrape, lease renewal, reclaim and rebuild run on their own threads, finalization on the ops worker."""
 
     def __init__(self, ctx: WorkerContext, gate: Gate, send: Send):
-        self.rt, self.leases, self.gate, self.send = ctx.rt, ctx.leases, gate, send
+        self.rt, self.leases, self.engine, self.gate, self.send = ctx.rt, ctx.leases, ctx.engine, gate, send
         self.settings = ctx.rt.settings
         self.threads = pool_threads(self.settings)  # one claimed item per pool thread
         self.stopping = threading.Event()
@@ -72,6 +74,8 @@ class ClaimLoop:
     def tick(self, now: float) -> int:
         """Claim up to the target plus the prefetch, less what the node holds; returns how many were claimed."""
         s, q, book = self.settings, self.rt.queue, self.leases
+        if not self.engine.may_claim(now):  # the engine is down: claim nothing, the floor included
+            return 0
         target = self.gate.poll(now, book.outstanding())
         book.set_target(target)
         held = len(book)
@@ -167,6 +171,12 @@ class ClaimStep(bootsteps.StartStopStep):
             for thread in self.threads:
                 thread.join(10)
             self.loop, self.threads = None, []
+
+    def close(self, c: Consumer) -> None:
+        """The worker is stopping (Celery closes the consumer's steps only then, not on a broker reconnect): hold
+        every send, so items not under way go back to the queue now; requests under way finish."""
+        if self.loop is not None:
+            self.loop.engine.stopping()
 
     shutdown = stop
 

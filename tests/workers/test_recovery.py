@@ -6,15 +6,18 @@ import json
 import os
 import signal
 import socket
+import time
 
 from sqlalchemy import func
 from sqlalchemy import select
 from workers.worker_helpers import assert_exactly_once
 from workers.worker_helpers import batch_row
+from workers.worker_helpers import item_ids
 from workers.worker_helpers import settled
 from workers.worker_helpers import spawn
 from workers.worker_helpers import wait_for
 
+from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.store.models import Item
 from tidal_workers.task_names import OPS_QUEUE
 
@@ -51,6 +54,29 @@ def _reclaim_senders(rt) -> list[str]:
     """The sender of each reclaim sweep beat has queued, in order: Celery stamps ``origin`` = gen<pid>@<host>."""
     messages = [json.loads(m) for m in rt.redis.lrange(OPS_QUEUE, 0, -1)]
     return [m["headers"]["origin"] for m in messages if m["headers"]["task"] == "tidal.sweep.reclaim"]
+
+
+def test_a_revoked_task_gives_its_item_back_within_the_lease(rt, make_batch, worker, celery_app, stub, settings):
+    """A run_item revoked before it starts (from Flower, say) never runs: its lease is not renewed, and its item goes
+    back to the queue and runs again as attempt 2. Before, the claim thread renewed that lease for ever."""
+    from celery.worker import state
+
+    batch = make_batch(2, enqueue=False)
+    doomed = item_ids(rt, batch)[0]
+    with worker():
+        celery_app.control.revoke(f"item-{doomed}#1")  # the task id the claim will publish
+        wait_for(lambda: f"item-{doomed}#1" in state.revoked, 30, "the worker to hold the revoke")
+        enqueue_batch(rt, batch)
+        claimed = time.monotonic()
+        # Without the fix the lease is renewed for ever and the batch never completes.
+        b, out, err = settled(rt, batch, timeout=10 * settings.lease_seconds)
+        back = time.monotonic() - claimed
+    assert (b.completed, b.failed, err) == (2, 0, [])
+    assert_exactly_once(rt, batch, out, err)
+    with rt.store.read() as s:
+        assert s.get(Item, doomed).attempts == 2  # the revoked attempt 1 never ran; attempt 2 did
+    assert len(stub.requests) == 2
+    print(f"\nrevoked task: batch completed {back:.1f} s after the claim (lease {settings.lease_seconds} s)")
 
 
 def test_two_beats_fire_once_and_the_standby_takes_over(rt, settings, children, tmp_path):
