@@ -289,6 +289,8 @@ def twin_env(settings: Settings) -> dict[str, str]:
     queues between the two busy-poll (``sched_yield``) for a second after each message: while the twin
     sleeps out a step both processes would spin a core each. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps
     ``vllm serve``'s API server and engine-core processes and runs the model inside the engine core
-    (vLLM's ``UniProcExecutor``, as on a single GPU), which then sleeps while the twin waits.
+    (vLLM's ``UniProcExecutor``, as on a single GPU), which then sleeps while the twin waits. One OpenMP
+    thread: the tiny forward has nothing to split, and on a busy machine a parallel region waits at its
+    barrier for whichever thread was descheduled.
     """
-    return {**scheduler_env(settings), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    return {**scheduler_env(settings), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
