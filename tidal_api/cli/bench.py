@@ -355,7 +355,7 @@ def fleet(
         notes.append(f"{reps} repetition(s): the report refuses every figure (at least 3 are needed)")
     for note in notes:
         click.echo(f"note: {note}", err=True)
-    expected = plan.expected_s(engine_start_s=0.0 if engine_urls else 90.0)
+    expected = plan.expected_s(engine_start_s=0.0 if engine_urls else 150.0)
     click.echo(f"expected duration: about {expected / 60:.0f} min ({reps} reps x 4 arms, ABBA)", err=True)
     with contextlib.ExitStack() as running:
         if engine_urls:

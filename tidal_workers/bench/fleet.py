@@ -101,30 +101,20 @@ class RepInputs:
 def start_replicas(
     request: EngineRequest, count: int, settings: Settings, out_dir: Path
 ) -> tuple[contextlib.ExitStack, list[BenchEngine]]:
-    """``count`` engines started at once, replica ``i`` bound to core ``i`` (unbound, both would share core 0);
-    closing the returned ExitStack stops them."""
+    """``count`` engines, replica ``i`` bound to core ``i`` (unbound, both would share core 0); closing the
+    returned ExitStack stops them. Started one after the other from this thread: an engine dies with the thread
+    that spawned it (``die_with_parent``), so a pool's thread would take its engine with it when it exits."""
     stack = contextlib.ExitStack()
-    managers = [
-        started(
-            request,
-            settings,
-            plugin=False,
-            log_path=out_dir / f"engine-{i}.log",
-            env={"VLLM_CPU_OMP_THREADS_BIND": str(i)},
-        )
-        for i in range(count)
-    ]
-    with concurrent.futures.ThreadPoolExecutor(count) as pool:
-        futures = [pool.submit(m.__enter__) for m in managers]
-        concurrent.futures.wait(futures)
-    for m, f in zip(managers, futures):
-        if f.exception() is None:
-            stack.push(m.__exit__)
-    failed = [exc for f in futures if (exc := f.exception())]
-    if failed:
+    engines = []
+    try:
+        for i in range(count):
+            log_path = out_dir / f"engine-{i}.log"
+            env = {"VLLM_CPU_OMP_THREADS_BIND": str(i)}
+            engines.append(stack.enter_context(started(request, settings, plugin=False, log_path=log_path, env=env)))
+    except BaseException:
         stack.close()
-        raise failed[0]
-    return stack, [f.result() for f in futures]
+        raise
+    return stack, engines
 
 
 def node_name(replica: int) -> str:
