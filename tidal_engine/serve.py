@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import typing as t
 from pathlib import Path
@@ -115,12 +116,16 @@ def scheduler_env(settings: Settings) -> dict[str, str]:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent() -> t.Callable[[], None]:
+def die_with_parent() -> t.Callable[[], None] | None:
     """A ``preexec_fn`` for a supervised child: the kernel sends it SIGTERM when this process dies, even by SIGKILL.
 
     The child then runs its own shutdown (vLLM stops its engine core, gunicorn its workers). If this process
     died between the fork and the call taking effect, the child ends at once rather than run unsupervised.
+    Linux ties the signal to the *thread* that forks, not the process: from any thread but the main one the
+    child would die when that thread exits (a pool's thread, a restart thread), so there it is not set (None).
     """
+    if threading.current_thread() is not threading.main_thread():
+        return None
     parent = os.getpid()
 
     def in_child() -> None:

@@ -102,8 +102,7 @@ def start_replicas(
     request: EngineRequest, count: int, settings: Settings, out_dir: Path
 ) -> tuple[contextlib.ExitStack, list[BenchEngine]]:
     """``count`` engines, replica ``i`` bound to core ``i`` (unbound, both would share core 0); closing the
-    returned ExitStack stops them. Started one after the other from this thread: an engine dies with the thread
-    that spawned it (``die_with_parent``), so a pool's thread would take its engine with it when it exits."""
+    returned ExitStack stops them, one after the other (two vLLM starts at once on 2 cores only slow each other)."""
     stack = contextlib.ExitStack()
     engines = []
     try:
