@@ -7,11 +7,16 @@ import numpy as np
 import pytest
 from engine_steps import ScheduleAhead
 from engine_steps import make_request
+from vllm.config import SchedulerConfig
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from config import load_settings
 from tidal_engine.metrics import Mode
 from tidal_engine.scheduler import TidalAsyncScheduler
+from tidal_engine.scheduler import TidalScheduler
+from tidal_engine.serve import ASYNC_SCHEDULER_CLS
+from tidal_engine.serve import SCHEDULER_CLS
+from tidal_engine.serve import EngineOptions
 
 TAU = 2048
 
@@ -175,3 +180,18 @@ def test_a_step_is_timed_between_consecutive_outputs_and_charged_to_its_own_plan
     clock.now = 100.25
     engine.feed()
     assert [seconds for *_, seconds in observed] == [10.0, 15.0, 1.0, 0.25]  # the idle time is no step's
+
+
+def test_each_plugin_class_is_served_with_its_scheduling_mode():
+    """`tidal engine serve` (EngineOptions) names each class with its flag, and vLLM resolves both names."""
+    sync = EngineOptions(model="m", tidal_scheduler=True).argv(8000)
+    assert sync[sync.index("--scheduler-cls") + 1] == SCHEDULER_CLS and "--no-async-scheduling" in sync
+    gpu = EngineOptions(model="m", tidal_scheduler=True, cpu=False, async_scheduling=True).argv(8000)
+    assert gpu[gpu.index("--scheduler-cls") + 1] == ASYNC_SCHEDULER_CLS and "--async-scheduling" in gpu
+    assert "--no-async-scheduling" not in gpu
+    stock = EngineOptions(model="m", cpu=False).argv(8000)
+    assert not {"--scheduler-cls", "--async-scheduling", "--no-async-scheduling"} & set(stock)  # vLLM's choice
+    with pytest.raises(ValueError, match="CPU platform"):
+        EngineOptions(model="m", tidal_scheduler=True, async_scheduling=True)
+    assert SchedulerConfig.default_factory(scheduler_cls=SCHEDULER_CLS).get_scheduler_cls() is TidalScheduler
+    assert SchedulerConfig.default_factory(scheduler_cls=ASYNC_SCHEDULER_CLS).get_scheduler_cls() is TidalAsyncScheduler
