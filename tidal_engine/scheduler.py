@@ -1,7 +1,8 @@
 """TidalScheduler: batch tokens fill what online traffic leaves free, every step.
 
-Loaded by a stock vLLM with
-``--scheduling-policy priority --scheduler-cls tidal_engine.scheduler.TidalScheduler``.
+Loaded by a stock vLLM with ``--scheduling-policy priority --scheduler-cls
+tidal_engine.scheduler.TidalScheduler --no-async-scheduling`` (or ``TidalAsyncScheduler`` with
+``--async-scheduling``).
 It is a thin gate around the stock ``Scheduler.schedule()``; the scheduling
 itself (budgets, chunked prefill, KV allocation, preemption) stays vLLM's:
 
@@ -39,7 +40,7 @@ scheduling on by default, and vLLM only warns that a plugin derived from
 ``Scheduler`` then loses the overlap of scheduling with the forward pass (about
 78% latency in vLLM PR #43724). ``TidalAsyncScheduler`` is the same gate on
 ``AsyncScheduler`` for those engines; only how it times a step differs
-(docs/engine.md, "GPU hosts").
+(docs/engine.md, "Which class when").
 
 Settings come from ``config.load_settings()`` (the ``TIDAL_SCHED_*`` variables,
 inherited by the engine-core process), never from tidal_api or tidal_workers.
