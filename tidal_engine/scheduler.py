@@ -1,7 +1,8 @@
 """TidalScheduler: batch tokens fill what online traffic leaves free, every step.
 
-Loaded by a stock vLLM with
-``--scheduling-policy priority --scheduler-cls tidal_engine.scheduler.TidalScheduler``.
+Loaded by a stock vLLM with ``--scheduling-policy priority --scheduler-cls
+tidal_engine.scheduler.TidalScheduler --no-async-scheduling`` (or ``TidalAsyncScheduler`` with
+``--async-scheduling``).
 It is a thin gate around the stock ``Scheduler.schedule()``; the scheduling
 itself (budgets, chunked prefill, KV allocation, preemption) stays vLLM's:
 
@@ -31,13 +32,15 @@ Each step runs in four phases, so that deciding and acting stay apart:
    the plan's budget and everything taken out is back, then export what the
    step did (``metrics.py``).
 
-Base class. Pinned to vLLM 0.32.x, whose scheduler interface is not public. The
-CPU platform forces ``async_scheduling=False`` (``platforms/cpu.py:331``), so
-the engine drives a plain ``Scheduler`` and this class subclasses it. On GPU
-builds async scheduling is on by default and vLLM warns that a plugin derived
-from ``Scheduler`` loses the async overlap (about 78% latency in vLLM PR
-#43724); there the same gate must derive from ``AsyncScheduler``
-(docs/engine.md, "GPU hosts").
+Base classes. Pinned to vLLM 0.32.x, whose scheduler interface is not public.
+``TidalScheduler`` subclasses the plain ``Scheduler``, which the engine drives
+with async scheduling off: always on the CPU platform (``platforms/cpu.py:331``),
+and on GPU builds with ``--no-async-scheduling``. GPU builds turn async
+scheduling on by default, and vLLM only warns that a plugin derived from
+``Scheduler`` then loses the overlap of scheduling with the forward pass (about
+78% latency in vLLM PR #43724). ``TidalAsyncScheduler`` is the same gate on
+``AsyncScheduler`` for those engines; only how it times a step differs
+(docs/engine.md, "Which class when").
 
 Settings come from ``config.load_settings()`` (the ``TIDAL_SCHED_*`` variables,
 inherited by the engine-core process), never from tidal_api or tidal_workers.
@@ -45,12 +48,14 @@ inherited by the engine-core process), never from tidal_api or tidal_workers.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
 import time
 import typing as t
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -170,10 +175,11 @@ class TidalScheduler(Scheduler):
         self.slack_fill = SlackFill()
         self._cached_tokens: dict[str, int] = {}  # req_id -> prefix-cache hit at its last admission
         self._step_started: float | None = None
+        self.clock: t.Callable[[], float] = time.monotonic  # the step timer's clock; tests drive their own
 
     # --- one step: plan, evict, gate the stock schedule(), check, account ------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        started = time.monotonic()
+        started = self.clock()
         plan = self._plan()
         self._evict(plan, started)
         with self._gated(plan):
@@ -329,21 +335,69 @@ class TidalScheduler(Scheduler):
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> t.Any:  # vLLM's dict[int, EngineCoreOutputs]
-        # Synchronous engine: schedule() -> execute_model() -> here, so the time
-        # since schedule() began is the step an online token waits for.
-        plan, started = self.last_plan, self._step_started
-        if plan is not None and started is not None and scheduler_output.total_num_scheduled_tokens > 0:
-            seconds = time.monotonic() - started
+        measured = self._measured_step(scheduler_output)
+        if measured is not None and scheduler_output.total_num_scheduled_tokens > 0:
+            plan, seconds = measured
             self.latency.observe(scheduler_output.total_num_scheduled_tokens, plan.context, seconds)
             if plan.batch_waited:
                 self.tidal_metrics.starved_slack_seconds.inc(max(self.budget_s - seconds, 0.0))
-        self._step_started = None
         return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _measured_step(self, scheduler_output: SchedulerOutput) -> tuple[StepPlan, float] | None:
+        """The plan of the step this output ends, and the step's seconds.
+
+        Synchronous engine: schedule() -> execute_model() -> here, so the time
+        since schedule() began is the step an online token waits for.
+        """
+        plan, started = self.last_plan, self._step_started
+        self._step_started = None
+        if plan is None or started is None:
+            return None
+        return plan, self.clock() - started
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> t.Any:
         # Every finished request passes here (stopped, aborted, length).
         self._cached_tokens.pop(request.request_id, None)
         return super()._free_request(request, delay_free_blocks)
+
+
+class TidalAsyncScheduler(TidalScheduler, AsyncScheduler):
+    """The same gate on vLLM's ``AsyncScheduler``, for an engine with async scheduling on (GPU builds' default).
+
+    The MRO puts TidalScheduler's plan, evict, gate, check and account around AsyncScheduler's own steps
+    (its output placeholders, its stale-output handling). Only the step timer differs: the engine core schedules
+    step N+1 before step N's output arrives (its batch queue holds two steps), so schedule() to
+    update_from_output() spans two steps, and ``last_plan`` is already step N+1's when step N's output comes.
+    Step N's time is the interval since the previous update_from_output() call, the one that ended step N-1,
+    and no longer than since step N was scheduled (an engine idle in between did not spend that time on it);
+    it is charged to the plan made for that output.
+    """
+
+    def __init__(self, *args: t.Any, settings: Settings | None = None, **kwargs: t.Any) -> None:
+        super().__init__(*args, settings=settings, **kwargs)
+        if not self.scheduler_config.async_scheduling:
+            raise ValueError(
+                "TidalAsyncScheduler needs async scheduling on; with --no-async-scheduling load TidalScheduler"
+            )
+        self._in_flight: collections.deque[tuple[SchedulerOutput, StepPlan, float]] = collections.deque()
+        self._last_output_at: float | None = None
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        output = super().schedule(throttle_prefills)
+        assert self.last_plan is not None and self._step_started is not None
+        self._in_flight.append((output, self.last_plan, self._step_started))
+        return output
+
+    def _measured_step(self, scheduler_output: SchedulerOutput) -> tuple[StepPlan, float] | None:
+        now = self.clock()
+        previous, self._last_output_at = self._last_output_at, now
+        # Outputs come back in the order they were scheduled; one that never came back is dropped here.
+        while self._in_flight:
+            output, plan, scheduled = self._in_flight.popleft()
+            if output is scheduler_output:
+                started = scheduled if previous is None else max(scheduled, previous)
+                return plan, now - started
+        return None
 
 
 def beyond_cap(running: list[Request], cap: int, online_waits: bool) -> list[str]:

@@ -27,7 +27,10 @@ from config import Settings
 from config.settings import child_environ
 from config.settings import env_name
 
-SCHEDULER_CLS = "tidal_engine.scheduler.TidalScheduler"
+# The plugin and the engine's scheduling mode go together: vLLM only warns when a Scheduler subclass runs with
+# async scheduling on (and the CPU platform has only sync scheduling), so each class is passed with its flag.
+SCHEDULER_CLS = "tidal_engine.scheduler.TidalScheduler"  # with --no-async-scheduling: proven on CPU and GPU-timed twin
+ASYNC_SCHEDULER_CLS = "tidal_engine.scheduler.TidalAsyncScheduler"  # with --async-scheduling: GPU builds only
 # The hub is unreachable here, and usage reports would only hang.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 
@@ -38,13 +41,18 @@ class EngineOptions:
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 0  # 0: pick a free port
-    tidal_scheduler: bool = False  # load TidalScheduler through --scheduler-cls
+    tidal_scheduler: bool = False  # load the plugin through --scheduler-cls
+    async_scheduling: bool = False  # GPU: vLLM's async scheduling with TidalAsyncScheduler (not proven on an engine)
     cpu: bool = True  # add the CPU build's fast-start flags
     kv_cache_bytes: str | None = "64M"  # always set on CPU: the default can fail the memory check
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
     max_num_seqs: int | None = None
     extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.async_scheduling and (self.cpu or not self.tidal_scheduler):
+            raise ValueError("async scheduling is for the plugin on a GPU host: vLLM's CPU platform has none")
 
     def argv(self, port: int) -> list[str]:
         vllm = str(Path(sys.executable).with_name("vllm"))
@@ -73,8 +81,10 @@ class EngineOptions:
             args += ["--kv-cache-memory-bytes", self.kv_cache_bytes]
         if self.max_num_seqs:
             args += ["--max-num-seqs", str(self.max_num_seqs)]
-        if self.tidal_scheduler:
-            args += ["--scheduler-cls", SCHEDULER_CLS]
+        if self.async_scheduling:
+            args += ["--scheduler-cls", ASYNC_SCHEDULER_CLS, "--async-scheduling"]
+        elif self.tidal_scheduler:
+            args += ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling"]
         return args + list(self.extra_args)
 
 

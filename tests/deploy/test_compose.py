@@ -138,10 +138,29 @@ def test_every_named_test_exists():
 
 def test_vllm_runs_priority_policy_and_the_plugin():
     vllm = compose_config("--profile", "gpu")["services"]["vllm"]
-    argv = " ".join(vllm["command"])
+    argv = vllm["command"]
     assert "--scheduling-policy=priority" in argv
-    assert "--scheduler-cls=tidal_engine.scheduler.TidalScheduler" in argv
+    # The proven class, with the async scheduling vLLM would otherwise run it under (and only warn about) off.
+    assert "--scheduler-cls=tidal_engine.scheduler.TidalScheduler" in argv and "--no-async-scheduling" in argv
+    assert "--async-scheduling" not in argv
+    assert "--max-num-batched-tokens=2048" in argv  # τ as the plugin's settings and benchmarks assume
+    assert vllm["environment"]["TIDAL_SCHED_METRICS_PORT"] == "9188" and "9188" in vllm["expose"]
     assert vllm["image"].endswith(":0.32.0")
+
+
+def test_the_async_plugin_is_chosen_with_async_scheduling():
+    out = run_config(
+        "--profile",
+        "gpu",
+        **PASSWORDS,
+        TIDAL_SCHEDULER_CLS="tidal_engine.scheduler.TidalAsyncScheduler",
+        TIDAL_VLLM_SCHEDULING="async-scheduling",
+        TIDAL_MAX_NUM_BATCHED_TOKENS="4096",
+    )
+    assert out.returncode == 0, out.stderr
+    argv = yaml.safe_load(out.stdout)["services"]["vllm"]["command"]
+    assert "--scheduler-cls=tidal_engine.scheduler.TidalAsyncScheduler" in argv and "--async-scheduling" in argv
+    assert "--no-async-scheduling" not in argv and "--max-num-batched-tokens=4096" in argv
 
 
 def test_flower_requires_basic_auth():

@@ -56,11 +56,15 @@ def vllm_config_factory(tiny_model):
 
 @pytest.fixture
 def make_scheduler(vllm_config_factory):
-    """Build a real vLLM scheduler (TidalScheduler or the stock one) the way the engine core does."""
+    """Build a real vLLM scheduler (a Tidal one or the stock one, sync or async) the way the engine core does."""
 
-    def make(cls: type[Scheduler], num_blocks: int = 1001, settings=None, **config) -> Scheduler:
+    def make(
+        cls: type[Scheduler], num_blocks: int = 1001, settings=None, async_scheduling: bool = False, **config
+    ) -> Scheduler:
         vllm_config = vllm_config_factory(**config)
         vllm_config.cache_config.num_gpu_blocks = num_blocks
+        # The CPU platform turned async scheduling off while the config was built; a GPU build leaves it on.
+        vllm_config.scheduler_config.async_scheduling = async_scheduling
         # The tiny model's attention: 2 KV heads of size 32.
         spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=32, dtype=torch.float32)
         kv_cache_config = KVCacheConfig(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import zlib
 
 from vllm.sampling_params import SamplingParams
@@ -33,16 +34,47 @@ def make_request(request_id: str, prompt: list[int] | int, priority: int, max_to
     )
 
 
-def run_step(scheduler: Scheduler) -> SchedulerOutput:
-    """One engine step with the model runner scripted: a token for every request past its prompt."""
-    output = scheduler.schedule()
+def runner_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOutput:
+    """The model runner's answer to a step, built as the step is scheduled: a token for every request that the
+    step took past its prompt (vLLM's ``is_prefill_chunk``, set by ``schedule()``)."""
     ids = list(output.num_scheduled_tokens)
-    sampled = [
-        [SAMPLED_TOKEN] if scheduler.requests[i].num_computed_tokens >= scheduler.requests[i].num_tokens else []
-        for i in ids
-    ]
-    runner_output = ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)}, sampled_token_ids=sampled
-    )
-    scheduler.update_from_output(output, runner_output)
+    sampled = [[] if scheduler.requests[i].is_prefill_chunk else [SAMPLED_TOKEN] for i in ids]
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)}, sampled_token_ids=sampled)
+
+
+def run_step(scheduler: Scheduler) -> SchedulerOutput:
+    """One synchronous engine step with the model runner scripted."""
+    output = scheduler.schedule()
+    scheduler.update_from_output(output, runner_output(scheduler, output))
     return output
+
+
+class ScheduleAhead:
+    """The engine core under async scheduling (``step_with_batch_queue``, a queue of two): step N+1 is scheduled
+    before step N's output is fed back."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.in_flight: collections.deque[tuple[SchedulerOutput, ModelRunnerOutput]] = collections.deque()
+
+    def schedule(self) -> SchedulerOutput:
+        output = self.scheduler.schedule()
+        self.in_flight.append((output, runner_output(self.scheduler, output)))
+        return output
+
+    def feed(self) -> SchedulerOutput:
+        """Feed back the oldest step's output; return that step."""
+        output, runner = self.in_flight.popleft()
+        self.scheduler.update_from_output(output, runner)
+        return output
+
+    def step(self) -> SchedulerOutput:
+        """Schedule the next step, then feed back the one before it; return the step just scheduled."""
+        output = self.schedule()
+        if len(self.in_flight) == 2:
+            self.feed()
+        return output
+
+    def drain(self) -> None:
+        while self.in_flight:
+            self.feed()

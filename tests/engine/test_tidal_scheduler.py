@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import time
 
 import numpy as np
 import pytest
+from engine_steps import ScheduleAhead
 from engine_steps import make_request
 from engine_steps import run_step
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from config import load_settings
 from tidal_engine.metrics import Mode
+from tidal_engine.scheduler import TidalAsyncScheduler
 from tidal_engine.scheduler import TidalScheduler
 
 TAU = 2048
@@ -64,15 +67,19 @@ def test_online_first_and_never_displaced(make_scheduler):
     assert all(f"batch-{i}" in s.requests for i in range(6))  # parked, not dropped
 
 
-def test_the_model_cap_is_respected(make_scheduler):
-    s = make_scheduler(TidalScheduler, settings=settings())
+@pytest.mark.parametrize("schedule_ahead", [False, True], ids=["sync", "async-schedule-ahead"])
+def test_the_model_cap_is_respected(make_scheduler, schedule_ahead):
+    """Also on TidalAsyncScheduler in the async engine's order: each step planned before the last one's output."""
+    cls = TidalAsyncScheduler if schedule_ahead else TidalScheduler
+    s = make_scheduler(cls, settings=settings(), async_scheduling=schedule_ahead)
+    step = ScheduleAhead(s).step if schedule_ahead else functools.partial(run_step, s)
     teach(s)
     assert s.latency.fit.r2 > 0.99
     s.add_request(make_request("online", 100, priority=0, max_tokens=30))
     for i in range(4):
         s.add_request(make_request(f"batch-{i}", 1000, priority=1, max_tokens=30))
     for _ in range(8):
-        out = run_step(s)
+        out = step()
         plan = s.last_plan
         assert plan.mode is Mode.MODEL
         # The largest P with PER_TOKEN·P + PER_WINDOW·(P + C) + FIXED <= 160 ms, less online.

@@ -62,6 +62,12 @@ def build_tiny(shape: str) -> None:
 @click.option("--port", default=8000, show_default=True, type=int)
 @TIDAL_SCHEDULER
 @click.option("--gpu", is_flag=True, help="A GPU host: no CPU fast-start flags, vLLM sizes the KV cache itself.")
+@click.option(
+    "--async-scheduling",
+    is_flag=True,
+    help="With --tidal-scheduler --gpu: vLLM's async scheduling and TidalAsyncScheduler (not yet proven on a real "
+    "engine); without it the plugin is TidalScheduler with --no-async-scheduling.",
+)
 @click.option("--kv-bytes", default="64M", show_default=True, help="--kv-cache-memory-bytes on CPU hosts.")
 @click.option(
     "--max-num-seqs",
@@ -79,6 +85,7 @@ def serve(
     port: int,
     tidal_scheduler: bool,
     gpu: bool,
+    async_scheduling: bool,
     kv_bytes: str,
     max_num_seqs: int | None,
     log_path: str,
@@ -91,6 +98,8 @@ def serve(
     """
     from tidal_engine.tiny import build_tiny as build
 
+    if async_scheduling and not (tidal_scheduler and gpu):
+        raise click.UsageError("--async-scheduling goes with --tidal-scheduler --gpu (the CPU platform has none)")
     settings = load_settings()
     if not model:
         model, served_model_name = str(build(settings.home, shape)), served_model_name or shape
@@ -100,6 +109,7 @@ def serve(
         host=host,
         port=port,
         tidal_scheduler=tidal_scheduler,
+        async_scheduling=async_scheduling,
         cpu=not gpu,
         kv_cache_bytes=None if gpu else kv_bytes,
         max_num_seqs=(settings.max_num_seqs if max_num_seqs is None else max_num_seqs) or None,
