@@ -225,7 +225,9 @@ class Settings:
     min_inflight: int = _setting(0, "Lower bound of the gate; the fail-safe closes it to this.", ge=0)
     initial_inflight: int = _setting(1, "Gate target when a worker starts.", ge=0)
     lease_seconds: float = _setting(
-        30.0, "Lease on a claimed item; renewed every third of it while the request runs.", gt=0
+        30.0,
+        "Lease on a claimed item; renewed every third of it by the renewal thread. A claim whose task has not started within it (revoked, lost) is given back.",
+        gt=0,
     )
     claim_idle_seconds: float = _setting(
         0.1,
@@ -246,10 +248,15 @@ class Settings:
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.", gt=0)
     retry_budget: int = _setting(
         8,
-        "Transient failures (connection, 5xx, 429) an item may suffer before it is written as failed.",
+        "Transient failures an item may suffer while its engine is up (a timeout, a broken connection or a 5xx while /health answers, a 429) before it is written as failed; an engine outage uses none.",
         ge=0,
     )
     retry_backoff_seconds: float = _setting(0.5, "First retry delay; doubles each time, capped at 30 s.", ge=0)
+    engine_probe_seconds: float = _setting(
+        2.0,
+        "While this node's engine is down (refused, or failing its /health), how often the claim loop probes its /health to resume claiming.",
+        gt=0,
+    )
     ops_worker_threads: int = _setting(
         2,
         "Threads of the ops worker (`tidal worker --ops`: ingest and the sweeps); each ingest holds at most about 100 MB.",
@@ -266,6 +273,12 @@ class Settings:
     worker_metrics_port: int = _setting(
         9187,
         "Port of the worker's Prometheus endpoint (gate target, queue depth by band, in-flight by node); 0 turns it off.",
+        ge=0,
+        le=65535,
+    )
+    ops_metrics_port: int = _setting(
+        9189,
+        "Port of the ops worker's (`tidal worker --ops`) Prometheus endpoint, with `/health` and `/ready` (SQL, Redis, storage); 0 turns it off.",
         ge=0,
         le=65535,
     )

@@ -24,13 +24,14 @@ from tidal_workers.metrics import MetricsStep
 
 
 def make_celery(settings: Settings, ops: bool = False) -> Celery:
-    """The app of a GPU node's worker (claim thread, metrics), or with ``ops`` of an ops worker: the same tasks,
-    but only the context step (it claims nothing and has no engine, so no claim thread and no engine metrics)."""
+    """The app of a GPU node's worker (claim thread, metrics), or with ``ops`` of an ops worker: the same tasks and
+    metrics on ``ops_metrics_port``, but no claim thread (it claims nothing and has no engine to check)."""
     app = sending_app(settings)
     app.tidal_settings = settings
+    app.tidal_ops = ops
     app.steps["worker"].add(ContextStep)
+    app.steps["worker"].add(MetricsStep)
     if not ops:
-        app.steps["worker"].add(MetricsStep)
         app.steps["consumer"].add(ClaimStep)
     return app
 

@@ -11,9 +11,11 @@ re-score) at up to ``floor_rate`` items/s on this node through a per-batch
 token bucket, so a batch about to miss its window still progresses when the
 gate is closed; those items count as held and at the engine like any other,
 so an open gate simply claims that many fewer. It claims only batches of the
-models its engine serves (``served.py``). Each claim becomes a
-``tidal.run_item`` message on this worker's ``<hostname>.dq2`` queue with task
-id ``item-<id>#<attempt>``, which Flower shows."""
+models its engine serves (``served.py``), and nothing at all, the floor
+included, while its engine is down (``engine_health``: it probes ``/health``
+instead). Each claim becomes a ``tidal.run_item`` message on this worker's
+``<hostname>.dq2`` queue with task id ``item-<id>#<attempt>``, which Flower
+shows. A stopping worker claims no more and hands back what it has not sent."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from tidal_workers.gate import AimdGate
 from tidal_workers.gate import Gate
 from tidal_workers.gate import SteppedGate
 from tidal_workers.gate import make_gate
+from tidal_workers.handback import give_back_unstarted
+from tidal_workers.leases import STOPPING
 from tidal_workers.policy.laxity import TokenBucket
 from tidal_workers.queue import Claim
 from tidal_workers.renewal import Renewal
@@ -49,7 +53,7 @@ class ClaimLoop:
     gate's scrape, lease renewal, reclaim and rebuild run on their own threads, finalization on the ops worker."""
 
     def __init__(self, ctx: WorkerContext, gate: Gate, send: Send):
-        self.rt, self.leases, self.gate, self.send = ctx.rt, ctx.leases, gate, send
+        self.rt, self.leases, self.engine, self.gate, self.send = ctx.rt, ctx.leases, ctx.engine, gate, send
         self.settings = ctx.rt.settings
         self.stopping = threading.Event()
         self.buckets: dict[str, TokenBucket] = {}  # urgent batch -> its floor bucket on this node
@@ -70,6 +74,8 @@ class ClaimLoop:
     def tick(self, now: float) -> int:
         """Claim up to the target plus the prefetch, less what the node holds; returns how many were claimed."""
         s, q, book = self.settings, self.rt.queue, self.leases
+        if not self.engine.may_claim(now):  # the engine is down: claim nothing, the floor included
+            return 0
         target = self.gate.poll(now, book.outstanding())
         book.set_target(target)
         held = len(book)
@@ -117,6 +123,7 @@ class ClaimStep(bootsteps.StartStopStep):
     def __init__(self, c: Consumer, **kwargs: t.Any):
         super().__init__(c, **kwargs)
         self.loop: ClaimLoop | None = None
+        self.claiming: threading.Thread | None = None  # the claim loop's thread, among ``threads``
         self.threads: list[threading.Thread] = []
         self.stopping = threading.Event()
 
@@ -155,6 +162,7 @@ class ClaimStep(bootsteps.StartStopStep):
         self.loop = ClaimLoop(ctx, gate_runner, send)
         runs.append(("tidal-claim", self.loop.run))
         self.threads = [threading.Thread(target=run, name=name, daemon=True) for name, run in runs]
+        self.claiming = self.threads[-1]
         for thread in self.threads:
             thread.start()
 
@@ -165,6 +173,19 @@ class ClaimStep(bootsteps.StartStopStep):
             for thread in self.threads:
                 thread.join(10)
             self.loop, self.threads = None, []
+
+    def close(self, c: Consumer) -> None:
+        """The worker is stopping (Celery closes the consumer's steps only then, not on a broker reconnect): claim no
+        more, pause the book so no task sends again (a prefetched one, or one in a retry backoff, hands its item
+        back at once), and hand back the claims whose task has not started; requests under way finish."""
+        if self.loop is None or self.claiming is None:
+            return
+        self.loop.stop()
+        self.claiming.join(10)  # its last pass books what it claimed before the hand-back below
+        ctx = worker_context(c.app)
+        ctx.leases.pause(STOPPING)
+        given = give_back_unstarted(ctx.rt, ctx.leases)
+        log.info("worker stopping: %d claims not started went back to the queue; requests under way finish", given)
 
     shutdown = stop
 

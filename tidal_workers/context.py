@@ -1,4 +1,4 @@
-"""What one worker process holds: its Runtime and the book of leases it must keep renewing.
+"""What one worker process holds: its Runtime, the book of leases it must keep renewing, and its engine's health.
 
 Built by ``ContextStep`` when the worker starts (one per process, never a global
 shared with the API) and reached by tasks through ``worker_context(app)``.
@@ -15,6 +15,7 @@ from celery import bootsteps
 from celery.worker import WorkController
 
 from tidal_workers.blobs.sentinel import prepare_storage
+from tidal_workers.engine_health import EngineHealth
 from tidal_workers.health import Check
 from tidal_workers.health import dependency_checks
 from tidal_workers.health import engine_answers
@@ -28,12 +29,14 @@ class WorkerContext:
     rt: Runtime
     leases: LeaseBook
     results: ResultWriter = dataclasses.field(init=False)
+    engine: EngineHealth = dataclasses.field(init=False)  # up or down, as the tasks and the claim loop see it
     # The engine preflight's verdict, which /ready reports. Until a preflight replaces it with its own last
     # result, the co-located engine's /health answering stands in for it.
     preflight: t.Callable[[], Check] | None = None
 
     def __post_init__(self) -> None:
         self.results = ResultWriter(self.rt)
+        self.engine = EngineHealth(self.rt, self.leases)
 
     def ready_checks(self) -> list[Check]:
         """What the worker's /ready reports: its dependencies, then its engine preflight."""

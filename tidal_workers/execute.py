@@ -3,10 +3,13 @@
 The task waits in the node's LeaseBook for an engine token (the gate's target bounds requests at the
 engine, not leases), then re-checks its lease and its batch's status and priority and POSTs, so an
 escalation or a cancel reaches items claimed but not yet sent. The token is freed the moment the POST
-returns. Transient failures (connection errors, timeouts, 5xx, 429) are retried with exponential
-backoff while the renewal thread keeps the lease; they become an error line only once ``retry_budget``
-is spent. A 4xx is the request's own fault: an error line with the engine's status and body. See
-docs/architecture.md, "The lease state machine".
+returns. A failed request is judged by ``policy.outage`` (``engine_health``): if the engine is down
+(refused, or failing its ``/health``), the node pauses its book and the item goes back to the queue with
+no retry spent, as does every item of the node not at the engine. Otherwise the failure (a timeout, a
+broken connection, a 5xx, a 429) is the item's own: retried with exponential backoff while the renewal
+thread keeps the lease, and an error line once ``retry_budget`` is spent. A 4xx is the request's own
+fault: an error line with the engine's status and body. See docs/architecture.md, "The lease state
+machine".
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import typing as t
 
 import prometheus_client
 import requests
+import urllib3.exceptions
 from celery import Task
 from celery import shared_task
 from sqlalchemy import Row
@@ -25,8 +29,12 @@ from sqlalchemy import select
 
 from tidal_workers import task_names
 from tidal_workers.context import worker_context
+from tidal_workers.engine_health import HANDED_BACK
+from tidal_workers.engine_health import EngineHealth
 from tidal_workers.finalize import finalize_if_due
+from tidal_workers.handback import give_back
 from tidal_workers.leases import LeaseBook
+from tidal_workers.policy.outage import Failure
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome
 from tidal_workers.result import Write
@@ -59,7 +67,18 @@ RELEASE_SECONDS = prometheus_client.Histogram(
 
 
 class Transient(Exception):
-    """The engine may answer next time: a connection error, a timeout, a 5xx or a 429."""
+    """The engine may answer next time; ``failure`` says how this request failed."""
+
+    def __init__(self, failure: Failure, message: str):
+        super().__init__(message)
+        self.failure = failure
+
+
+def _failure(exc: requests.RequestException) -> Failure:
+    if isinstance(exc, requests.ConnectionError) and not isinstance(exc, requests.Timeout):
+        reason = getattr(exc.args[0], "reason", None) if exc.args else None
+        return Failure.REFUSED if isinstance(reason, urllib3.exceptions.NewConnectionError) else Failure.BROKEN
+    return Failure.TIMEOUT if isinstance(exc, requests.Timeout) else Failure.BROKEN
 
 
 def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str] | None:
@@ -84,13 +103,14 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outc
             timeout=rt.settings.request_timeout_seconds,
         )
     except requests.RequestException as exc:
-        raise Transient(f"{type(exc).__name__}: {exc}") from exc
+        raise Transient(_failure(exc), f"{type(exc).__name__}: {exc}") from exc
     if resp.status_code == 429 or resp.status_code >= 500:
-        raise Transient(f"engine answered {resp.status_code}: {resp.text[:200]}")
+        failure = Failure.BUSY if resp.status_code == 429 else Failure.SERVER_ERROR
+        raise Transient(failure, f"engine answered {resp.status_code}: {resp.text[:200]}")
     try:
         payload = resp.json()
     except ValueError as exc:
-        raise Transient(f"engine answered {resp.status_code} with a body that is not JSON") from exc
+        raise Transient(Failure.BROKEN, f"engine answered {resp.status_code} with a body that is not JSON") from exc
     request_id = resp.headers.get("x-request-id") or (payload.get("id") if isinstance(payload, dict) else None)
     ok = 200 <= resp.status_code < 300
     return Outcome(
@@ -102,25 +122,20 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outc
     )
 
 
-def _give_back(rt: Runtime, item_id: int, lease: str) -> str:
-    """No engine token within the prefetch age: the item goes back to the queue for any node."""
-    given = rt.queue.give_back(item_id, lease)
-    if given is None:
-        return "stale"
-    if not given.requeued and given.batch_id:  # its batch was dropped (cancelled, expired) meanwhile
-        finalize_if_due(rt, given.batch_id)
-    return "given_back" if given.requeued else "abandoned"
-
-
-def _post(rt: Runtime, book: LeaseBook, item_id: int, lease: str, row: Row[str, str, str, str]) -> Outcome | str:
-    """prefetched → sent → answered, retrying transient failures; the Outcome, or why the attempt stopped."""
+def _post(
+    rt: Runtime, book: LeaseBook, engine: EngineHealth, item_id: int, lease: str, row: Row[str, str, str, str]
+) -> Outcome | str:
+    """prefetched → sent → answered, retrying the item's own transient failures; the Outcome, or why it stopped."""
     s = rt.settings
     body = json.loads(row.body)
     failures = 0
     while True:
         got, freed_at = book.take_token(item_id, lease, s.prefetch_max_age_seconds)
-        if not got:
-            return _give_back(rt, item_id, lease)
+        if not got:  # no token within the prefetch age, or the book is paused (engine down, worker stopping)
+            given = give_back(rt, item_id, lease)
+            if given == "given_back" and not engine.up:
+                HANDED_BACK.inc()
+            return given
         # The re-checks, at the moment of sending: the lease, then the batch's status and priority now.
         if not rt.queue.lease_current(item_id, lease):
             book.return_token(item_id, lease, freed_at)
@@ -137,33 +152,47 @@ def _post(rt: Runtime, book: LeaseBook, item_id: int, lease: str, row: Row[str, 
         try:
             return submit(rt, row.url, body, batch.priority)
         except Transient as exc:
-            failures += 1
-            if failures > s.retry_budget:
-                return Outcome(
-                    status=ItemStatus.failed,
-                    error_code="retry_budget_exhausted",
-                    error_message=f"The engine failed {failures} times; last: {exc}",
-                )
-            delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
-            log.info("item %s: %s; retry %d in %.2fs", item_id, exc, failures, delay)
+            failed = exc
         finally:
             book.answered(item_id, lease)
             POST_SECONDS.observe(time.monotonic() - sent)
-        time.sleep(delay)  # the token is free meanwhile; the renewal thread keeps the lease
+        if engine.outage(failed.failure, str(failed)):  # no retry spent: the book is paused, so the next
+            continue  # take_token hands the item back
+        failures += 1
+        if failures > s.retry_budget:
+            return Outcome(
+                status=ItemStatus.failed,
+                error_code="retry_budget_exhausted",
+                error_message=f"The engine failed {failures} times; last: {failed}",
+            )
+        delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
+        log.info("item %s: %s; retry %d in %.2fs", item_id, failed, failures, delay)
+        # The token is free meanwhile and the renewal thread keeps the lease; an outage found by another task, or
+        # the worker stopping, pauses the book and ends the wait at once (the next take_token hands the item back).
+        book.paused.wait(delay)
         if not rt.queue.lease_current(item_id, lease):
             return "stale"
 
 
-def execute_item(rt: Runtime, book: LeaseBook, item_id: int, lease: str, write: Write | None = None) -> str:
+def execute_item(
+    rt: Runtime,
+    book: LeaseBook,
+    item_id: int,
+    lease: str,
+    write: Write | None = None,
+    engine: EngineHealth | None = None,
+) -> str:
     """Run one claimed attempt (booked in ``book``) to its outcome; returns what happened (for Flower and tests).
-    ``write``: the worker's ResultWriter (group commit); by default the outcome gets a transaction of its own."""
+    ``write``: the worker's ResultWriter (group commit); by default the outcome gets a transaction of its own.
+    ``engine``: the worker's EngineHealth; by default one of this call's own."""
+    engine = engine or EngineHealth(rt, book)
     if not book.start(item_id, lease) or not rt.queue.lease_current(item_id, lease):
         return "stale"
     row = _load(rt, item_id)
     if row is None or row.status != ItemStatus.pending.value:  # already settled by an earlier attempt
         rt.queue.complete(item_id, lease)
         return "done"
-    outcome = _post(rt, book, item_id, lease, row)
+    outcome = _post(rt, book, engine, item_id, lease, row)
     if isinstance(outcome, str):
         return outcome
     answered = time.monotonic()
@@ -179,6 +208,6 @@ def execute_item(rt: Runtime, book: LeaseBook, item_id: int, lease: str, write: 
 def run_item(self: Task, item_id: int, lease: str) -> str:
     ctx = worker_context(self.app)
     try:
-        return execute_item(ctx.rt, ctx.leases, item_id, lease, ctx.results.write)
+        return execute_item(ctx.rt, ctx.leases, item_id, lease, ctx.results.write, ctx.engine)
     finally:
         ctx.leases.discard(item_id, lease)

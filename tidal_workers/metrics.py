@@ -8,6 +8,7 @@ them, with the gate's gauges, from each worker on ``TIDAL_WORKER_METRICS_PORT``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import typing as t
 
@@ -19,6 +20,7 @@ from prometheus_client.registry import REGISTRY
 from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import select
 
+from tidal_workers.health import dependency_checks
 from tidal_workers.health import serve_http
 from tidal_workers.health import worker_http_app
 from tidal_workers.queue import Queue
@@ -124,7 +126,7 @@ def worker_registry(rt: Runtime) -> CollectorRegistry:
 
 class MetricsStep(bootsteps.StartStopStep):
     """Serves ``worker_registry`` over HTTP while the worker runs (one server per worker process), with
-    ``/health`` and ``/ready`` beside it."""
+    ``/health`` and ``/ready`` beside it; on ``ops_metrics_port`` for the ops worker."""
 
     requires = ("tidal_workers.context:ContextStep",)
 
@@ -134,11 +136,13 @@ class MetricsStep(bootsteps.StartStopStep):
 
     def start(self, w: WorkController) -> None:
         ctx = w.app.tidal_context
-        port = ctx.rt.settings.worker_metrics_port
+        ops = getattr(w.app, "tidal_ops", False)  # the ops worker has no engine: its readiness is its dependencies
+        port = ctx.rt.settings.ops_metrics_port if ops else ctx.rt.settings.worker_metrics_port
         if not port:
             return
+        ready = functools.partial(dependency_checks, ctx.rt) if ops else ctx.ready_checks
         try:
-            self.server = serve_http(worker_http_app(worker_registry(ctx.rt), ctx.ready_checks), port)
+            self.server = serve_http(worker_http_app(worker_registry(ctx.rt), ready), port)
         except OSError as exc:  # a second worker on this host: it runs, unscraped, rather than not at all
             log.warning("worker metrics not served: port %d: %s", port, exc)
             return

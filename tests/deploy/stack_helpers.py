@@ -10,10 +10,10 @@ import uuid
 from pathlib import Path
 
 import sqlalchemy as sa
-from reliability.fault_helpers import _pg_bin
 from workers.worker_helpers import settled
 
 from config import Settings
+from tidal_workers.bench.services import pg_bin
 
 
 @contextlib.contextmanager
@@ -53,7 +53,7 @@ def backup(settings: Settings, to: Path) -> None:
     dump names has its bytes in the copy."""
     to.mkdir(parents=True)
     if settings.database_url.startswith("postgresql"):
-        _run(_pg_bin("pg_dump"), "--format=custom", f"--file={to / 'tidal.dump'}", libpq_url(settings))
+        _run(pg_bin("pg_dump"), "--format=custom", f"--file={to / 'tidal.dump'}", libpq_url(settings))
     else:
         _run("sqlite3", settings.sqlalchemy_url.removeprefix("sqlite:///"), f".backup '{to / 'tidal.db'}'")
     shutil.copytree(settings.blob_path, to / "blobs")
@@ -62,7 +62,7 @@ def backup(settings: Settings, to: Path) -> None:
 def restore(backup_dir: Path, settings: Settings) -> None:
     """What docs/deployment.md "Restore" does, onto an empty store and an empty blob directory."""
     if settings.database_url.startswith("postgresql"):
-        _run(_pg_bin("pg_restore"), "--no-owner", f"--dbname={libpq_url(settings)}", str(backup_dir / "tidal.dump"))
+        _run(pg_bin("pg_restore"), "--no-owner", f"--dbname={libpq_url(settings)}", str(backup_dir / "tidal.dump"))
     else:
         Path(settings.home).mkdir(parents=True)
         shutil.copy(backup_dir / "tidal.db", settings.sqlalchemy_url.removeprefix("sqlite:///"))

@@ -52,7 +52,7 @@ PROFILES = {"gpu": {"vllm", "worker"}, "s3": {"minio"}, "monitoring": {"promethe
 def test_compose_file_is_valid_with_every_service():
     cfg = compose_config(*ALL_PROFILES)
     assert set(cfg["services"]) == {"redis", "postgres", "api", "ops", "beat", "flower"}.union(*PROFILES.values())
-    for name in set(cfg["services"]) - {"ops", "beat", "grafana"}:  # Celery consumers without an HTTP port
+    for name in set(cfg["services"]) - {"beat", "grafana"}:  # beat only sends: no HTTP port
         assert "healthcheck" in cfg["services"][name], name
     assert cfg["services"]["beat"]["deploy"]["replicas"] == 1
 
@@ -73,6 +73,7 @@ def test_health_checks_ask_readiness():
     services = compose_config("--profile", "gpu")["services"]
     assert "http://127.0.0.1:8080/ready" in " ".join(services["api"]["healthcheck"]["test"])
     assert "http://127.0.0.1:9187/ready" in " ".join(services["worker"]["healthcheck"]["test"])
+    assert "http://127.0.0.1:9189/ready" in " ".join(services["ops"]["healthcheck"]["test"])
 
 
 def test_every_tidal_process_shares_the_blob_volume():

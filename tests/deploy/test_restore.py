@@ -14,8 +14,6 @@ import sys
 
 import pytest
 from deploy_helpers import ROOT
-from reliability.fault_helpers import PrivateRedis
-from reliability.fault_helpers import kill_group
 from reliability.fault_helpers import start_worker
 from stack_helpers import assert_every_line_once
 from stack_helpers import backup
@@ -27,6 +25,8 @@ from workers.worker_helpers import settings_env
 from workers.worker_helpers import wait_for
 
 from tidal_api import create_app
+from tidal_workers.bench.services import PrivateRedis
+from tidal_workers.bench.services import kill_group
 from tidal_workers.runtime import Runtime
 
 N = 30

@@ -22,7 +22,6 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from deploy_helpers import ROOT
-from reliability.fault_helpers import kill_group
 from reliability.fault_helpers import start_worker
 from stack_helpers import assert_every_line_once
 from stack_helpers import fresh_database
@@ -30,6 +29,7 @@ from stack_helpers import scalar
 from workers.worker_helpers import settings_env
 from workers.worker_helpers import wait_for
 
+from tidal_workers.bench.services import kill_group
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.migrate import MIGRATIONS
 from tidal_workers.store.migrate import alembic_config

@@ -2,26 +2,19 @@
 
 The shared Redis (6379) and PostgreSQL (5432) carry other sessions' tests, so
 every restart here happens to a private instance on a free port, torn down
-with the test module. Each service restarts on the same port, so clients keep
-their URL, as a real restart would.
+with the test module (``tidal_workers.bench.services``, which `tidal bench chaos`
+uses too). Each service restarts on the same port, so clients keep their URL, as
+a real restart would.
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import json
-import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-import redis
 import requests
 from workers.worker_helpers import CHAT
 from workers.worker_helpers import ROOT
@@ -31,119 +24,7 @@ from workers.worker_helpers import wait_for
 from tidal_engine.serve import EngineOptions
 from tidal_engine.serve import free_port
 from tidal_engine.serve import start_engine
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """kill -9 a child started in its own session, with everything it forked."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-
-
-class PrivateRedis:
-    """A redis-server without persistence: a restart loses every key, as a crashed cache would."""
-
-    def __init__(self, workdir: Path):
-        self.dir = workdir
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-        self.start()
-
-    def start(self) -> None:
-        with open(self.dir / "redis.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    "redis-server",
-                    "--port",
-                    str(self.port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(self.dir),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        client = redis.Redis(port=self.port, socket_timeout=2)
-        wait_for(lambda: _answers(client), timeout=30, what="the private redis-server to answer")
-
-    def restart(self) -> float:
-        """kill -9 and start again on the same port; returns the seconds it was down."""
-        began = time.monotonic()
-        kill_group(self.proc)
-        self.start()
-        return time.monotonic() - began
-
-    def stop(self) -> None:
-        kill_group(self.proc)
-
-
-def _answers(client: redis.Redis) -> bool:
-    try:
-        return client.ping()
-    except redis.RedisError:
-        return False
-
-
-def _pg_bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or [shutil.which(name) or f"/usr/local/bin/{name}"]
-    return found[-1]
-
-
-class PrivatePostgres:
-    """A throw-away PostgreSQL cluster (initdb in a temp dir, trust auth) on a free port.
-
-    Run as the ``postgres`` user when the tests run as root (PostgreSQL refuses root).
-    """
-
-    def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="tidal-pg-"))
-        self.data = self.dir / "data"
-        self.port = free_port()
-        self.url = f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/postgres"
-        if os.geteuid() == 0:
-            shutil.chown(self.dir, "postgres", "postgres")
-        self._run(_pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
-        self.start()
-
-    def _run(self, *argv: str, timeout: float = 120) -> None:
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        done = subprocess.run([*prefix, *argv], capture_output=True, timeout=timeout, cwd=self.dir)
-        assert done.returncode == 0, f"{argv[0]} failed: {done.stdout.decode()} {done.stderr.decode()}"
-
-    def start(self) -> None:
-        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        self._run(
-            _pg_bin("pg_ctl"),
-            "-D",
-            str(self.data),
-            "-l",
-            str(self.dir / "pg.log"),
-            "-o",
-            opts,
-            "-w",
-            "-t",
-            "120",
-            "start",
-        )
-
-    def restart(self) -> float:
-        """Stop at once (``-m immediate``: every connection drops, as in a crash) and start again."""
-        began = time.monotonic()
-        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
-        self.start()
-        return time.monotonic() - began
-
-    def stop(self) -> None:
-        with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
-            self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(self.dir, ignore_errors=True)
+from tidal_workers.bench.services import kill_group
 
 
 def spawn_tidal(settings, *args: str, log: Path, tree: Path = ROOT) -> subprocess.Popen:

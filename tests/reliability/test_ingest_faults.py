@@ -23,9 +23,9 @@ from workers.worker_helpers import validating_batch
 from workers.worker_helpers import validating_stored_batch
 from workers.worker_helpers import wait_for
 
-from reliability.fault_helpers import kill_group
 from reliability.fault_helpers import spawn_tidal
 from reliability.fault_helpers import start_worker
+from tidal_workers.bench.services import kill_group
 from tidal_workers.blobs import Written
 from tidal_workers.ingest import request_ingest
 

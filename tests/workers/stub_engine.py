@@ -36,6 +36,8 @@ class StubEngine:
         self.metrics = metrics_text()  # what GET /metrics answers; a test may replace it to steer a gate
         self.scrapes = 0  # GET /metrics answered so far: a gate pointed here is running
         self.health = 200  # what GET /health answers; a test makes the engine look down by changing it
+        self.health_checks = 0  # GET /health answered so far
+        self.outage = False  # True: /health and every POST answer 503, as an engine that is down behind a proxy
         self.models = ["m"]  # what GET /v1/models lists: the batches of these models are claimed by its workers
         self._faults: dict[str, list[str]] = {}
         self._lock = threading.Lock()
@@ -77,7 +79,8 @@ class StubEngine:
 
             def do_GET(self):  # /metrics (an idle engine's unless scripted), for an AIMD gate pointed here
                 if self.path == "/health":  # vLLM's liveness: 200 and no body
-                    self.send_response(stub.health)
+                    stub.health_checks += 1
+                    self.send_response(503 if stub.outage else stub.health)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
@@ -100,7 +103,8 @@ class StubEngine:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fault = stub._next(body)
+                fault = stub._next(body)  # recorded, and a scripted fault used, in an outage too
+                fault = "503" if stub.outage else fault
                 if fault == "abort":
                     self.connection.shutdown(2)  # no response at all: a connection error for the client
                     return

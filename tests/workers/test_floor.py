@@ -103,3 +103,22 @@ def test_a_batch_starved_by_online_load_still_makes_its_floor_rate(rt, make_batc
     rate = (n - 2) / (seen_at[-1] - seen_at[1])  # from the second arrival: the first may wait on a cold worker
     # settles at the floor, not above it
     assert FLOOR_RATE / 4 <= rate <= FLOOR_RATE * 1.5, f"{rate:.2f} items/s (load average {os.getloadavg()})"
+
+
+def test_the_floor_claims_nothing_while_the_engine_is_down(rt, make_batch, stub):
+    """The floor admits urgent work past a closed gate, never past a dead engine; it resumes once /health answers."""
+    _calm, urgent = urgent_pair(rt, make_batch)
+    rt.settings = rt.settings.replace(engine_probe_seconds=1.0)
+    sent: list = []
+    loop = loop_for(rt, 0, sent, settle=True)
+    loop.engine.mark_down("a refused connection")  # what a task finds first
+    assert loop.leases.paused.is_set()  # no engine token either
+    stub.outage = True
+    t0 = time.time()
+    for k in range(201):  # ten simulated seconds, a pass every 50 ms: the bucket fills, the engine stays down
+        loop.tick(t0 + 0.05 * k)
+    assert sent == [] and rt.queue.inflight(rt.settings.node) == 0
+    assert stub.health_checks == 11  # once per probe period (at 0, 1, ..., 10 s), no more
+    stub.outage = False
+    assert loop.tick(t0 + 11) == 1 and loop.engine.up  # the next probe finds it up: a full bucket of one
+    assert {c.batch_id for c in sent} == {urgent} and not loop.leases.paused.is_set()

@@ -6,15 +6,18 @@ import json
 import os
 import signal
 import socket
+import time
 
 from sqlalchemy import func
 from sqlalchemy import select
 from workers.worker_helpers import assert_exactly_once
 from workers.worker_helpers import batch_row
+from workers.worker_helpers import item_ids
 from workers.worker_helpers import settled
 from workers.worker_helpers import spawn
 from workers.worker_helpers import wait_for
 
+from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.store.models import Item
 from tidal_workers.task_names import OPS_QUEUE
 
@@ -45,6 +48,32 @@ def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
         rerun = s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == batch, Item.attempts > 1))
     assert rerun >= 1  # the killed worker's in-flight items ran again, as attempt 2
     assert rt.queue.inflight("node-a") == 0
+
+
+def test_a_revoked_task_gives_its_item_back_within_the_lease(rt, make_batch, worker, stub, settings):
+    """A run_item revoked before it starts (from Flower, say) never runs: the renewal thread gives its claim back
+    about a lease after the claim, and the item runs again as attempt 2 (it is not renewed for ever)."""
+    from celery.worker import state
+
+    batch = make_batch(2, enqueue=False)
+    doomed = f"item-{item_ids(rt, batch)[0]}#1"  # the task id the claim will publish
+    # What a revoke leaves in the worker, held before it starts: its first pass rebuilds the queue from SQL and
+    # claims at once, so a revoke broadcast to the running worker could arrive after the task.
+    state.revoked.add(doomed)
+    try:
+        with worker():
+            enqueue_batch(rt, batch)
+            claimed = time.monotonic()
+            b, out, err = settled(rt, batch, timeout=10 * settings.lease_seconds)
+            back = time.monotonic() - claimed
+    finally:
+        state.revoked.discard(doomed)  # the worker state is the process's: later tests must not inherit it
+    assert (b.completed, b.failed, err) == (2, 0, [])
+    assert_exactly_once(rt, batch, out, err)
+    with rt.store.read() as s:
+        assert s.get(Item, item_ids(rt, batch)[0]).attempts == 2  # the revoked attempt 1 never ran; attempt 2 did
+    assert len(stub.requests) == 2
+    print(f"\nrevoked task: batch completed {back:.1f} s after the claim (lease {settings.lease_seconds} s)")
 
 
 def _reclaim_senders(rt) -> list[str]:

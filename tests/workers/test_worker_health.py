@@ -42,3 +42,22 @@ def test_worker_ready_follows_its_dependencies_and_its_engine_preflight(worker, 
         assert (r.status_code, r.json()["checks"]["preflight"]) == (503, "engine does not serve model 'm'")
 
         assert "tidal_gate_target" in requests.get(base + "/metrics", timeout=10).text
+
+
+def test_the_ops_worker_serves_metrics_and_readiness_of_its_dependencies(rt, settings):
+    """`tidal worker --ops` has no engine: its /ready is SQL, Redis and storage, on TIDAL_OPS_METRICS_PORT."""
+    from celery.contrib.testing.worker import start_worker
+
+    from tidal_workers.celery_app import make_celery
+
+    ops = settings.replace(ops_metrics_port=free_port(), worker_metrics_port=0)
+    base = f"http://127.0.0.1:{ops.ops_metrics_port}"
+    app = make_celery(ops, ops=True)
+    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False, loglevel="WARNING"):
+        wait_for(lambda: requests.get(base + "/health", timeout=2).json() == {"status": "ok"}, what="/health")
+        r = requests.get(base + "/ready", timeout=10)
+        assert (r.status_code, r.json()) == (
+            200,
+            {"status": "ready", "checks": {"sql": "ok", "redis": "ok", "storage": "ok"}},
+        )
+        assert "tidal_queue_depth" in requests.get(base + "/metrics", timeout=10).text

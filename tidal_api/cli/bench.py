@@ -638,4 +638,76 @@ def queue(items: int, out: str) -> None:
     finish("queue", origin, results, out_dir, results)
 
 
+def _span(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(":")
+    return float(low), float(high or low)
+
+
+@bench.command()
+@click.option("--minutes", default=30.0, show_default=True, help="Length of the chaos window (faults and load).")
+@click.option("--seed", default=None, type=int, help="Seed of the fault schedule and the load; default: random.")
+@click.option(
+    "--engine",
+    "engine_kind",
+    type=click.Choice(["twin", "tiny"]),
+    default="twin",
+    show_default=True,
+    help="Each node's engine: twin (real vLLM with a GPU's step times, --profile) or tiny (the CPU engine).",
+)
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile.")
+@click.option("--max-num-seqs", default=8, show_default=True, help="Each engine's slots (two share this machine).")
+@click.option("--interval", default="30:90", show_default=True, help="Seconds between faults, MIN:MAX.")
+@click.option("--engine-down", default="10:240", show_default=True, help="Seconds a killed engine stays down.")
+@click.option("--stall", default="5:30", show_default=True, help="Seconds Redis stays paused (SIGSTOP).")
+@click.option("--tenants", default=3, show_default=True)
+@click.option("--batch-every", default=20.0, show_default=True, help="Each tenant submits a batch this often (s).")
+@click.option("--online-rate", default=0.2, show_default=True, help="Online requests/s to each engine.")
+@click.option("--drain-minutes", default=10.0, show_default=True, help="Time every batch has to finish afterwards.")
+@out_option("chaos")
+def chaos(
+    minutes: float,
+    seed: int | None,
+    engine_kind: str,
+    profile: str,
+    max_num_seqs: int,
+    interval: str,
+    engine_down: str,
+    stall: str,
+    tenants: int,
+    batch_every: float,
+    online_rate: float,
+    drain_minutes: float,
+    out: str,
+) -> None:
+    """The whole stack (private Redis and PostgreSQL, API, two GPU nodes, ops worker, beat) under random faults; then
+    every batch must be completed with every input line exactly once and no error line. Exit status 1 if not."""
+    import secrets
+    import tempfile
+
+    from tidal_workers.bench import chaos as ch
+
+    cfg = ch.ChaosConfig(
+        minutes=minutes,
+        seed=secrets.randbelow(1_000_000) if seed is None else seed,
+        interval=_span(interval),
+        engine_down=_span(engine_down),
+        stall=_span(stall),
+        tenants=tenants,
+        batch_every=batch_every,
+        online_rate=online_rate,
+        drain_minutes=drain_minutes,
+        engine=engine_kind,
+        profile=profile if engine_kind == "twin" else "",
+        max_num_seqs=max_num_seqs,
+    )
+    out_dir, origin = begin("chaos", out)
+    click.echo(f"chaos: seed {cfg.seed}, {len(ch.schedule(cfg))} faults in {minutes:g} min; logs {out_dir}", err=True)
+    work = Path(tempfile.mkdtemp(prefix="tidal-chaos-", dir=out_dir))
+    report = ch.run(cfg, load_settings(), work)
+    results = {"logs": str(work), **report}
+    finish("chaos", origin, results, out_dir, {k: v for k, v in results.items() if k != "batches"})
+    if not results["ok"]:
+        raise SystemExit(1)
+
+
 COMMANDS = [bench]

@@ -1,4 +1,4 @@
-"""Tidal's pure policies: the AIMD gate rule, laxity escalation and pricing.
+"""Tidal's pure policies: the AIMD gate rule, laxity escalation, pricing and the engine-outage rule.
 
 Nothing in this package does I/O or reads a clock: callers pass the time and
 the readings in and get plain values back, so every rule is tested alone on a
