@@ -197,9 +197,9 @@ class Settings:
         lambda: socket.gethostname(), "Name of this GPU node; leases and in-flight counts are kept per node."
     )
     worker_threads: int = _setting(
-        16,
-        "Threads in the worker's pool (HTTP calls to vLLM); an upper bound on claimed items, so at least the gate's ceiling plus `TIDAL_DISPATCH_PREFETCH`.",
-        ge=1,
+        0,
+        "Threads in a GPU node worker's pool, each holding one claimed item (waiting for its engine token, at the engine, or being recorded): the most items the node claims. 0: the gate's ceiling as known at start (`TIDAL_MAX_INFLIGHT`, else `TIDAL_MAX_NUM_SEQS` less the headroom, else 64) plus `TIDAL_DISPATCH_PREFETCH` plus 2.",
+        ge=0,
     )
     max_inflight: int = _setting(
         0,
@@ -242,7 +242,7 @@ class Settings:
     )
     prefetch_max_age_seconds: float = _setting(
         2.0,
-        "A claimed item that has not reached the engine after this long (no engine token, or its task never started) goes back to the queue for any node.",
+        "A prefetched item that has waited this long for an engine token (the gate closed, or the engine slowed) goes back to the queue for any node.",
         gt=0,
     )
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.", gt=0)

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import typing as t
 from pathlib import Path
@@ -115,12 +116,16 @@ def scheduler_env(settings: Settings) -> dict[str, str]:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent() -> t.Callable[[], None]:
+def die_with_parent() -> t.Callable[[], None] | None:
     """A ``preexec_fn`` for a supervised child: the kernel sends it SIGTERM when this process dies, even by SIGKILL.
 
     The child then runs its own shutdown (vLLM stops its engine core, gunicorn its workers). If this process
     died between the fork and the call taking effect, the child ends at once rather than run unsupervised.
+    Linux ties the signal to the *thread* that forks, not the process: from any thread but the main one the
+    child would die when that thread exits (a pool's thread, a restart thread), so there it is not set (None).
     """
+    if threading.current_thread() is not threading.main_thread():
+        return None
     parent = os.getpid()
 
     def in_child() -> None:
@@ -279,4 +284,18 @@ def start_twin(
         max_model_len=max_model_len,
         extra_args=extra_args,
     )
-    return start_engine(options, log_path=log_path, env=scheduler_env(settings))
+    return start_engine(options, log_path=log_path, env=twin_env(settings))
+
+
+def twin_env(settings: Settings) -> dict[str, str]:
+    """The twin's environment: TidalScheduler's settings, and the model in the engine-core process.
+
+    By default the CPU platform runs the model in a separate worker process, and vLLM's shared-memory
+    queues between the two busy-poll (``sched_yield``) for a second after each message: while the twin
+    sleeps out a step both processes would spin a core each. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps
+    ``vllm serve``'s API server and engine-core processes and runs the model inside the engine core
+    (vLLM's ``UniProcExecutor``, as on a single GPU), which then sleeps while the twin waits. One OpenMP
+    thread: the tiny forward has nothing to split, and on a busy machine a parallel region waits at its
+    barrier for whichever thread was descheduled.
+    """
+    return {**scheduler_env(settings), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}

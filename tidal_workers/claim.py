@@ -35,6 +35,7 @@ from tidal_workers.gate import AimdGate
 from tidal_workers.gate import Gate
 from tidal_workers.gate import SteppedGate
 from tidal_workers.gate import make_gate
+from tidal_workers.gate import pool_threads
 from tidal_workers.handback import give_back_unstarted
 from tidal_workers.leases import STOPPING
 from tidal_workers.policy.laxity import TokenBucket
@@ -55,6 +56,7 @@ class ClaimLoop:
     def __init__(self, ctx: WorkerContext, gate: Gate, send: Send):
         self.rt, self.leases, self.engine, self.gate, self.send = ctx.rt, ctx.leases, ctx.engine, gate, send
         self.settings = ctx.rt.settings
+        self.threads = pool_threads(self.settings)  # one claimed item per pool thread
         self.stopping = threading.Event()
         self.buckets: dict[str, TokenBucket] = {}  # urgent batch -> its floor bucket on this node
         self.served = ServedModels(ctx.rt)  # only batches of these models are claimed here
@@ -67,7 +69,7 @@ class ClaimLoop:
         self.buckets = {b: self.buckets.get(b) or TokenBucket(s.floor_rate) for b in sorted(q.urgent())}
         claims: list[Claim] = []
         for batch_id, bucket in self.buckets.items():
-            while held + len(claims) < s.worker_threads and bucket.take(now):
+            while held + len(claims) < self.threads and bucket.take(now):
                 claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds, models)
         return claims
 
@@ -82,7 +84,7 @@ class ClaimLoop:
         models = self.served.refresh(now)  # one GET /v1/models every third of a lease
         urgent = self.floor(now, held, models)
         ahead = s.dispatch_prefetch if target > 0 else 0  # nothing waits on a closed gate
-        want = min(target + ahead, s.worker_threads) - held - len(urgent)
+        want = min(target + ahead, self.threads) - held - len(urgent)
         claims = q.claim(s.node, want, s.lease_seconds, models)
         # Book leases before publishing: a task can fail and discard its lease before send() returns, and a
         # lease booked after that would be renewed forever. One that failed to publish expires and is reclaimed.

@@ -159,6 +159,21 @@ def configured_ceiling(settings: Settings, kv_tokens: int | None = None) -> int:
     return allowed or UNKNOWN_ENGINE_CEILING
 
 
+#: Pool threads for the ceiling when the engine's slots are not configured: its KV capacity, read after the pool
+#: is built, may allow more than the fallback ceiling, up to about this many.
+UNKNOWN_SLOTS_POOL = 64
+
+
+def pool_threads(settings: Settings) -> int:
+    """A GPU node worker's pool size: ``TIDAL_WORKER_THREADS``, else room for the ceiling known at start (with the
+    slots known, the KV bound read later can only lower it), the prefetch, and two spare."""
+    if settings.worker_threads:
+        return settings.worker_threads
+    known = settings.max_inflight or settings.max_num_seqs
+    ceiling = configured_ceiling(settings) if known else UNKNOWN_SLOTS_POOL
+    return ceiling + settings.dispatch_prefetch + 2
+
+
 class AimdGate:
     """The target for requests at the engine, set by the AIMD rule from the co-located vLLM's /metrics."""
 

@@ -51,8 +51,8 @@ class Runtime:
         """The process's one pooled HTTP client (the engine's POSTs and its /metrics): connections are reused,
         and the pool holds one per worker thread so no POST waits for a connection or opens one per request."""
         session = requests.Session()
-        size = self.settings.worker_threads + 2  # the task threads, the gate's scrape, one spare
-        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=size)
+        # Connections are opened only as needed: the bound is room for every task thread of a large GPU node.
+        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max(self.settings.worker_threads, 512))
         session.mount("http://", adapter)
         session.mount("https://", adapter)
         return session

@@ -90,15 +90,18 @@ def test_sequence_pairs():
 
 
 def test_pacer_sleeps_the_rest_of_the_step_after_the_time_outside_forward():
-    pacer = Pacer(window=3)
+    pacer = Pacer(window=5)
     assert pacer.sleep_seconds(0.030, 0.004) == pytest.approx(0.026)  # nothing known outside forward yet
-    for gap in (0.002, 0.003, 0.010):
-        pacer.observe_gap(gap)
-    assert pacer.outside_s == pytest.approx(0.003)  # median of the window
+    pacer.observe_gap(0.003)
     assert pacer.sleep_seconds(0.030, 0.004) == pytest.approx(0.023)
-    pacer.observe_gap(5.0)  # the engine idled between requests: not step work
-    pacer.observe_gap(0.004)  # pushes 0.002 out of the window of 3
-    assert pacer.outside_s == pytest.approx(0.004)
+    # Working gaps of 3 ms alternating with short waits for the next request (an idle client round trip):
+    for gap in (0.040, 0.003, 0.050, 0.003):
+        pacer.observe_gap(gap)
+    assert pacer.outside_s == pytest.approx(0.003)  # the lower quartile stays on the working gaps
+    pacer.observe_gap(5.0)  # the engine idled between requests: not step work, left out
+    for gap in (0.004, 0.005, 0.006, 0.007, 0.008):  # the window of 5 forgets the older gaps
+        pacer.observe_gap(gap)
+    assert pacer.outside_s == pytest.approx(0.005)
     assert (pacer.steps, pacer.overruns) == (2, 0)
 
 
@@ -108,3 +111,12 @@ def test_pacer_counts_steps_it_cannot_slow_down_to():
     assert pacer.sleep_seconds(0.008, 0.003) == 0.0  # 3 ms forward + 6 ms outside > an 8 ms target
     assert pacer.sleep_seconds(0.020, 0.003) == pytest.approx(0.011)
     assert (pacer.steps, pacer.overruns) == (2, 1)
+
+
+def test_tidal_engine_twin_refuses_an_unknown_profile_before_starting_anything():
+    from click.testing import CliRunner
+
+    from tidal_api.cli.engine import twin
+
+    result = CliRunner().invoke(twin, ["--profile", "qwen2.5-7b@a100"])
+    assert result.exit_code == 2 and "MODEL@GPU" in result.output

@@ -17,6 +17,7 @@ from celery.contrib.testing.worker import start_worker
 
 from tidal_workers.celery_app import make_celery
 from tidal_workers.enqueue import enqueue_batch
+from tidal_workers.gate import pool_threads
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 from tidal_workers.store.models import File
@@ -117,7 +118,7 @@ def worker(celery_app, rt):
         with start_worker(
             celery_app,
             pool="threads",
-            concurrency=rt.settings.worker_threads,
+            concurrency=pool_threads(rt.settings),
             perform_ping_check=False,
             loglevel="WARNING",
             shutdown_timeout=20,

@@ -23,7 +23,7 @@ from tidal_workers.store.models import Item
 NODE = "test-node"
 
 
-def booked(rt, n: int = 1):
+def on_node(rt, n: int = 1):
     """n claims of this node, booked as the claim loop books them, an open gate, and the node's EngineHealth."""
     claims = rt.queue.claim(NODE, n, lease_seconds=30, models=("m",))
     book = LeaseBook()
@@ -43,7 +43,7 @@ def test_503_with_a_failing_health_is_an_outage_not_a_retry(rt, make_batch, stub
     batch = make_batch(1)
     stub.health = 503
     stub.script("b0-0", *["503"] * 5)
-    (claim,), book, engine = booked(rt)
+    (claim,), book, engine = on_node(rt)
     assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "given_back"
     assert stub.seen("b0-0") == 1 and not engine.up and book.paused.is_set()  # one request, no retry: it is down
     assert queued(rt, batch) == 1 and rt.queue.inflight(NODE) == 0  # back in the queue at once
@@ -56,7 +56,7 @@ def test_going_down_hands_back_at_once_what_is_not_at_the_engine(rt, make_batch)
     """As the engine is marked down, claims whose task has not started go back to the queue, and a task waiting for an
     engine token wakes (no token is granted) to hand its own back; marked up, the book grants tokens again."""
     batch = make_batch(3)
-    (waiting, unstarted, at_engine), book, engine = booked(rt, 3)
+    (waiting, unstarted, at_engine), book, engine = on_node(rt, 3)
     book.set_target(1)
     assert book.start(at_engine.item_id, at_engine.lease)
     assert book.take_token(at_engine.item_id, at_engine.lease, 1.0)[0]  # sent: the only token
@@ -78,7 +78,7 @@ def test_going_down_hands_back_at_once_what_is_not_at_the_engine(rt, make_batch)
 def test_a_refused_connection_is_an_outage_without_a_probe(rt, make_batch, stub):
     make_batch(1)
     rt.settings = rt.settings.replace(vllm_url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    (claim,), book, engine = booked(rt)
+    (claim,), book, engine = on_node(rt)
     assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "given_back" and not engine.up
 
 
@@ -86,7 +86,7 @@ def test_5xx_while_health_passes_is_the_items_own_error(rt, make_batch, stub):
     rt.settings = rt.settings.replace(retry_budget=1)
     make_batch(1)
     stub.script("b0-0", "503", "503")  # retry_budget 1: two failures are one too many
-    (claim,), book, engine = booked(rt)
+    (claim,), book, engine = on_node(rt)
     assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "failed"
     assert engine.up and stub.seen("b0-0") == 2 and stub.health_checks == 2
 

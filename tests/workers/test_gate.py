@@ -25,6 +25,7 @@ from tidal_workers.gate import FixedGate
 from tidal_workers.gate import MetricsError
 from tidal_workers.gate import make_gate
 from tidal_workers.gate import parse_metrics
+from tidal_workers.gate import pool_threads
 
 PROCESS = """\
 # HELP python_gc_objects_collected_total Objects collected during gc
@@ -411,3 +412,11 @@ def test_max_inflight_overrides_the_engine(gate_settings, server):
 def test_an_engine_that_tells_nothing_gets_the_cpu_ceiling(gate_settings):
     assert make_gate(gate_settings.replace(gate_mode="fixed", max_inflight=0)).poll(0.0, 0) == 4
     assert make_gate(gate_settings.replace(gate_mode="fixed", max_inflight=0, max_num_seqs=8)).poll(0.0, 0) == 6
+
+
+def test_the_pool_has_a_thread_for_each_item_the_node_may_claim(gate_settings):
+    from_engine = gate_settings.replace(worker_threads=0, max_inflight=0, max_num_seqs=64, dispatch_prefetch=2)
+    assert pool_threads(from_engine) == 48 + 2 + 2  # the slot-bound ceiling, the prefetch, two spare
+    assert pool_threads(from_engine.replace(max_inflight=10)) == 14
+    assert pool_threads(from_engine.replace(worker_threads=7)) == 7
+    assert pool_threads(from_engine.replace(max_num_seqs=0)) == 64 + 2 + 2  # room for what the KV cache allows

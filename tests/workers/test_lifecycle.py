@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy import update
 from workers.worker_helpers import assert_exactly_once
 from workers.worker_helpers import batch_row
+from workers.worker_helpers import booked
 from workers.worker_helpers import queued
 from workers.worker_helpers import settled
 from workers.worker_helpers import wait_for
@@ -18,7 +19,6 @@ from workers.worker_helpers import wait_lease_expired
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.execute import execute_item
 from tidal_workers.finalize import maybe_finalize
-from tidal_workers.leases import LeaseBook
 from tidal_workers.result import Outcome
 from tidal_workers.result import record
 from tidal_workers.store.models import Batch
@@ -28,14 +28,6 @@ from tidal_workers.store.models import ItemStatus
 from tidal_workers.sweeps import reconcile
 
 NODE = "test-node"
-
-
-def booked(claim) -> LeaseBook:
-    """The node's book holding only ``claim``, with one engine token: as the claim loop leaves it."""
-    book = LeaseBook()
-    book.add(claim.item_id, claim.lease)
-    book.set_target(1)
-    return book
 
 
 def test_stale_attempt_is_dropped_and_first_write_wins(rt, make_batch, stub):

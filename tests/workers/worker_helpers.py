@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from config.settings import env_name
 from tidal_workers import keys
+from tidal_workers.leases import LeaseBook
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
@@ -178,3 +179,11 @@ def upload_batch(
     )
     assert r.status_code == 200, r.text
     return r.json()["id"]
+
+
+def booked(claim) -> LeaseBook:
+    """The node's book holding only ``claim``, with one engine token: as the claim loop leaves it."""
+    book = LeaseBook()
+    book.add(claim.item_id, claim.lease)
+    book.set_target(1)
+    return book

@@ -42,14 +42,21 @@ def begin(name: str, out: str) -> tuple[Path, dict]:
 
 
 def finish(
-    name: str, origin: dict, results: dict, out_dir: Path, headline: t.Any, files: t.Sequence[Path] = ()
+    name: str,
+    origin: dict,
+    results: dict,
+    out_dir: Path,
+    headline: t.Any,
+    files: t.Sequence[Path] = (),
+    *,
+    indent: int | None = 2,
 ) -> None:
     """Every bench command's ending: NAME.json (provenance first), the headline on stdout, the paths on stderr."""
     from tidal_workers.bench import provenance
 
     path = out_dir / f"{name}.json"
     origin = {**origin, "finished_utc": provenance.utc_now(), "load_average_end": provenance.load_average()}
-    path.write_text(json.dumps({**origin, **results}, indent=2, default=str))
+    path.write_text(json.dumps({**origin, **results}, indent=indent, default=str))
     click.echo(headline if isinstance(headline, str) else json.dumps(headline, indent=2, default=str))
     click.echo(f"results: {path}" + "".join(f"; {f}" for f in files), err=True)
 
@@ -184,7 +191,8 @@ def harvest(
     click.echo(f"expected duration: about {expected / 60:.0f} min ({plan.reps} reps, ABBA)", err=True)
     results = hv.run_harvest(plan, engines, load_settings(), out_dir, lambda line: click.echo(line, err=True))
     files = harvest_report.plot(results["phases"], out_dir)
-    finish("harvest", origin, results, out_dir, harvest_report.table(results["phases"]), files)
+    # Compact: the raw records (every chunk of ~12,000 online requests) would triple in size indented.
+    finish("harvest", origin, results, out_dir, harvest_report.table(results["phases"]), files, indent=None)
 
 
 @bench.command()
@@ -261,67 +269,116 @@ def load(
     finish("load", origin, results, out_dir, results)
 
 
+def _log(line: str) -> None:
+    click.echo(line, err=True)
+
+
+# Per engine kind: the fleet's defaults. Two twins share this machine's 2 cores, so their online rate is what they
+# sustain here (the run reports it); the tiny CPU engines keep the CPU history's sizes.
+FLEET_DEFAULTS = {
+    "twin": {"rate": 6.0, "batch_items": 1200, "max_inflight": 64, "interval": 10.0},
+    "tiny": {"rate": 2.0, "batch_items": 300, "max_inflight": 12, "interval": 5.0},
+}
+
+
 @bench.command()
-@click.option("--engine-urls", help="Comma-separated replicas to use. Default: start two tiny engines, one per core.")
-@MODEL_OPTION
-@click.option("--period", default=120.0, show_default=True, help="Seconds of one online day (the seed used 600).")
-@click.option("--periods", default=2.0, show_default=True, help="Days per run; each mode runs this long.")
-@click.option("--rate", default=4.0, show_default=True, help="Mean online requests/s per replica.")
+@click.option(
+    "--engine",
+    "kind",
+    type=click.Choice(["twin", "tiny"]),
+    default="twin",
+    show_default=True,
+    help="twin: real vLLM with a GPU's step times (--profile); tiny: the CPU engine computing for real.",
+)
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twins' GPU profile.")
+@click.option("--engine-urls", help="Comma-separated replicas already running (with --model, --tokenizer).")
+@click.option("--model", default="", help="Model name clients send, with --engine-urls.")
+@click.option("--tokenizer", default="", help="The served model's tokenizer, with --engine-urls.")
+@click.option("--reps", default=3, show_default=True, help="Repetitions (ABBA order of the arms); < 3: no figures.")
+@click.option("--period", default=600.0, show_default=True, help="Seconds of one online day (the seed's 600).")
+@click.option("--periods", default=1.0, show_default=True, help="Days per arm.")
+@click.option("--rate", default=0.0, help="Mean online requests/s per replica (twin 6, tiny 2).")
 @click.option("--amplitude", default=0.8, show_default=True, help="Diurnal swing as a fraction of the mean.")
-@click.option("--max-inflight", default=12, show_default=True, help="Gate ceiling of each worker.")
-@click.option("--max-num-seqs", default=16, show_default=True, help="Slots of each locally started engine.")
-@click.option("--interval", default=5.0, show_default=True, help="Seconds per bin of the fill series.")
+@click.option("--batch-items", default=0, type=int, help="Items of the batch each arm gets (twin 1200, tiny 300).")
+@click.option("--max-inflight", default=0, type=int, help="Gate ceiling of each worker (twin 64, tiny 12).")
+@click.option("--max-num-seqs", default=0, type=int, help="Engine slots (0: the profile's; 16 on the CPU engine).")
+@click.option("--interval", default=0.0, help="Seconds per bin of the fill series and r (twin 10, tiny 5).")
 @out_option("fleet")
 def fleet(
+    kind: str,
+    profile: str,
     engine_urls: str | None,
     model: str,
+    tokenizer: str,
+    reps: int,
     period: float,
     periods: float,
     rate: float,
     amplitude: float,
+    batch_items: int,
     max_inflight: int,
     max_num_seqs: int,
     interval: float,
     out: str,
 ) -> None:
-    """Batch work placed by per-replica gates against pinned to replica 0, under anti-phase online load."""
+    """Placement (a gated worker per replica, one queue) against a static even split of the same batch over the
+    same replicas and against pinning it to replica 0, under anti-phase online load, ABBA with intervals."""
+    import contextlib
     import dataclasses
 
-    from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import fleet as fl
-    from tidal_workers.bench import provenance
+    from tidal_workers.bench import fleet_report
+    from tidal_workers.bench.engines import EngineRequest
+    from tidal_workers.bench.engines import external
+    from tidal_workers.bench.stack import reserved_redis_db
+    from tidal_workers.bench.workload import CPU_WORKLOAD
+    from tidal_workers.bench.workload import GPU_WORKLOAD
 
     out_dir, origin = begin("fleet", out)
     settings = load_settings()
-    engines = [] if engine_urls else fl.start_replicas(build_tiny(settings.home), 2, out_dir, max_num_seqs)
-    urls = engine_urls.split(",") if engine_urls else [e.url for e in engines]
-    cfg = fl.FleetConfig(
-        engine_urls=urls,
-        model=model,
+    defaults = FLEET_DEFAULTS[kind]
+    plan = fl.FleetPlan(
+        reps=reps,
         period=period,
         periods=periods,
-        online_rate=rate,
+        online_rate=rate or defaults["rate"],
         amplitude=amplitude,
-        max_inflight=max_inflight,
-        interval=interval,
+        batch_items=batch_items or int(defaults["batch_items"]),
+        max_inflight=max_inflight or int(defaults["max_inflight"]),
+        interval=interval or defaults["interval"],
+        workload=GPU_WORKLOAD if kind == "twin" else CPU_WORKLOAD,
     )
-    results: dict = {
-        "params": {k: v for k, v in dataclasses.asdict(cfg).items() if not k.endswith("prompt")},
-        "load_average": {},
-        "runs": {},
+    notes = []
+    if period < 600:
+        notes.append(f"period {period:.0f} s, shorter than the seed's 600 s: not the seed's conditions")
+    if reps < 3:
+        notes.append(f"{reps} repetition(s): the report refuses every figure (at least 3 are needed)")
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    expected = plan.expected_s(engine_start_s=0.0 if engine_urls else 150.0)
+    click.echo(f"expected duration: about {expected / 60:.0f} min ({reps} reps x 4 arms, ABBA)", err=True)
+    with contextlib.ExitStack() as running:
+        if engine_urls:
+            slots = max_num_seqs or 16
+            engines = [external(u, model, tokenizer, slots, 2048, None) for u in engine_urls.split(",")]
+        else:
+            request = EngineRequest(kind, profile if kind == "twin" else None, max_num_seqs)
+            replicas, engines = fl.start_replicas(request, 2, settings, out_dir)
+            running.enter_context(replicas)
+        split_db = running.enter_context(reserved_redis_db(settings))
+        arms = fl.Fleet(plan, engines, settings, out_dir, split_db).run(_log)
+    results = {
+        "notes": notes,
+        "plan": dataclasses.asdict(plan),
+        "engines": [e.provenance() for e in engines],
+        "summary": fleet_report.intervals(arms),
+        "arms": arms,
     }
-    try:
-        for mode in ("placement", "pinning"):
-            click.echo(f"{mode}: {cfg.duration:.0f} s ...", err=True)
-            results["runs"][mode] = fl.run_mode(cfg, settings, mode, out_dir / f"stack-{mode}")
-            results["load_average"][f"after_{mode}"] = provenance.load_average()
-    finally:
-        for engine in engines:
-            engine.stop()
-    results["summary"] = fl.summary(results["runs"]["placement"], results["runs"]["pinning"])
-    fl.plot(results, out_dir / "fleet.png")
-    headline = {"load_average": results["load_average"], "summary": results["summary"]}
-    finish("fleet", origin, results, out_dir, headline, [out_dir / "fleet.png"])
+    fl.plot(arms, out_dir / "fleet.png")
+    table = fleet_report.table(arms, len(engines))
+    finish(
+        "fleet", origin, results, out_dir, "\n".join([*(f"note: {n}" for n in notes), table]), [out_dir / "fleet.png"]
+    )
 
 
 @bench.command()
@@ -424,7 +481,13 @@ def twin(
         "params": {"reps": reps, "steps": steps, "cpu_duration": cpu_duration, "load": dataclasses.asdict(load)},
         "scheduler": "stock vLLM Scheduler, synchronous (the CPU platform forces async_scheduling off)",
     }
-    engine = start_twin(load_settings(), profile, log_path=out_dir / "twin.log", trace_path=trace.resolve())
+    engine = start_twin(
+        load_settings(),
+        profile,
+        log_path=out_dir / "twin.log",
+        trace_path=trace.resolve(),
+        max_model_len=tw.MAX_MODEL_LEN,
+    )
     results["engine_start_s"] = engine.started_s
     try:
         click.echo(f"fidelity: {len(grid)} cells x {reps} reps ...", err=True)
@@ -498,7 +561,7 @@ def kv_probe(connectors: str, thaw: bool, reps: int, out: str) -> None:
     results["probe"] = kp.probe(kp.ProbeConfig(home=Path(settings.home), model_dir=model_dir, work=out_dir), names)
     if thaw:
         results["thaw"] = kp.thaw_ttft(kp.ThawConfig(model_dir=model_dir, work=out_dir, reps=reps))
-    finish("kv_probe", origin, results, out_dir, results)
+    finish("kv-probe", origin, results, out_dir, results)
 
 
 @bench.command()
@@ -533,7 +596,9 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
         max_num_seqs=16,
         extra_args=("--kv-transfer-config", json.dumps(connector)),
     )
-    with ThreadPoolExecutor(2) as pool:  # one core each: the default binds both engines to core 0
+    # One core each (the default binds both engines to core 0). Started from threads that outlive the run: an
+    # engine gets SIGTERM when the thread that spawned it ends (PR_SET_PDEATHSIG follows the thread).
+    with ThreadPoolExecutor(2) as pool:
         starts = [
             pool.submit(
                 start_engine, options, log_path=out_dir / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i)}
@@ -541,22 +606,22 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
             for i, name in enumerate(("prefill", "decode"))
         ]
         engines = [f.result() for f in starts]
-    router = dg.Router(engines[0].url, engines[1].url)
-    gate_settings = settings.replace(
-        gate_mode="aimd",
-        gate_signals="disagg",
-        gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
-        min_inflight=0,
-        max_inflight=max_inflight,
-        initial_inflight=1,
-    )
-    cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
-    try:
-        arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
-    finally:
-        router.stop()
-        for e in engines:
-            e.stop()
+        router = dg.Router(engines[0].url, engines[1].url)
+        gate_settings = settings.replace(
+            gate_mode="aimd",
+            gate_signals="disagg",
+            gate_metrics_urls=f"prefill={engines[0].url}/metrics,decode={engines[1].url}/metrics",
+            min_inflight=0,
+            max_inflight=max_inflight,
+            initial_inflight=1,
+        )
+        cfg = dg.DisaggConfig(duration=duration, reps=reps, online_rate=online_rate, max_inflight=max_inflight)
+        try:
+            arms = dg.run(router, cfg, gate_settings, [e.pid for e in engines])
+        finally:
+            router.stop()
+            for e in engines:
+                e.stop()
     results = {
         "engine": "2 x dense vLLM-CPU (one core each), TidalFreezeConnector on a shared folder",
         "params": dataclasses.asdict(cfg),

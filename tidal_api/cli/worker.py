@@ -16,7 +16,9 @@ def worker_argv(settings: Settings, ops: bool, loglevel: str, threads: int | Non
         name, pool = f"tidal-ops@{settings.node}", threads or settings.ops_worker_threads
         queues = f"--queues={','.join(OPS_WORKER_QUEUES)}"
     else:
-        name, pool = f"tidal@{settings.node}", threads or settings.worker_threads
+        from tidal_workers.gate import pool_threads
+
+        name, pool = f"tidal@{settings.node}", threads or pool_threads(settings)
         queues = f"--exclude-queues={','.join(GPU_WORKER_EXCLUDED_QUEUES)}"
     # Threads pool: a GPU node's tasks are HTTP calls sharing the claim thread's lease book; an ops worker's are
     # SQL and storage I/O.

@@ -1,5 +1,5 @@
 """Batch work kept in flight straight to vLLM (no Tidal): the harvest's ceiling, and the fixed-prompt backlog of
-the CPU-engine checks (the fleet benchmark, the plugin's TBT test)."""
+the CPU-engine checks (the plugin's TBT test)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ async def closed_loop(engine_url: str, bodies: t.Iterator[dict], lanes: int, dea
 
 
 class BatchShape(t.Protocol):
-    """What a fixed-prompt batch request is made of (BacklogConfig and FleetConfig both say)."""
+    """What a fixed-prompt batch request is made of (BacklogConfig says)."""
 
     model: str
     batch_prompt: str

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import subprocess
 import sys
 import time
+import typing as t
 from pathlib import Path
 
 import httpx
@@ -79,6 +81,49 @@ async def run(spec: dict, opens: float) -> list[Record]:
             tasks.append(asyncio.create_task(_one(client, url, payload, record, due)))
         await asyncio.gather(*tasks)
     return records
+
+
+LEAD_S = 0.5  # between the client saying it is ready and its first arrival
+
+
+class OnlineClient:
+    """This module run as a process by a benchmark: started, told when to open, waited for."""
+
+    def __init__(self, tmp: Path, url: str, model: str, requests: t.Sequence[t.Any]) -> None:
+        self.spec = tmp / "spec.json"
+        self.out = tmp / "records.json"
+        wire = [dataclasses.asdict(r) for r in requests]
+        self.spec.write_text(json.dumps({"url": url, "model": model, "requests": wire}))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tidal_workers.bench.client", str(self.spec), str(self.out)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def ready(self) -> None:
+        """Block until the process has imported everything and read its spec."""
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"online client failed to start ({self.process.wait()})")
+
+    def start(self, opens: float) -> None:
+        """Tell it the monotonic instant its first arrival counts from (several clients can share one)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{opens}\n")
+        self.process.stdin.flush()
+
+    def open(self) -> float:
+        """Ready, then opened ``LEAD_S`` from now; returns the instant."""
+        self.ready()
+        opens = time.monotonic() + LEAD_S
+        self.start(opens)
+        return opens
+
+    def wait(self, timeout: float) -> list[dict]:
+        if self.process.wait(timeout) != 0:
+            raise RuntimeError(f"online client exited with {self.process.returncode}")
+        return json.loads(self.out.read_text())
 
 
 def main(argv: list[str]) -> None:

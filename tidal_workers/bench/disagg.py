@@ -30,6 +30,7 @@ from config import Settings
 from tidal_engine.freeze import TAG
 from tidal_workers.bench import online
 from tidal_workers.bench.kv_probe import prompt
+from tidal_workers.bench.stats import abba_order
 from tidal_workers.gate import AimdGate
 
 DISAGG, UNIFIED = "disagg", "unified"
@@ -164,5 +165,4 @@ def run_arm(router: Router, mode: str, cfg: DisaggConfig, settings: Settings, pi
 
 def run(router: Router, cfg: DisaggConfig, settings: Settings, pids: list[int]) -> list[dict[str, t.Any]]:
     """ABBA: disaggregated, unified, unified, disaggregated, ... ``reps`` blocks of two."""
-    order = [(DISAGG, UNIFIED) if r % 2 == 0 else (UNIFIED, DISAGG) for r in range(cfg.reps)]
-    return [run_arm(router, mode, cfg, settings, pids) for pair in order for mode in pair]
+    return [run_arm(router, mode, cfg, settings, pids) for _, mode in abba_order((DISAGG, UNIFIED), cfg.reps)]

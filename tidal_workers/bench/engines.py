@@ -46,8 +46,11 @@ class EngineRequest:
 
 
 @contextlib.contextmanager
-def started(request: EngineRequest, settings: Settings, *, plugin: bool, log_path: Path) -> t.Iterator[BenchEngine]:
-    """Start the engine, yield its description, stop it on exit."""
+def started(
+    request: EngineRequest, settings: Settings, *, plugin: bool, log_path: Path, env: dict[str, str] | None = None
+) -> t.Iterator[BenchEngine]:
+    """Start the engine (``env`` added to its environment: a core to bind), yield its description, stop it on
+    exit."""
     engine_settings = settings
     metrics_url = None
     if plugin:
@@ -59,7 +62,7 @@ def started(request: EngineRequest, settings: Settings, *, plugin: bool, log_pat
         if request.kind == "twin"
         else _cpu_options(request, engine_settings, plugin)
     )
-    engine = start_engine(options, log_path=log_path, env=scheduler_env(engine_settings))
+    engine = start_engine(options, log_path=log_path, env={**scheduler_env(engine_settings), **(env or {})})
     try:
         yield BenchEngine(
             url=engine.url,

@@ -19,11 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import math
 import random
-import subprocess
-import sys
 import tempfile
 import time
 import typing as t
@@ -32,10 +29,12 @@ from pathlib import Path
 from config import Settings
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import harvest_report
+from tidal_workers.bench import histograms
 from tidal_workers.bench import online
 from tidal_workers.bench import provenance
 from tidal_workers.bench import samples
 from tidal_workers.bench.backlog import closed_loop
+from tidal_workers.bench.client import OnlineClient
 from tidal_workers.bench.engines import BenchEngine
 from tidal_workers.bench.engines import EngineRequest
 from tidal_workers.bench.engines import started
@@ -50,7 +49,6 @@ from tidal_workers.bench.workload import online_requests
 
 RAMP_TIMEOUT_S = 180.0  # filling 256 slots of ~800-token prompts is ~30 s of A6000 prefill at τ = 2,048
 RAMP_S = 35.0  # that ramp, for the duration estimate only
-CLIENT_LEAD_S = 0.5  # between the client saying it is ready and its first arrival
 STACK_OVERHEAD_S = 20.0  # worker start, upload, first item, settling: for the duration estimate only
 DRAIN_S = 10.0  # the last online answers and the engine going idle after a phase: estimate only
 
@@ -207,19 +205,22 @@ class Harvest:
         requests = online_requests(times, self.plan.workload, self._prompts(engine), self.rng)
         before = stack.progress() if stack else None
         cpu_before = stack.worker_cpu_seconds() if stack else None
+        hist_before = stack.histograms() if stack else None
         plugin_before = engine_stats.read_plugin(engine.plugin_metrics_url) if engine.plugin_metrics_url else None
         with tempfile.TemporaryDirectory(prefix="tidal-client-") as tmp:
-            client = _OnlineClient(Path(tmp), engine, requests)
+            client = OnlineClient(Path(tmp), engine.url, engine.model, requests)
             with engine_stats.Sampler(engine.url, also=stack.gate if stack else None) as sampler:
                 opens = client.open()
                 start = _read_at(engine, opens)
                 end = _read_at(engine, opens + window)
                 after = stack.progress() if stack else None
+                hist_after = stack.histograms() if stack else None
                 records = client.wait(timeout=window + 900)
         generated = end.generation_tokens - start.generation_tokens
         online_tokens = samples.tokens_until(records, window)
         result: dict[str, t.Any] = {
             "window_s": end.at - start.at,
+            "opens_at_s": start.at - sampler.readings[0].at,  # where the window starts on the series' clock
             "rate": self.plan.rate(trace),
             "batch_tokens_per_s": max(0.0, generated - online_tokens) / (end.at - start.at),
             "online_tokens_in_window": online_tokens,
@@ -236,6 +237,11 @@ class Harvest:
                 (at, g.get("tidal_gate_target"), g.get("tidal_gate_inflight"), g.get("tidal_gate_engine_outstanding"))
                 for at, g in sampler.also_readings
             ]
+        if hist_before is not None and hist_after is not None:  # freed token → next POST, POST, POST end → release
+            result["dispatch"] = {
+                name: histograms.summarize_histogram(histograms.delta(hist_after[name], hist_before[name]))
+                for name in histograms.HISTOGRAMS
+            }
         if plugin_before is not None and engine.plugin_metrics_url:
             result["plugin"] = _plugin_delta(plugin_before, engine_stats.read_plugin(engine.plugin_metrics_url))
         return result
@@ -247,44 +253,10 @@ def _first_n(times: list[float], n: int) -> list[float]:
     return times[:n]
 
 
-class _OnlineClient:
-    """The online client process (tidal_workers/bench/client.py): started, told when to open, waited for."""
-
-    def __init__(self, tmp: Path, engine: BenchEngine, requests: list) -> None:
-        self.spec = tmp / "spec.json"
-        self.out = tmp / "records.json"
-        self.spec.write_text(
-            json.dumps(
-                {"url": engine.url, "model": engine.model, "requests": [dataclasses.asdict(r) for r in requests]}
-            )
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tidal_workers.bench.client", str(self.spec), str(self.out)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-
-    def open(self) -> float:
-        """Wait for the client to be ready, then tell it the monotonic instant its first arrival counts from."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        if self.process.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"online client failed to start ({self.process.wait()})")
-        opens = time.monotonic() + CLIENT_LEAD_S
-        self.process.stdin.write(f"{opens}\n")
-        self.process.stdin.flush()
-        return opens
-
-    def wait(self, timeout: float) -> list[dict]:
-        if self.process.wait(timeout) != 0:
-            raise RuntimeError(f"online client exited with {self.process.returncode}")
-        return json.loads(self.out.read_text())
-
-
 def _read_at(engine: BenchEngine, when: float) -> engine_stats.Reading:
     if (delay := when - time.monotonic()) > 0:
         time.sleep(delay)
-    return engine_stats.read(engine.url)
+    return engine_stats.read(engine.url, timeout=30.0)  # a window's edge: a busy API server answers late, not never
 
 
 def _wait_running(engine: BenchEngine, slots: int, timeout: float) -> float:

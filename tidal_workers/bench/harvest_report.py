@@ -91,6 +91,13 @@ def table(phases: Phases) -> str:
     for key in LATENCY_KEYS:
         for phase in ("baseline", "coserved"):
             row(f"{key.replace('_', ' ')}, {phase}", f"{phase}_{key}_ms", _ms, "")
+    if "A" in figures and "B" in figures:
+        lines.append("")
+        for trace in ("flat", "diurnal"):
+            a, b = figures["A"].get(trace, {}), figures["B"].get(trace, {})
+            if "harvest_pct" in a and "harvest_pct" in b:
+                paired = [y / x for x, y in zip(a["harvest_pct"], b["harvest_pct"]) if x]
+                lines.append(f"B ÷ A harvest, {trace} (same repetition): {figure_text(paired, ratio_text)}")
     return "\n".join(lines)
 
 
@@ -117,11 +124,13 @@ def plot(phases: Phases, out_dir: Path) -> list[Path]:
             if technique == min(colours) and rep == 0:
                 arrivals = collections.Counter(int(r["at"]) for r in phase["records"])
                 seconds = range(int(phase["window_s"]) + 1)
-                rate_ax.plot(seconds, [arrivals.get(s, 0) for s in seconds], color="grey", lw=0.8, ls=":")
+                shifted = [s + phase.get("opens_at_s", 0.0) for s in seconds]  # onto the series' clock
+                rate_ax.plot(shifted, [arrivals.get(s, 0) for s in seconds], color="grey", lw=0.8, ls=":")
+                ax.axvspan(shifted[0], shifted[0] + phase["window_s"], color="grey", alpha=0.08)
         ax.axhline(100, color="grey", lw=0.6)
         ax.set_ylabel("generated tokens/s, % of ceiling")
         rate_ax.set_ylabel("online arrivals/s (dotted)")
-        ax.set_title(f"{trace}: fill over time, co-served (every repetition)")
+        ax.set_title(f"{trace}: fill over time, co-served (every repetition; shaded: the measured window)")
         ax.legend(fontsize=8)
     axes[-1, 0].set_xlabel("seconds into the phase")
     fig.tight_layout()

@@ -7,6 +7,7 @@ itself rather than a shortcut around it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+import typing as t
 from pathlib import Path
 
 import requests
@@ -25,6 +27,7 @@ from config import Settings
 from config.settings import child_environ
 from config.settings import env_name
 from tidal_engine.serve import free_port
+from tidal_workers.bench import histograms
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import Item
 from tidal_workers.store import ItemStatus
@@ -48,8 +51,9 @@ class TidalStack:
         gate_mode: str = "aimd",
         max_inflight: int = 16,
         extra_env: dict[str, str] | None = None,
+        redis_db: int = BENCH_REDIS_DB,
     ):
-        redis_url = base.redis_url.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
+        redis_url = base.redis_url.rsplit("/", 1)[0] + f"/{redis_db}"
         self.settings = base.replace(
             home=str(home),
             database_url="",
@@ -165,6 +169,10 @@ class TidalStack:
             if s.name in ("tidal_gate_target", "tidal_gate_inflight", "tidal_gate_engine_outstanding")
         }
 
+    def histograms(self) -> dict[str, list[tuple[float, float]]]:
+        """The worker's dispatch histograms now (cumulative buckets): two readings give a window's delta."""
+        return histograms.buckets(requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text)
+
     def worker_cpu_seconds(self) -> float:
         """CPU time the worker process has used (user + system): its share of the machine's cores."""
         fields = Path(f"/proc/{self.worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -213,3 +221,24 @@ class TidalStack:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+LOCK_REDIS_DB = 15  # tests/conftest.py's: one key per Redis DB a test session holds
+
+
+@contextlib.contextmanager
+def reserved_redis_db(base: Settings, hours: float = 6.0) -> t.Iterator[int]:
+    """A second private Redis DB for a benchmark that runs two Tidals at once (the fleet's static split): taken
+    from the test sessions' pool (13 down to 1) under their own lock key, so neither flushes the other's."""
+    import redis
+
+    locks = redis.Redis.from_url(base.redis_url.rsplit("/", 1)[0] + f"/{LOCK_REDIS_DB}")
+    for db in range(13, 0, -1):
+        key = f"tidal:test-db:{db}"
+        if locks.set(key, "bench", nx=True, ex=int(hours * 3600)):
+            try:
+                yield db
+            finally:
+                locks.delete(key)
+            return
+    raise RuntimeError("Redis DBs 1-13 are all held by test sessions; the split arm needs one")

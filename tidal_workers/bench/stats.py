@@ -1,9 +1,11 @@
 """The statistics every benchmark figure goes through: repetitions in ABBA order, a 95 % bootstrap interval over
 them, and the rule that a ratio whose interval spans 1.0 is "no measurable change".
 
-Pure (no I/O, stdlib only), so the rules are unit-tested apart from any engine. The unit of resampling is the
+Pure (no I/O), so the rules are unit-tested apart from any engine. For figures the unit of resampling is the
 repetition: one figure per repetition (a harvest share, a percentile ratio), the repetitions resampled with
-replacement. Within-repetition sampling error (a p99 over 1,000 samples) shows up as spread between repetitions.
+replacement; within-repetition sampling error (a p99 over 1,000 samples) shows up as spread between
+repetitions. ``sample_bootstrap`` resamples raw samples instead (the twin's step intervals), for a statistic of
+one large sample.
 """
 
 from __future__ import annotations

@@ -33,10 +33,13 @@ import requests
 from tidal_engine.step_time import Profile
 from tidal_engine.step_time import decode_seconds
 from tidal_engine.step_time import prefill_seconds
-from tidal_workers.bench.intervals import bootstrap
+from tidal_workers.bench.stats import TooFewRepetitions
+from tidal_workers.bench.stats import bootstrap
 
 VOCAB = 256  # the byte symbols of the twin's tokenizer: any of them is an ordinary token
 TOLERANCE = 0.10  # the issue's fidelity bound at p50
+TAU = 2048  # every profile's max_num_batched_tokens
+MAX_MODEL_LEN = 16384  # the longest prefill cell's prompt (8,192) plus its two tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +93,17 @@ def _complete(
 
 
 def drive_cell(url: str, model: str, cell: Cell, steps: int, rng: np.random.Generator) -> None:
-    """Make about ``steps`` steps of the cell's shape on the engine."""
+    """Make about ``steps`` steps of the cell's shape on the engine.
+
+    A decode cell's requests are admitted over the steps their prefills take (n·c tokens, at most τ − n
+    per step beside the decodes);
+    each generates for that long and ``steps`` more, so that the last ``steps`` decode all n together.
+    """
     if cell.kind == "decode":
         prompts = [_prompt(rng, cell.context) for _ in range(cell.tokens)]
-        with concurrent.futures.ThreadPoolExecutor(min(cell.tokens, 64)) as pool:
-            list(pool.map(lambda p: _complete(url, model, p, steps + 2), prompts))
+        ramp = -(-cell.tokens * cell.context // (TAU - cell.tokens)) + 2  # decodes share τ with the prefills
+        with concurrent.futures.ThreadPoolExecutor(cell.tokens) as pool:
+            list(pool.map(lambda p: _complete(url, model, p, ramp + steps), prompts))
         return
     for _ in range(steps):
         _complete(url, model, _prompt(rng, cell.context + cell.tokens), 2)
@@ -145,18 +154,27 @@ def fidelity(
     return results
 
 
+def interval(per_rep: list[float]) -> dict[str, t.Any]:
+    """The mean over repetitions with its bootstrap interval (bench.stats), or the refusal under 3 repetitions."""
+    try:
+        return bootstrap(per_rep).as_dict()
+    except TooFewRepetitions as exc:
+        return {"refused": str(exc)}
+
+
 def summarize_cell(cell: Cell, reps: list[list[StepSample]], profiles: t.Sequence[Profile]) -> dict[str, t.Any]:
+    """Per repetition the p50 of interval ÷ T over the cell's steps; their mean with a 95 % interval."""
     pooled = [s for rep in reps for s in rep]
-    ratios = [s.interval_s / s.target_s for s in pooled]
+    per_rep = [float(np.median([s.interval_s / s.target_s for s in rep])) for rep in reps if rep]
+    ratio = interval(per_rep)
     floors = [s.floor_s for s in pooled]
-    ratio = bootstrap(ratios)
     floor_p90 = float(np.percentile(floors, 90)) if floors else None
     return {
         "cell": dataclasses.asdict(cell),
         "steps": len(pooled),
         "interval_over_target_p50": ratio,
-        "per_rep_p50": [float(np.median([s.interval_s / s.target_s for s in rep])) if rep else None for rep in reps],
-        "within_tolerance": ratio["value"] is not None and abs(ratio["value"] - 1.0) <= TOLERANCE,
+        "per_rep_p50": per_rep,
+        "within_tolerance": "value" in ratio and abs(ratio["value"] - 1.0) <= TOLERANCE,
         "overrun_fraction": (sum(s.overrun for s in pooled) / len(pooled)) if pooled else None,
         "floor_s_p50": float(np.median(floors)) if floors else None,
         "floor_s_p90": floor_p90,
@@ -225,7 +243,7 @@ def _cpu_seconds(procs: list[psutil.Process]) -> float:
 
 def cpu_use(url: str, model: str, server_pid: int, cfg: LoadConfig, duration: float, seed: int = 0) -> dict[str, t.Any]:
     """Cores used by each of the twin's processes, per window, under online arrivals plus a batch backlog."""
-    rng = np.random.default_rng(seed)
+    rng, arrival_rng = np.random.default_rng(seed), np.random.default_rng(seed + 1000)
     lock = threading.Lock()
     stop = threading.Event()
     errors: list[str] = []
@@ -250,7 +268,8 @@ def cpu_use(url: str, model: str, server_pid: int, cfg: LoadConfig, duration: fl
     groups = twin_processes(server_pid)
     windows: dict[str, list[float]] = {k: [] for k in [*groups, "total"]}
     lanes = [threading.Thread(target=batch_lane, daemon=True) for _ in range(cfg.batch_lanes)]
-    with concurrent.futures.ThreadPoolExecutor(256) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(256)
+    try:
         for lane in lanes:
             lane.start()
         started = time.monotonic()
@@ -273,17 +292,19 @@ def cpu_use(url: str, model: str, server_pid: int, cfg: LoadConfig, duration: fl
                 break
             if now >= arrivals:
                 pool.submit(online)
-                arrivals += rng.exponential(1.0 / cfg.online_rate)
+                arrivals += arrival_rng.exponential(1.0 / cfg.online_rate)
             time.sleep(max(min(arrivals, next_window) - time.monotonic(), 0.0))
+    finally:
         stop.set()
-        for lane in lanes:
-            lane.join(timeout=600)  # each ends after its request: the next measurement starts from an idle engine
+        # Arrivals not yet sent are dropped; requests in flight end on their own (the engine outlives them).
+        pool.shutdown(wait=False, cancel_futures=True)
     return {"cores_per_window": windows, "errors": errors[:20], "num_errors": len(errors)}
 
 
 def summarize_cpu(reps: list[dict[str, t.Any]]) -> dict[str, t.Any]:
+    """Per process group, cores used: each repetition's mean over its windows; their mean with a 95 % interval."""
     keys = reps[0]["cores_per_window"].keys() if reps else []
-    return {k: bootstrap([x for rep in reps for x in rep["cores_per_window"][k]], statistic=np.mean) for k in keys}
+    return {k: interval([float(np.mean(rep["cores_per_window"][k])) for rep in reps]) for k in keys}
 
 
 def report(results: dict[str, t.Any]) -> dict[str, t.Any]:

@@ -24,17 +24,18 @@ def _records(ttft: float, gap: float, tokens: int = 4, n: int = 20) -> list[dict
     ]
 
 
-def _phases(reps: int, slow: float = 1.5) -> list[dict]:
-    """Per repetition: a ceiling of 1,000 tokens/s; a baseline; a co-served run at 700 tokens/s, ``slow``× slower."""
+def _phases(reps: int, slow: float = 1.5, technique: str = "A", batch: float = 700.0) -> list[dict]:
+    """Per repetition: a ceiling of 1,000 tokens/s; a baseline; a co-served run at ``batch`` tokens/s (+ the
+    repetition's number), ``slow``× slower."""
     phases = []
     for rep in range(reps):
         base = _records(0.1, 0.02)
         co = _records(0.1 * slow, 0.02 * slow)
         phases += [
-            {"rep": rep, "technique": "A", "phase": "ceiling", "trace": None, "batch_tokens_per_s": 1000.0},
+            {"rep": rep, "technique": technique, "phase": "ceiling", "trace": None, "batch_tokens_per_s": 1000.0},
             {
                 "rep": rep,
-                "technique": "A",
+                "technique": technique,
                 "phase": "baseline",
                 "trace": "flat",
                 "records": base,
@@ -43,12 +44,12 @@ def _phases(reps: int, slow: float = 1.5) -> list[dict]:
             },
             {
                 "rep": rep,
-                "technique": "A",
+                "technique": technique,
                 "phase": "coserved",
                 "trace": "flat",
                 "records": co,
                 "summary": samples.summary(co),
-                "batch_tokens_per_s": 700.0 + rep,
+                "batch_tokens_per_s": batch + rep,
             },
         ]
     return phases
@@ -82,3 +83,11 @@ def test_fewer_than_three_repetitions_print_no_harvest_or_inflation_figure():
 def test_unchanged_latency_reads_no_measurable_change():
     table = harvest_report.table(_phases(3, slow=1.0))
     assert "| ttft p50 inflation | no measurable change" in table
+
+
+def test_b_against_a_is_a_paired_ratio_under_the_same_rule():
+    same = harvest_report.table(_phases(3) + _phases(3, technique="B"))
+    assert "B ÷ A harvest, flat (same repetition): no measurable change" in same
+    more = harvest_report.table(_phases(3) + _phases(3, technique="B", batch=800.0))
+    assert "B ÷ A harvest, flat (same repetition): 1.14× [1.14, 1.14]" in more
+    assert "refused" in harvest_report.table(_phases(2) + _phases(2, technique="B")).splitlines()[-1]
