@@ -80,16 +80,22 @@ def test_plugin_serves_and_exports_its_state(tiny_plugin_engine):
 
 @pytest.mark.engine
 def test_guardband_evicts_inside_the_real_engine(tiny_plugin_engine):
-    """Eight 600-token requests on a 3,072-token pool: the plugin evicts batch requests through the stock
-    preemption path, never an online one, and every request still completes."""
+    """Eight requests with short prompts and long outputs on the 3,072-token pool (24 blocks of 128): they are all
+    admitted and then outgrow the pool a token at a time, so KV usage creeps past 1 − H/2 and the plugin evicts
+    batch requests through the stock preemption path, never an online one, and every request still completes.
+
+    Prompts of different lengths spread the requests' block boundaries over different steps. (Prompts larger
+    than a block each jump the pool past full inside one step, where vLLM's own preemption acts first, and the
+    guardband may never see usage above 1 − H/2 at a step's start: a run on the loaded machine evicted nothing.)
+    """
     url = tiny_plugin_engine.url
     before = metrics(tiny_plugin_engine.plugin_metrics_url)
 
     def complete(i: int) -> int:
         body = {
             "model": "tiny",
-            "prompt": chr(97 + i) * 500,
-            "max_tokens": 100,
+            "prompt": chr(97 + i) * (100 + 9 * i),
+            "max_tokens": 400,
             "ignore_eos": True,
             "priority": 0 if i % 4 == 0 else 2,
         }
@@ -98,7 +104,7 @@ def test_guardband_evicts_inside_the_real_engine(tiny_plugin_engine):
         return response.json()["usage"]["completion_tokens"]
 
     with ThreadPoolExecutor(8) as pool:
-        assert list(pool.map(complete, range(8))) == [100] * 8
+        assert list(pool.map(complete, range(8))) == [400] * 8
     after = metrics(tiny_plugin_engine.plugin_metrics_url)
-    assert after["tidal_sched_evictions_total"] > before["tidal_sched_evictions_total"]
+    assert after["tidal_sched_evictions_total"] > before["tidal_sched_evictions_total"], (before, after)
     assert after["tidal_sched_online_preempted_total"] == before["tidal_sched_online_preempted_total"]

@@ -596,8 +596,7 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
         max_num_seqs=16,
         extra_args=("--kv-transfer-config", json.dumps(connector)),
     )
-    # One core each (the default binds both engines to core 0). Started from threads that outlive the run: an
-    # engine gets SIGTERM when the thread that spawned it ends (PR_SET_PDEATHSIG follows the thread).
+    # One core each (the default binds both engines to core 0), started together.
     with ThreadPoolExecutor(2) as pool:
         starts = [
             pool.submit(
