@@ -13,9 +13,9 @@ gate is closed; those items count as held and at the engine like any other,
 so an open gate simply claims that many fewer. It claims only batches of the
 models its engine serves (``served.py``), and nothing at all, the floor
 included, while its engine is down (``engine_health``: it probes ``/health``
-instead). Each claim becomes a
-``tidal.run_item`` message on this worker's ``<hostname>.dq2`` queue with task
-id ``item-<id>#<attempt>``, which Flower shows."""
+instead). Each claim becomes a ``tidal.run_item`` message on this worker's
+``<hostname>.dq2`` queue with task id ``item-<id>#<attempt>``, which Flower
+shows. A stopping worker claims no more and hands back what it has not sent."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ from tidal_workers.gate import Gate
 from tidal_workers.gate import SteppedGate
 from tidal_workers.gate import make_gate
 from tidal_workers.gate import pool_threads
+from tidal_workers.handback import give_back_unstarted
+from tidal_workers.leases import STOPPING
 from tidal_workers.policy.laxity import TokenBucket
 from tidal_workers.queue import Claim
 from tidal_workers.renewal import Renewal
@@ -123,6 +125,7 @@ class ClaimStep(bootsteps.StartStopStep):
     def __init__(self, c: Consumer, **kwargs: t.Any):
         super().__init__(c, **kwargs)
         self.loop: ClaimLoop | None = None
+        self.claiming: threading.Thread | None = None  # the claim loop's thread, among ``threads``
         self.threads: list[threading.Thread] = []
         self.stopping = threading.Event()
 
@@ -161,6 +164,7 @@ class ClaimStep(bootsteps.StartStopStep):
         self.loop = ClaimLoop(ctx, gate_runner, send)
         runs.append(("tidal-claim", self.loop.run))
         self.threads = [threading.Thread(target=run, name=name, daemon=True) for name, run in runs]
+        self.claiming = self.threads[-1]
         for thread in self.threads:
             thread.start()
 
@@ -173,10 +177,17 @@ class ClaimStep(bootsteps.StartStopStep):
             self.loop, self.threads = None, []
 
     def close(self, c: Consumer) -> None:
-        """The worker is stopping (Celery closes the consumer's steps only then, not on a broker reconnect): hold
-        every send, so items not under way go back to the queue now; requests under way finish."""
-        if self.loop is not None:
-            self.loop.engine.stopping()
+        """The worker is stopping (Celery closes the consumer's steps only then, not on a broker reconnect): claim no
+        more, pause the book so no task sends again (a prefetched one, or one in a retry backoff, hands its item
+        back at once), and hand back the claims whose task has not started; requests under way finish."""
+        if self.loop is None or self.claiming is None:
+            return
+        self.loop.stop()
+        self.claiming.join(10)  # its last pass books what it claimed before the hand-back below
+        ctx = worker_context(c.app)
+        ctx.leases.pause(STOPPING)
+        given = give_back_unstarted(ctx.rt, ctx.leases)
+        log.info("worker stopping: %d claims not started went back to the queue; requests under way finish", given)
 
     shutdown = stop
 

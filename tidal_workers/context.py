@@ -1,4 +1,4 @@
-"""What one worker process holds: its Runtime and the book of leases it must keep renewing.
+"""What one worker process holds: its Runtime, the book of leases it must keep renewing, and its engine's health.
 
 Built by ``ContextStep`` when the worker starts (one per process, never a global
 shared with the API) and reached by tasks through ``worker_context(app)``.
@@ -36,7 +36,7 @@ class WorkerContext:
 
     def __post_init__(self) -> None:
         self.results = ResultWriter(self.rt)
-        self.engine = EngineHealth(self.rt.settings)
+        self.engine = EngineHealth(self.rt, self.leases)
 
     def ready_checks(self) -> list[Check]:
         """What the worker's /ready reports: its dependencies, then its engine preflight."""

@@ -3,12 +3,13 @@
 The task waits in the node's LeaseBook for an engine token (the gate's target bounds requests at the
 engine, not leases), then re-checks its lease and its batch's status and priority and POSTs, so an
 escalation or a cancel reaches items claimed but not yet sent. The token is freed the moment the POST
-returns. A failed request is judged by ``policy.outage``: if the engine is down (refused, or failing
-its ``/health``), the item goes back to the queue at once with no retry spent and the node claims
-nothing until the engine answers again (``engine_health``). Otherwise the failure (a timeout, a broken
-connection, a 5xx, a 429) is the item's own: retried with exponential backoff while the renewal thread
-keeps the lease, and an error line only once ``retry_budget`` is spent. A 4xx is the request's own fault: an error line with the engine's status and body. See
-docs/architecture.md, "The lease state machine".
+returns. A failed request is judged by ``policy.outage`` (``engine_health``): if the engine is down
+(refused, or failing its ``/health``), the node pauses its book and the item goes back to the queue with
+no retry spent, as does every item of the node not at the engine. Otherwise the failure (a timeout, a
+broken connection, a 5xx, a 429) is the item's own: retried with exponential backoff while the renewal
+thread keeps the lease, and an error line once ``retry_budget`` is spent. A 4xx is the request's own
+fault: an error line with the engine's status and body. See docs/architecture.md, "The lease state
+machine".
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from tidal_workers.context import worker_context
 from tidal_workers.engine_health import HANDED_BACK
 from tidal_workers.engine_health import EngineHealth
 from tidal_workers.finalize import finalize_if_due
+from tidal_workers.handback import give_back
 from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.outage import Failure
-from tidal_workers.policy.outage import is_outage
-from tidal_workers.policy.outage import needs_probe
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome
 from tidal_workers.result import Write
@@ -67,7 +67,7 @@ RELEASE_SECONDS = prometheus_client.Histogram(
 
 
 class Transient(Exception):
-    """The engine may answer next time; ``failure`` says how this request failed (``policy.outage``)."""
+    """The engine may answer next time; ``failure`` says how this request failed."""
 
     def __init__(self, failure: Failure, message: str):
         super().__init__(message)
@@ -79,15 +79,6 @@ def _failure(exc: requests.RequestException) -> Failure:
         reason = getattr(exc.args[0], "reason", None) if exc.args else None
         return Failure.REFUSED if isinstance(reason, urllib3.exceptions.NewConnectionError) else Failure.BROKEN
     return Failure.TIMEOUT if isinstance(exc, requests.Timeout) else Failure.BROKEN
-
-
-def engine_down(engine: EngineHealth, exc: Transient) -> bool:
-    """Whether this failure is an engine outage (``policy.outage``, probing /health when it asks); marks it so."""
-    health_ok = engine.healthy() if needs_probe(exc.failure) else None
-    if not is_outage(exc.failure, health_ok):
-        return False
-    engine.mark_down(f"{exc.failure.value}: {exc}"[:200])
-    return True
 
 
 def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str] | None:
@@ -131,38 +122,20 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outc
     )
 
 
-def _give_back(rt: Runtime, item_id: int, lease: str) -> str:
-    """No engine token within the prefetch age: the item goes back to the queue for any node."""
-    given = rt.queue.give_back(item_id, lease)
-    if given is None:
-        return "stale"
-    if not given.requeued and given.batch_id:  # its batch was dropped (cancelled, expired) meanwhile
-        finalize_if_due(rt, given.batch_id)
-    return "given_back" if given.requeued else "abandoned"
-
-
-def _outage_give_back(rt: Runtime, item_id: int, lease: str) -> str:
-    """The engine is down (or the worker stopping): the item goes back for another node, no retry spent."""
-    given = _give_back(rt, item_id, lease)
-    if given == "given_back":
-        HANDED_BACK.inc()
-    return given
-
-
 def _post(
     rt: Runtime, book: LeaseBook, engine: EngineHealth, item_id: int, lease: str, row: Row[str, str, str, str]
 ) -> Outcome | str:
-    """prefetched → sent → answered, retrying the item's own transient failures; the Outcome, or why the attempt
-    stopped. An engine outage (``policy.outage``) gives the item back at once and spends no retry."""
+    """prefetched → sent → answered, retrying the item's own transient failures; the Outcome, or why it stopped."""
     s = rt.settings
     body = json.loads(row.body)
     failures = 0
     while True:
-        if not engine.may_send():  # leased but not sent, and the engine is down or the worker stopping
-            return _outage_give_back(rt, item_id, lease)
         got, freed_at = book.take_token(item_id, lease, s.prefetch_max_age_seconds)
-        if not got:
-            return _give_back(rt, item_id, lease)
+        if not got:  # no token within the prefetch age, or the book is paused (engine down, worker stopping)
+            given = give_back(rt, item_id, lease)
+            if given == "given_back" and not engine.up:
+                HANDED_BACK.inc()
+            return given
         # The re-checks, at the moment of sending: the lease, then the batch's status and priority now.
         if not rt.queue.lease_current(item_id, lease):
             book.return_token(item_id, lease, freed_at)
@@ -179,23 +152,24 @@ def _post(
         try:
             return submit(rt, row.url, body, batch.priority)
         except Transient as exc:
-            if engine_down(engine, exc):
-                return _outage_give_back(rt, item_id, lease)
-            failures += 1
-            if failures > s.retry_budget:
-                return Outcome(
-                    status=ItemStatus.failed,
-                    error_code="retry_budget_exhausted",
-                    error_message=f"The engine failed {failures} times; last: {exc}",
-                )
-            delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
-            log.info("item %s: %s; retry %d in %.2fs", item_id, exc, failures, delay)
+            failed = exc
         finally:
             book.answered(item_id, lease)
             POST_SECONDS.observe(time.monotonic() - sent)
-        # The token is free meanwhile; the renewal thread keeps the lease. An outage found by another task, or a
-        # shutdown, ends the wait at once.
-        engine.hold.wait(delay)
+        if engine.outage(failed.failure, str(failed)):  # no retry spent: the book is paused, so the next
+            continue  # take_token hands the item back
+        failures += 1
+        if failures > s.retry_budget:
+            return Outcome(
+                status=ItemStatus.failed,
+                error_code="retry_budget_exhausted",
+                error_message=f"The engine failed {failures} times; last: {failed}",
+            )
+        delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
+        log.info("item %s: %s; retry %d in %.2fs", item_id, failed, failures, delay)
+        # The token is free meanwhile and the renewal thread keeps the lease; an outage found by another task, or
+        # the worker stopping, pauses the book and ends the wait at once (the next take_token hands the item back).
+        book.paused.wait(delay)
         if not rt.queue.lease_current(item_id, lease):
             return "stale"
 
@@ -210,8 +184,8 @@ def execute_item(
 ) -> str:
     """Run one claimed attempt (booked in ``book``) to its outcome; returns what happened (for Flower and tests).
     ``write``: the worker's ResultWriter (group commit); by default the outcome gets a transaction of its own.
-    ``engine``: the process's EngineHealth; by default one of its own, taken as up."""
-    engine = engine or EngineHealth(rt.settings)
+    ``engine``: the worker's EngineHealth; by default one of this call's own."""
+    engine = engine or EngineHealth(rt, book)
     if not book.start(item_id, lease) or not rt.queue.lease_current(item_id, lease):
         return "stale"
     row = _load(rt, item_id)

@@ -4,7 +4,9 @@ claimed → prefetched → sent → answered → released (docs/architecture.md,
 claim thread books claims and keeps the book at most the gate's target plus a small prefetch; each
 ``tidal.run_item`` task waits here for an *engine token* (one of the gate's target) before it POSTs, and frees
 it as soon as the POST returns, so the target bounds the node's batch requests at the engine (O), not its
-leases. The renewal thread renews what the book holds. One lock guards it all; nothing under it does I/O.
+leases. The renewal thread renews what the book holds. While the book is paused (its engine is down, or the
+worker is stopping) it grants no token: a waiting task wakes and hands its item back. One lock guards it all;
+nothing under it does I/O.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 import prometheus_client
 
 CLAIMED, PREFETCHED, SENT, ANSWERED = "claimed", "prefetched", "sent", "answered"
+ENGINE_DOWN, STOPPING = "engine down", "stopping"  # why the book is paused
 
 HELD = prometheus_client.Gauge(
     "tidal_gate_inflight",
@@ -49,6 +52,10 @@ class LeaseBook:
         # Set when an attempt is released: there may be room under target + prefetch again, and the claim loop
         # waits on this rather than sleeping out its idle period while the engine runs short.
         self.released = threading.Event()
+        # Set while the book grants no token (for any of ``_pauses``); a task sleeping out a retry backoff waits on
+        # it, so an outage or a shutdown ends the wait at once and the task hands its item back.
+        self.paused = threading.Event()
+        self._pauses: set[str] = set()
         ENGINE_OUTSTANDING.set(0)
         HELD.set(0)
 
@@ -65,6 +72,21 @@ class LeaseBook:
                 self.target = target
                 self._cond.notify_all()
 
+    def pause(self, why: str) -> None:
+        """Grant no token while ``why`` (ENGINE_DOWN, STOPPING) holds; the tasks waiting for one wake at once."""
+        with self._cond:
+            self._pauses.add(why)
+            self.paused.set()
+            self._cond.notify_all()
+
+    def resume(self, why: str) -> None:
+        """``why`` no longer holds; tokens are granted again once no other reason does."""
+        with self._cond:
+            self._pauses.discard(why)
+            if not self._pauses:
+                self.paused.clear()
+                self._cond.notify_all()
+
     # --- the task ----------------------------------------------------------------
     def start(self, item_id: int, lease: str) -> bool:
         """claimed → prefetched: the task runs; False if the book no longer holds this attempt (given back)."""
@@ -75,7 +97,8 @@ class LeaseBook:
             return held is not None
 
     def take_token(self, item_id: int, lease: str, timeout: float) -> tuple[bool, float | None]:
-        """prefetched → sent once a token is free and every earlier waiter has one; (False, None) on timeout.
+        """prefetched → sent once a token is free and every earlier waiter has one; (False, None) on timeout, or at
+        once while the book is paused.
 
         Returns with the token the time it was freed, if it was one an answered request gave back (the start of
         the "token freed → next POST sent" interval), else None (a token the gate added).
@@ -90,7 +113,7 @@ class LeaseBook:
             try:
                 while True:
                     held = self._mine(item_id, lease)
-                    if held is None:  # the renewal lost its lease, or it was given back
+                    if held is None or self._pauses:  # lease lost or given back; the engine down or stopping
                         return False, None
                     first = self._waiting[0] == item_id
                     if held.floor or (first and self._outstanding < self.target):
@@ -150,12 +173,13 @@ class LeaseBook:
             self._cond.notify_all()
         self.released.set()
 
-    def take_unstarted(self, older_than: float) -> list[tuple[int, str]]:
+    def take_unstarted(self, older_than: float = 0.0) -> list[tuple[int, str]]:
         """Remove and return claims whose task has not started for ``older_than`` seconds (a revoked or lost
-        message): the renewal thread gives them back, and a task that starts later finds itself gone."""
+        message; with 0, every one, as the engine goes down or the worker stops): the caller gives them back, and
+        a task that starts later finds itself gone."""
         cutoff = time.monotonic() - older_than
         with self._cond:
-            old = [(i, h.lease) for i, h in self._held.items() if h.state == CLAIMED and h.since < cutoff]
+            old = [(i, h.lease) for i, h in self._held.items() if h.state == CLAIMED and h.since <= cutoff]
             for item_id, _lease in old:
                 del self._held[item_id]
             HELD.set(len(self._held))

@@ -16,7 +16,7 @@ import typing as t
 
 from tidal_workers.context import WorkerContext
 from tidal_workers.enqueue import rebuild
-from tidal_workers.finalize import request_finalize
+from tidal_workers.handback import give_back_unstarted
 from tidal_workers.sweeps import reclaim
 
 log = logging.getLogger(__name__)
@@ -32,10 +32,7 @@ class Renewal:
         s, q = self.settings, self.rt.queue
         lost = q.renew(s.node, self.leases.items(), s.lease_seconds)
         self.leases.forget(lost)
-        for item_id, lease in self.leases.take_unstarted(s.lease_seconds):
-            given = q.give_back(item_id, lease)
-            if given is not None and not given.requeued and given.batch_id:  # its batch was dropped meanwhile
-                request_finalize(self.rt, given.batch_id)
+        give_back_unstarted(self.rt, self.leases, s.lease_seconds)
         reclaim(self.rt)
         if not self._built or not q.is_built():
             if self._built:

@@ -74,20 +74,25 @@ def test_renewal_keeps_held_leases_and_forgets_lost_ones(rt, make_batch, setting
 
 
 def test_a_claim_whose_task_never_starts_is_given_back(rt, make_batch, settings):
-    """A revoked or lost run_item message: its claim goes back to the queue at its ordinal, for any node."""
-    rt.settings = settings.replace(lease_seconds=0.2, dispatch_prefetch=0)
+    """A revoked or lost run_item message: within about a lease of its claim the renewal thread gives it back to the
+    queue at its ordinal, for any node, while the claim whose task runs keeps its lease; a task starting that late
+    finds itself stale."""
+    rt.settings = settings.replace(lease_seconds=3.0, dispatch_prefetch=0)  # renewals well inside it, under load
     batch = make_batch(3)
     sent: list = []
-    loop = loop_for(rt, 1, sent)
+    loop = loop_for(rt, 2, sent)
     renewal = Renewal(WorkerContext(rt, loop.leases))
+    renewal.once()  # the first pass's rebuild, before the claims
     loop.tick(time.time())
-    (claim,) = sent
-    time.sleep(0.3)
-    renewal.once()
-    assert not rt.queue.lease_current(claim.item_id, claim.lease) and len(loop.leases) == 0
-    assert queued(rt, batch) == 3
+    running, never = sent
+    assert loop.leases.start(running.item_id, running.lease)  # only one task starts
+    wait_for(lambda: (renewal.once() or True) and queued(rt, batch) == 2, 30, "the unstarted claim to go back")
+    assert not rt.queue.lease_current(never.item_id, never.lease)
+    assert rt.queue.lease_current(running.item_id, running.lease)  # the running task's lease was renewed
+    assert loop.leases.items() == [(running.item_id, running.lease)]  # and the other left the book
+    assert not loop.leases.start(never.item_id, never.lease)  # a task starting this late is stale
     (again,) = rt.queue.claim("node-b", 1, 30, ["m"])
-    assert again.item_id == claim.item_id and again.attempt == claim.attempt + 1
+    assert again.item_id == never.item_id and again.attempt == never.attempt + 1
 
 
 def test_renewal_rebuilds_the_queue_at_start_and_after_data_loss(rt, make_batch):

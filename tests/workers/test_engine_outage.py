@@ -4,9 +4,10 @@ with the stub engine scripting the outage (a refused port, 503s with a failing /
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import booked
 from workers.worker_helpers import item_ids
 from workers.worker_helpers import queued
 from workers.worker_helpers import settled
@@ -15,9 +16,21 @@ from workers.worker_helpers import wait_for
 from tidal_engine.serve import free_port
 from tidal_workers.engine_health import EngineHealth
 from tidal_workers.execute import execute_item
+from tidal_workers.handback import give_back
+from tidal_workers.leases import LeaseBook
 from tidal_workers.store.models import Item
 
 NODE = "test-node"
+
+
+def on_node(rt, n: int = 1):
+    """n claims of this node, booked as the claim loop books them, an open gate, and the node's EngineHealth."""
+    claims = rt.queue.claim(NODE, n, lease_seconds=30, models=("m",))
+    book = LeaseBook()
+    book.set_target(n)
+    for c in claims:
+        book.add(c.item_id, c.lease)
+    return claims, book, EngineHealth(rt, book)
 
 
 @pytest.fixture
@@ -30,30 +43,51 @@ def test_503_with_a_failing_health_is_an_outage_not_a_retry(rt, make_batch, stub
     batch = make_batch(1)
     stub.health = 503
     stub.script("b0-0", *["503"] * 5)
-    (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30, models=("m",))
-    engine = EngineHealth(rt.settings)
-    assert execute_item(rt, booked(claim), claim.item_id, claim.lease, engine=engine) == "given_back"
-    assert stub.seen("b0-0") == 1 and not engine.up  # one request, no retry: the engine is down
+    (claim,), book, engine = on_node(rt)
+    assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "given_back"
+    assert stub.seen("b0-0") == 1 and not engine.up and book.paused.is_set()  # one request, no retry: it is down
     assert queued(rt, batch) == 1 and rt.queue.inflight(NODE) == 0  # back in the queue at once
-    assert not rt.queue.lease_current(claim.item_id, claim.lease)
+    assert give_back(rt, claim.item_id, claim.lease) == "stale"  # a stale lease gives nothing back twice
+    (again,) = rt.queue.claim("node-b", 1, lease_seconds=30, models=("m",))  # another node drains the batch
+    assert again.item_id == claim.item_id and again.attempt == 2
+
+
+def test_going_down_hands_back_at_once_what_is_not_at_the_engine(rt, make_batch):
+    """As the engine is marked down, claims whose task has not started go back to the queue, and a task waiting for an
+    engine token wakes (no token is granted) to hand its own back; marked up, the book grants tokens again."""
+    batch = make_batch(3)
+    (waiting, unstarted, at_engine), book, engine = on_node(rt, 3)
+    book.set_target(1)
+    assert book.start(at_engine.item_id, at_engine.lease)
+    assert book.take_token(at_engine.item_id, at_engine.lease, 1.0)[0]  # sent: the only token
+    assert book.start(waiting.item_id, waiting.lease)
+    woke: list = []
+    thread = threading.Thread(target=lambda: woke.append(book.take_token(waiting.item_id, waiting.lease, 60.0)))
+    thread.start()
+    wait_for(lambda: waiting.item_id in book._waiting, 10, "the task to wait for a token")
+    engine.mark_down("a refused connection")
+    thread.join(10)
+    assert woke == [(False, None)]  # at once, not after its 60 s
+    assert queued(rt, batch) == 1 and not rt.queue.lease_current(unstarted.item_id, unstarted.lease)
+    assert len(book) == 2  # the unstarted claim left the book; the other two are their tasks' to settle
+    assert give_back(rt, waiting.item_id, waiting.lease) == "given_back" and queued(rt, batch) == 2  # as it does
+    engine.mark_up()
+    assert not book.paused.is_set() and rt.queue.lease_current(at_engine.item_id, at_engine.lease)
 
 
 def test_a_refused_connection_is_an_outage_without_a_probe(rt, make_batch, stub):
     make_batch(1)
     rt.settings = rt.settings.replace(vllm_url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30, models=("m",))
-    engine = EngineHealth(rt.settings)
-    assert execute_item(rt, booked(claim), claim.item_id, claim.lease, engine=engine) == "given_back"
-    assert not engine.up
+    (claim,), book, engine = on_node(rt)
+    assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "given_back" and not engine.up
 
 
 def test_5xx_while_health_passes_is_the_items_own_error(rt, make_batch, stub):
     rt.settings = rt.settings.replace(retry_budget=1)
     make_batch(1)
     stub.script("b0-0", "503", "503")  # retry_budget 1: two failures are one too many
-    (claim,) = rt.queue.claim(NODE, 1, lease_seconds=30, models=("m",))
-    engine = EngineHealth(rt.settings)
-    assert execute_item(rt, booked(claim), claim.item_id, claim.lease, engine=engine) == "failed"
+    (claim,), book, engine = on_node(rt)
+    assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "failed"
     assert engine.up and stub.seen("b0-0") == 2 and stub.health_checks == 2
 
 

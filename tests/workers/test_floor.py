@@ -112,6 +112,7 @@ def test_the_floor_claims_nothing_while_the_engine_is_down(rt, make_batch, stub)
     sent: list = []
     loop = loop_for(rt, 0, sent, settle=True)
     loop.engine.mark_down("a refused connection")  # what a task finds first
+    assert loop.leases.paused.is_set()  # no engine token either
     stub.outage = True
     t0 = time.time()
     for k in range(201):  # ten simulated seconds, a pass every 50 ms: the bucket fills, the engine stays down
@@ -120,4 +121,4 @@ def test_the_floor_claims_nothing_while_the_engine_is_down(rt, make_batch, stub)
     assert stub.health_checks == 11  # once per probe period (at 0, 1, ..., 10 s), no more
     stub.outage = False
     assert loop.tick(t0 + 11) == 1 and loop.engine.up  # the next probe finds it up: a full bucket of one
-    assert {c.batch_id for c in sent} == {urgent}
+    assert {c.batch_id for c in sent} == {urgent} and not loop.leases.paused.is_set()

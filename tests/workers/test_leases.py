@@ -1,4 +1,5 @@
-"""The LeaseBook's engine tokens: the gate's target bounds requests at the engine, waiters are served in order."""
+"""The LeaseBook's engine tokens: the gate's target bounds requests at the engine, waiters are served in order, a
+paused book grants none."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import threading
 
 from workers.worker_helpers import wait_for
 
+from tidal_workers.leases import ENGINE_DOWN
 from tidal_workers.leases import PREFETCHED
+from tidal_workers.leases import STOPPING
 from tidal_workers.leases import LeaseBook
 
 
@@ -84,3 +87,25 @@ def test_unstarted_claims_are_taken_out_once_old():
     assert book.take_unstarted(0.0) == [(1, "n|1|1")]
     assert not book.start(1, "n|1|1")  # its task starts late and finds itself gone
     assert [h.state for h in book._held.values()] == [PREFETCHED]
+
+
+def test_a_paused_book_grants_no_token_until_every_reason_is_gone():
+    """Engine down or worker stopping: a waiter wakes at once with no token, a floor item gets none either, and the
+    book grants tokens again only once neither reason holds."""
+    book = book_of(3, target=1)
+    book.add(9, "n|1|9", floor=True)
+    woke: list = []
+    waiter = threading.Thread(target=lambda: woke.append(book.take_token(0, "n|1|0", 60)))
+    book.set_target(0)  # the waiter waits: no token to take
+    waiter.start()
+    wait_for(lambda: 0 in book._waiting, 10, what="the waiter")
+    book.set_target(1)
+    book.pause(ENGINE_DOWN)
+    waiter.join(10)
+    assert woke == [(False, None)] and book.paused.is_set()  # woken, not after its 60 s
+    assert book.take_token(9, "n|1|9", 0.05) == (False, None)  # the floor passes the target, not a pause
+    book.pause(STOPPING)
+    book.resume(ENGINE_DOWN)
+    assert book.paused.is_set() and book.take_token(1, "n|1|1", 0.05) == (False, None)
+    book.resume(STOPPING)
+    assert not book.paused.is_set() and book.take_token(1, "n|1|1", 1)[0]

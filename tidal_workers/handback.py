@@ -1,0 +1,31 @@
+"""Giving claims back to the queue: the one path for every attempt this node holds and will not send.
+
+A claim whose task never started within a lease (a revoked or lost message), a prefetched item that found no
+engine token within its age, and everything not yet at the engine when the engine goes down or the worker stops.
+``Queue.give_back`` puts the item back in its batch at its ordinal, for any node: the next claim of it is a new
+attempt with its whole retry budget. An item whose batch was dropped meanwhile (cancelled, expired) is abandoned
+instead, and the batch's finalization requested from the ops worker (never run here: the renewal thread and a
+stopping consumer call this too).
+"""
+
+from __future__ import annotations
+
+from tidal_workers.finalize import request_finalize
+from tidal_workers.leases import LeaseBook
+from tidal_workers.runtime import Runtime
+
+
+def give_back(rt: Runtime, item_id: int, lease: str) -> str:
+    """Requeue one claim if ``lease`` is still current: "given_back", "abandoned" (batch dropped) or "stale"."""
+    given = rt.queue.give_back(item_id, lease)
+    if given is None:
+        return "stale"
+    if not given.requeued and given.batch_id:
+        request_finalize(rt, given.batch_id)
+    return "given_back" if given.requeued else "abandoned"
+
+
+def give_back_unstarted(rt: Runtime, book: LeaseBook, older_than: float = 0.0) -> int:
+    """Take the claims whose task has not started for ``older_than`` seconds out of ``book`` and give them back;
+    returns how many went back to the queue."""
+    return sum(give_back(rt, item_id, lease) == "given_back" for item_id, lease in book.take_unstarted(older_than))
