@@ -31,6 +31,8 @@ def test_each_node_claims_only_its_engines_models_and_an_unserved_batch_waits(
     for node, engine in (("node-a", a), ("node-b", b)):
         worker = base.replace(node=node, vllm_url=engine.url)
         children.append(spawn(worker, "worker", "--loglevel=warning", log=tmp_path / f"{node}.log"))
+    # finalization runs on the ops queue: without an ops worker no batch would reach `completed`
+    children.append(spawn(base, "worker", "--ops", "--loglevel=warning", log=tmp_path / "ops.log"))
 
     for model, names in serving.items():
         batch, out, err = settled(rt, batches[model], timeout=180)
