@@ -26,6 +26,7 @@ from config import Settings
 from config import load_settings
 from config.settings import child_environ
 from tidal_engine.serve import die_with_parent
+from tidal_workers.bench.services import cache_redis_command
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -100,22 +101,7 @@ def ensure_redis(settings: Settings, sup: Supervisor) -> None:
         )
     data = Path(settings.home) / "redis"
     data.mkdir(parents=True, exist_ok=True)
-    sup.start(
-        "redis",
-        [
-            server,
-            "--port",
-            str(url.port or 6379),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(data),
-        ],
-    )
+    sup.start("redis", cache_redis_command(url.port or 6379, data, server))
     for _ in range(50):
         try:
             client.ping()

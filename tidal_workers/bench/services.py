@@ -39,6 +39,12 @@ def _until(predicate: t.Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def cache_redis_command(port: int, data: Path, server: str = "redis-server") -> list[str]:
+    """redis-server as Tidal runs it when it starts one: loopback only, nothing kept on disk (Redis holds only
+    what SQL can rebuild)."""
+    return [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(data)]
+
+
 class PrivateRedis:
     """A redis-server without persistence: a restart loses every key, as a crashed cache would."""
 
@@ -52,19 +58,7 @@ class PrivateRedis:
     def start(self) -> None:
         with open(self.dir / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    "redis-server",
-                    "--port",
-                    str(self.port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(self.dir),
-                ],
+                cache_redis_command(self.port, self.dir),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
