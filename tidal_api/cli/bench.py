@@ -29,6 +29,24 @@ def engine_url_option(what: str) -> t.Callable[[t.Callable], t.Callable]:
     return click.option("--engine-url", help=f"Engine to measure. Default: start {what} here.")
 
 
+def engine_kind_options(*kinds: str) -> t.Callable[[t.Callable], t.Callable]:
+    """``--engine`` (into ``kind``) and ``--profile``: the engines a benchmark starts itself."""
+    cpu = " / ".join(k for k in kinds if k != "twin")
+
+    def apply(f: t.Callable) -> t.Callable:
+        f = click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile.")(f)
+        return click.option(
+            "--engine",
+            "kind",
+            type=click.Choice(list(kinds)),
+            default="twin",
+            show_default=True,
+            help=f"twin: real vLLM with a GPU's step times (--profile); {cpu}: the CPU engine computing for real.",
+        )(f)
+
+    return apply
+
+
 MODEL_OPTION = click.option("--model", default="tiny", show_default=True, help="Model name clients send.")
 
 
@@ -85,15 +103,7 @@ HARVEST_DEFAULTS = {
 
 
 @bench.command()
-@click.option(
-    "--engine",
-    "kind",
-    type=click.Choice(["twin", "tiny", "dense"]),
-    default="twin",
-    show_default=True,
-    help="twin: real vLLM with a GPU's step times (--profile); tiny / dense: the CPU engine computing for real.",
-)
-@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile.")
+@engine_kind_options("twin", "tiny", "dense")
 @click.option("--engine-url", help="An engine already running for A (a GPU host) instead of starting one.")
 @click.option("--engine-b-url", help="The same for B: an engine running TidalScheduler.")
 @click.option("--plugin-metrics-url", help="TidalScheduler's /metrics, with --engine-b-url.")
@@ -282,15 +292,7 @@ FLEET_DEFAULTS = {
 
 
 @bench.command()
-@click.option(
-    "--engine",
-    "kind",
-    type=click.Choice(["twin", "tiny"]),
-    default="twin",
-    show_default=True,
-    help="twin: real vLLM with a GPU's step times (--profile); tiny: the CPU engine computing for real.",
-)
-@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twins' GPU profile.")
+@engine_kind_options("twin", "tiny")
 @click.option("--engine-urls", help="Comma-separated replicas already running (with --model, --tokenizer).")
 @click.option("--model", default="", help="Model name clients send, with --engine-urls.")
 @click.option("--tokenizer", default="", help="The served model's tokenizer, with --engine-urls.")
@@ -710,15 +712,7 @@ def _span(text: str) -> tuple[float, float]:
 @bench.command()
 @click.option("--minutes", default=30.0, show_default=True, help="Length of the chaos window (faults and load).")
 @click.option("--seed", default=None, type=int, help="Seed of the fault schedule and the load; default: random.")
-@click.option(
-    "--engine",
-    "engine_kind",
-    type=click.Choice(["twin", "tiny"]),
-    default="twin",
-    show_default=True,
-    help="Each node's engine: twin (real vLLM with a GPU's step times, --profile) or tiny (the CPU engine).",
-)
-@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile.")
+@engine_kind_options("twin", "tiny")
 @click.option("--max-num-seqs", default=8, show_default=True, help="Each engine's slots (two share this machine).")
 @click.option("--interval", default="30:90", show_default=True, help="Seconds between faults, MIN:MAX.")
 @click.option("--engine-down", default="10:240", show_default=True, help="Seconds a killed engine stays down.")
@@ -731,7 +725,7 @@ def _span(text: str) -> tuple[float, float]:
 def chaos(
     minutes: float,
     seed: int | None,
-    engine_kind: str,
+    kind: str,
     profile: str,
     max_num_seqs: int,
     interval: str,
@@ -760,8 +754,8 @@ def chaos(
         batch_every=batch_every,
         online_rate=online_rate,
         drain_minutes=drain_minutes,
-        engine=engine_kind,
-        profile=profile if engine_kind == "twin" else "",
+        engine=kind,
+        profile=profile if kind == "twin" else "",
         max_num_seqs=max_num_seqs,
     )
     out_dir, origin = begin("chaos", out)
