@@ -43,6 +43,7 @@ from tidal_engine.serve import start_engine
 from tidal_workers.bench.services import PrivatePostgres
 from tidal_workers.bench.services import PrivateRedis
 from tidal_workers.bench.services import kill_group
+from tidal_workers.bench.services import until
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import Item
 from tidal_workers.store import ItemStatus
@@ -191,14 +192,6 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _until(predicate: t.Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
-
 @dataclasses.dataclass
 class Submitted:
     tenant: str
@@ -301,7 +294,7 @@ class Stack:
             raise RuntimeError(f"tidal db upgrade failed: {done.stderr[-2000:]}")
         for child in self.children.values():
             child.start()
-        _until(lambda: _answers(self.api_url + "/openapi.json"), 120, "the API")
+        until(lambda: _answers(self.api_url + "/openapi.json"), 120, "the API", every=0.2)
         for th in threads:
             th.join()
         if any(slot.engine is None for slot in self.engines.values()):

@@ -31,12 +31,13 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-def _until(predicate: t.Callable[[], bool], timeout: float, what: str) -> None:
+def until(predicate: t.Callable[[], bool], timeout: float, what: str, every: float = 0.05) -> None:
+    """Poll ``predicate`` every ``every`` seconds until it holds; TimeoutError naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(every)
 
 
 def cache_redis_command(port: int, data: Path, server: str = "redis-server") -> list[str]:
@@ -65,7 +66,7 @@ class PrivateRedis:
                 preexec_fn=die_with_parent(),
             )
         client = redis.Redis(port=self.port, socket_timeout=2)
-        _until(lambda: _answers(client), 30, "the private redis-server to answer")
+        until(lambda: _answers(client), 30, "the private redis-server to answer")
 
     def restart(self) -> float:
         """kill -9 and start again on the same port; returns the seconds it was down."""
