@@ -97,9 +97,22 @@ def _tiny_engine(url: str | None, out_dir: Path, max_num_seqs: int) -> t.Iterato
 # Per engine kind: what a run measures unless told otherwise. The twin reproduces the seed's experiment; the CPU
 # engine's values are its history's (a 2-core machine answers a few requests a second).
 HARVEST_DEFAULTS = {
-    "twin": {"flat_rate": 20.0, "diurnal_rate": 12.1, "samples": 1000, "max_inflight": 64},
+    "twin": {"flat_rate": 20.0, "diurnal_rate": 12.1, "samples": 1000},
     "cpu": {"flat_rate": 4.0, "diurnal_rate": 4.0, "samples": 120, "max_inflight": 12},
 }
+
+
+def deployment_ceiling(profile: str, max_num_seqs: int) -> int:
+    """The gate ceiling a node in front of ``profile``'s GPU gets by default (`TIDAL_MAX_INFLIGHT` 0): the
+    engine's slots and the requests its KV pool holds, the smaller, less the online headroom."""
+    from tidal_engine.twin import load_profile
+    from tidal_workers.policy.aimd import UNKNOWN_ENGINE_CEILING
+    from tidal_workers.policy.aimd import engine_ceiling
+
+    spec, settings = load_profile(profile), load_settings()
+    slots = max_num_seqs or spec.max_num_seqs
+    ceiling = engine_ceiling(slots, spec.kv_pool_tokens, settings.batch_request_tokens, settings.online_headroom)
+    return ceiling or UNKNOWN_ENGINE_CEILING
 
 
 @bench.command()
@@ -118,7 +131,12 @@ HARVEST_DEFAULTS = {
 @click.option("--amplitude", default=0.8, show_default=True, help="Diurnal swing as a fraction of the mean.")
 @click.option("--ceiling-seconds", default=10.0, show_default=True, help="Measured window of each ceiling.")
 @click.option("--settle-seconds", default=3.0, show_default=True, help="Backlog flowing before a co-served window.")
-@click.option("--max-inflight", default=0, type=int, help="The harvesting worker's gate ceiling (twin 64, CPU 12).")
+@click.option(
+    "--max-inflight",
+    default=0,
+    type=int,
+    help="The harvesting worker's gate ceiling (twin: the deployment default from the profile's slots and KV; CPU 12).",
+)
 @click.option("--max-num-seqs", default=0, type=int, help="Engine slots (0: the profile's; 16 on the CPU engine).")
 @click.option(
     "--budget-tokens", default=2048, show_default=True, help="τ of a CPU engine (the twin's is its profile's)."
@@ -182,7 +200,8 @@ def harvest(
         samples=samples or int(defaults["samples"]),
         ceiling_s=ceiling_seconds,
         settle_s=settle_seconds,
-        max_inflight=max_inflight or int(defaults["max_inflight"]),
+        max_inflight=max_inflight
+        or (deployment_ceiling(profile, max_num_seqs) if kind == "twin" else int(defaults["max_inflight"])),
         b_gate=b_gate,
         workload=GPU_WORKLOAD if kind == "twin" else CPU_WORKLOAD,
     )
