@@ -23,14 +23,15 @@ from tidal_workers.store.models import ItemStatus
 ROWS = 5000
 
 
-def _pending(session: Session, batch_id: str) -> t.Iterator[tuple[int, int]]:
+def _pending(session: Session, batch_id: str) -> t.Iterator[tuple[int, int, str]]:
+    """(item id, ordinal, phase) of the batch's pending items: each is queued as the phase SQL says is next."""
     rows = session.execute(
-        select(Item.id, Item.ordinal)
+        select(Item.id, Item.ordinal, Item.phase)
         .where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
         .order_by(Item.ordinal)
         .execution_options(yield_per=ROWS)
     )
-    return ((item_id, ordinal) for item_id, ordinal in rows)
+    return ((item_id, ordinal, phase) for item_id, ordinal, phase in rows)
 
 
 def enqueue_batch(rt: Runtime, batch_id: str) -> int:

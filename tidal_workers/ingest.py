@@ -35,6 +35,11 @@ from config import Settings
 from tidal_workers import task_names
 from tidal_workers.blobs import BlobNotFound
 from tidal_workers.enqueue import enqueue_batch
+from tidal_workers.policy.body import CHAT
+from tidal_workers.policy.body import COMPLETIONS
+from tidal_workers.policy.phase import Phase
+from tidal_workers.policy.phase import SplitConfig
+from tidal_workers.policy.phase import split_item
 from tidal_workers.quotas import lock_tenant
 from tidal_workers.quotas import token_limit_message
 from tidal_workers.runtime import Runtime
@@ -49,6 +54,7 @@ from tidal_workers.validate import validate_file
 
 CHUNK_ROWS = 5000
 CHUNK_BYTES = 8 << 20  # request bodies per INSERT: bounds memory when the lines are long
+SPLITTABLE = (CHAT, COMPLETIONS)  # A-P: the endpoints that decode and carry the freeze tag to the engine
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +119,18 @@ def give_up(rt: Runtime, batch_id: str, why: str) -> bool:
     return failed
 
 
-def _begin_attempt(rt: Runtime, batch_id: str) -> tuple[str, str, str | None] | None:
+class _Attempt(t.NamedTuple):
+    endpoint: str
+    tenant: str
+    blob: str | None  # None: the input file was deleted
+    phase_split: str
+    expires_at: int
+
+
+def _begin_attempt(rt: Runtime, batch_id: str) -> _Attempt | None:
     """Count an attempt (committed before any work, so a process that dies mid-ingest has used it up).
 
-    Returns (endpoint, tenant, input blob or None if the file was deleted), or None when there is nothing to do: the batch
+    Returns what the attempt needs of the batch, or None when there is nothing to do: the batch
     is no longer `validating`, its attempts are used up (reconcile fails it when the last is due), or an attempt
     is running (a duplicate message: the API's and a resend, or several resends while no ops worker ran).
     """
@@ -146,7 +160,7 @@ def _begin_attempt(rt: Runtime, batch_id: str) -> tuple[str, str, str | None] | 
             return None
         source = s.get(File, batch.input_file_id)
         blob = None if source is None or source.deleted else source.blob
-        return batch.endpoint, batch.tenant_id, blob
+        return _Attempt(batch.endpoint, batch.tenant_id, blob, batch.phase_split, batch.expires_at)
 
 
 def _ranks(keys: list[tuple[str, int]]) -> array.array:
@@ -159,11 +173,23 @@ def _ranks(keys: list[tuple[str, int]]) -> array.array:
     return ranks
 
 
+def phase_rule(settings: Settings, endpoint: str, mode: str, laxity_seconds: float) -> t.Callable[[ParsedLine], Phase]:
+    """Each item's first phase (A-P): ``prefill`` for an item ``split_item`` splits, else ``whole``.
+
+    Nothing is split unless the engines can freeze (``TIDAL_KV_FREEZE_DIR`` names their connector's folder) and
+    the endpoint generates: a split item elsewhere would only pay its prefill twice.
+    """
+    if not settings.kv_freeze_dir or endpoint not in SPLITTABLE:
+        return lambda p: Phase.WHOLE
+    cfg = SplitConfig()
+    return lambda p: Phase.PREFILL if split_item(mode, p.prompt_tokens, laxity_seconds, cfg) else Phase.WHOLE
+
+
 class _Inserter:
     """Item rows inserted in chunks as the second pass hands them over."""
 
-    def __init__(self, session: Session, batch_id: str, ranks: array.array):
-        self.session, self.batch_id, self.ranks = session, batch_id, ranks
+    def __init__(self, session: Session, batch_id: str, ranks: array.array, phase_of: t.Callable[[ParsedLine], Phase]):
+        self.session, self.batch_id, self.ranks, self.phase_of = session, batch_id, ranks, phase_of
         self.rows: list[dict[str, t.Any]] = []
         self.bytes = 0
 
@@ -176,6 +202,7 @@ class _Inserter:
                 "custom_id": p.custom_id,
                 "url": p.url,
                 "body": p.body,
+                "phase": self.phase_of(p).value,
             }
         )
         self.bytes += len(p.body)
@@ -196,7 +223,7 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
     begun = _begin_attempt(rt, batch_id)
     if begun is None:
         return
-    endpoint, tenant, blob = begun
+    endpoint, tenant, blob = begun.endpoint, begun.tenant, begun.blob
     keys: list[tuple[str, int]] = []
     try:
         if blob is None:
@@ -244,7 +271,9 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
             enqueued_tokens=first.tokens,
         ):
             return
-        inserter = _Inserter(s, batch_id, ranks)
+        # No rate yet, so the drain counts 0 (policy.laxity): the batch's laxity is its whole window.
+        phase_of = phase_rule(rt.settings, endpoint, begun.phase_split, begun.expires_at - now)
+        inserter = _Inserter(s, batch_id, ranks, phase_of)
         with rt.blobs.open(blob) as f:
             second = validate_file(f, endpoint, rt.settings, inserter.add)
         inserter.flush()

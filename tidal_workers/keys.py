@@ -1,6 +1,8 @@
 """Every Redis key Tidal uses is built here, and nowhere else.
 
-Redis holds only what SQL can rebuild (see ``enqueue.rebuild``). Layout version 2 (model, priority, tenant), one DB:
+Redis holds only what SQL can rebuild (see ``enqueue.rebuild``). Layout version 2 (model, priority, tenant), one DB;
+A-P's phase keys were added to it without a new version: Redis written before them holds no split item and reads
+the same, and a release without them requeues a split item it reclaims as a whole one, which runs correctly.
 
 =================================================  ======  =========================================================
 key                                                type    content
@@ -29,9 +31,18 @@ key                                                type    content
 ``tidal:batch:{batch}``                            HASH    ``score``, ``model``, ``tenant``: where the open batch
                                                            is queued. Absent = dropped (cancelled, expired,
                                                            finalized): its leases are not requeued.
-``tidal:b:{batch}:ready``                          ZSET    item_id -> ordinal (prompt-prefix order).
-``tidal:item:{item}``                              HASH    ``batch``, ``ord``, ``attempts`` (fencing counter,
-                                                           bumped by every claim).
+``tidal:b:{batch}:ready``                          ZSET    item_id -> ordinal (prompt-prefix order): the
+                                                           batch's queued whole items.
+``tidal:b:{batch}:{phase}``                        ZSET    A-P: the batch's queued split items whose next run is
+                                                           ``phase`` (``prefill`` or ``decode``): item_id ->
+                                                           ordinal. Claimed only through ``tidal:qp``.
+``tidal:qp:{phase}:{model}``                       ZSET    A-P: the model's batches with queued items of
+                                                           ``phase`` -> batch score (as ``tidal:batches``): a
+                                                           phase claim takes the lowest, when the node's slack
+                                                           (or the batch's urgency) admits that phase.
+``tidal:item:{item}``                              HASH    ``batch``, ``ord``, ``phase`` (``whole``, ``prefill``,
+                                                           ``decode``: which set it goes back to), ``attempts``
+                                                           (fencing counter, bumped by every claim).
 ``tidal:inflight``                                 ZSET    item_id -> lease expiry (Redis clock, epoch s).
 ``tidal:node:{node}:inflight``                     ZSET    the same, for one node's leases.
 ``tidal:node:{node}:models``                       SET     the models the node's engine serves (its
@@ -60,7 +71,10 @@ key                                                type    content
 =================================================  ======  =========================================================
 
 A claim therefore reads model -> priority -> tenant -> batch -> item: priority first, then the tenants' shares,
-then the tenant's earliest deadline, then prompt-prefix order inside the batch. In every name the free-form parts
+then the tenant's earliest deadline, then prompt-prefix order inside the batch. Split items (A-P) wait outside
+that walk, by phase: a phase claim reads ``tidal:qp:{phase}:{model}`` (lowest priority, then deadline) and the
+batch's set of that phase, and an item's hash says where it goes back. Items' phases live in SQL
+(``items.phase``), so a rebuild puts each one back in the right set. In every name the free-form parts
 come after the fixed-form ones, the model last and a tenant after its length, so no two names collide whatever
 ``:`` a model or tenant holds.
 
@@ -95,6 +109,7 @@ LEVELS_PREFIX = NS + "ql:"
 TENANTS_PREFIX = NS + "qt:"
 VTIME_PREFIX = NS + "qv:"
 TENANT_BATCHES_PREFIX = NS + "qb:"
+PHASE_BATCHES_PREFIX = NS + "qp:"
 
 
 def batch(batch_id: str) -> str:
@@ -103,6 +118,14 @@ def batch(batch_id: str) -> str:
 
 def ready(batch_id: str) -> str:
     return f"{READY_PREFIX}{batch_id}{READY_SUFFIX}"
+
+
+def phase_ready(batch_id: str, phase: str) -> str:
+    return f"{READY_PREFIX}{batch_id}:{phase}"
+
+
+def phase_batches(phase: str, model: str) -> str:
+    return f"{PHASE_BATCHES_PREFIX}{phase}:{model}"
 
 
 def rate(batch_id: str) -> str:
@@ -149,6 +172,8 @@ LUA = f"""
 local K = {{BATCHES = {_lua(BATCHES)}, WEIGHTS = {_lua(WEIGHTS)}, ITEM = {_lua(ITEM_PREFIX)}}}
 function K.batch(b) return {_lua(BATCH_PREFIX)} .. b end
 function K.ready(b) return {_lua(READY_PREFIX)} .. b .. {_lua(READY_SUFFIX)} end
+function K.phase_ready(b, ph) return {_lua(READY_PREFIX)} .. b .. ':' .. ph end
+function K.phase_batches(ph, m) return {_lua(PHASE_BATCHES_PREFIX)} .. ph .. ':' .. m end
 function K.item(i) return {_lua(ITEM_PREFIX)} .. i end
 function K.node_inflight(n) return {_lua(NODE_PREFIX)} .. n .. {_lua(NODE_SUFFIX)} end
 function K.levels(m) return {_lua(LEVELS_PREFIX)} .. m end

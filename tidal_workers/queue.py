@@ -19,9 +19,12 @@ import typing as t
 import redis
 
 from tidal_workers import keys
+from tidal_workers.policy.laxity import PRIORITY_MAX
+from tidal_workers.policy.phase import Phase
 
 PRIORITY_SCALE = 10_000_000_000  # score = priority * 1e10 + deadline; exact below 2**53
 ENQUEUE_CHUNK = 5000  # items per ENQUEUE call, so one script never blocks Redis for long
+WHOLE = Phase.WHOLE.value  # the phase ENQUEUE is given for an item that is not split
 
 # Gauge bands of the queue depth: (label, lowest priority, highest priority).
 BANDS = (("0", 0, 0), ("1-9", 1, 9), ("10-49", 10, 49), ("50-99", 50, 99), ("100", 100, 100))
@@ -73,6 +76,30 @@ local function unlink(b)
   local at = place(b)
   if at and at.model and at.tenant then unlink_at(b, at.model, at.p, at.tenant) end
 end
+-- A-P: a split item waits in its batch's set of its phase, and the batch in the phase's set for its model at its
+-- score while it has some (linked again after a re-score, which moves that score).
+local PHASES = {'prefill', 'decode'}
+local function link_phase(b, ph)
+  local at = place(b)
+  if at and at.model and redis.call('EXISTS', K.phase_ready(b, ph)) == 1 then
+    redis.call('ZADD', K.phase_batches(ph, at.model), at.score, b)
+  end
+end
+local function unlink_phases(b)
+  local at = place(b)
+  if not (at and at.model) then return end
+  for _, ph in ipairs(PHASES) do redis.call('ZREM', K.phase_batches(ph, at.model), b) end
+end
+-- The set an item of phase `ph` waits in (whole items: the ready set).
+local function waiting_set(b, ph)
+  if ph == 'prefill' or ph == 'decode' then return K.phase_ready(b, ph) end
+  return K.ready(b)
+end
+-- An item back into its batch at its ordinal, as its hash's phase; the batch back where it is claimed.
+local function requeue(id, b, ord, ph)
+  redis.call('ZADD', waiting_set(b, ph), ord, id)
+  if waiting_set(b, ph) == K.ready(b) then link(b) else link_phase(b, ph) end
+end
 """
 )
 
@@ -81,25 +108,31 @@ ENQUEUE = (
     + """
 -- KEYS[1] = tidal:lease  KEYS[2] = tidal:batch:{batch}  KEYS[3] = tidal:b:{batch}:ready
 -- ARGV[1] = batch id  ARGV[2] = batch score  ARGV[3] = model  ARGV[4] = tenant  ARGV[5] = the tenant's weight
--- ARGV[6..] = item id, ordinal pairs. Items holding a lease are in flight and skipped.
+-- ARGV[6..] = item id, ordinal, phase triples. Items holding a lease are in flight and skipped.
 -- Records where the batch is queued (moving it if its score, model or tenant changed: a rebuild after a re-score
--- or from layout 1) and links it once it has queued items. Returns the number of items queued.
+-- or from layout 1) and links it once it has queued items. An item queued under another phase before (its
+-- prefill answered since) leaves that phase's set. Returns the number of items queued.
 local b = ARGV[1]
 local at = place(b)
 if at and (at.score ~= tonumber(ARGV[2]) or at.model ~= ARGV[3] or at.tenant ~= ARGV[4]) then
   unlink(b)
+  unlink_phases(b)
 end
 redis.call('HSET', KEYS[2], 'score', ARGV[2], 'model', ARGV[3], 'tenant', ARGV[4])
 redis.call('HSET', K.WEIGHTS, ARGV[4], ARGV[5])
 local n = 0
-for i = 6, #ARGV, 2 do
-  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
-    redis.call('HSET', K.item(ARGV[i]), 'batch', b, 'ord', ARGV[i + 1])
-    redis.call('ZADD', KEYS[3], ARGV[i + 1], ARGV[i])
+for i = 6, #ARGV, 3 do
+  local id, ph = ARGV[i], ARGV[i + 2]
+  if redis.call('HEXISTS', KEYS[1], id) == 0 then
+    local was = redis.call('HGET', K.item(id), 'phase')
+    if was and was ~= ph then redis.call('ZREM', waiting_set(b, was), id) end
+    redis.call('HSET', K.item(id), 'batch', b, 'ord', ARGV[i + 1], 'phase', ph)
+    redis.call('ZADD', waiting_set(b, ph), ARGV[i + 1], id)
     n = n + 1
   end
 end
 if redis.call('ZCARD', KEYS[3]) > 0 then link(b) end
+for _, ph in ipairs(PHASES) do link_phase(b, ph) end
 return n
 """
 )
@@ -223,6 +256,38 @@ return out
 """
 )
 
+CLAIM_PHASE = (
+    """
+-- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight
+-- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes
+-- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds  ARGV[4] = phase (prefill, decode)
+-- ARGV[5] = the highest batch score to take  ARGV[6..] = the models the node's engine serves
+-- A-P's claim of split items in one phase: the lowest-score batch (priority, then deadline) of those models
+-- with items of that phase queued, its lowest ordinals, then the next batch. Leases each item.
+-- Returns {item id, lease, batch id, ...}.
+"""
+    + _PLACEMENT
+    + _LEASE
+    + """
+local ph, highest, want = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[2])
+while want > 0 do
+  local b, from, best = nil, nil, nil
+  for i = 6, #ARGV do
+    local top = redis.call('ZRANGE', K.phase_batches(ph, ARGV[i]), 0, 0, 'WITHSCORES')
+    if #top > 0 and tonumber(top[2]) <= highest and (best == nil or tonumber(top[2]) < best) then
+      b, from, best = top[1], ARGV[i], tonumber(top[2])
+    end
+  end
+  if not b then break end
+  local popped = redis.call('ZPOPMIN', K.phase_ready(b, ph), want)
+  lease(popped, b, K.ITEM)
+  want = want - #popped / 2
+  if redis.call('EXISTS', K.phase_ready(b, ph)) == 0 then redis.call('ZREM', K.phase_batches(ph, from), b) end
+end
+return out
+"""
+)
+
 RENEW = """
 -- KEYS[1] = tidal:inflight  KEYS[2] = tidal:node:{node}:inflight  KEYS[3] = tidal:lease
 -- ARGV[1] = lease seconds  ARGV[2..] = item id, lease pairs held by this node
@@ -260,8 +325,8 @@ RECLAIM = (
     _PLACEMENT
     + """
 -- KEYS[1] = tidal:inflight  KEYS[2] = tidal:lease  ARGV[1] = most leases to reclaim
--- Expired leases go back to their batch's ready set at their ordinal, and the batch back into the claim
--- structure where its hash places it; an item of a dropped batch is abandoned.
+-- Expired leases go back to their batch at their ordinal, as their phase (``requeue``), and the batch back into
+-- the claim structure where its hash places it; an item of a dropped batch is abandoned.
 -- Returns {item id, batch id or '', 1 = requeued / 0 = abandoned, ...}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -275,10 +340,9 @@ for _, id in ipairs(expired) do
     local node = string.match(lease, '^(.*)|%d+|%d+$')
     if node then redis.call('ZREM', K.node_inflight(node), id) end
   end
-  local f = redis.call('HMGET', K.item(id), 'batch', 'ord')
+  local f = redis.call('HMGET', K.item(id), 'batch', 'ord', 'phase')
   if f[1] and redis.call('EXISTS', K.batch(f[1])) == 1 then
-    redis.call('ZADD', K.ready(f[1]), f[2], id)
-    link(f[1])
+    requeue(id, f[1], f[2], f[3])
     out[#out + 1] = id; out[#out + 1] = f[1]; out[#out + 1] = 1
   else
     redis.call('DEL', K.item(id))
@@ -293,23 +357,27 @@ GIVE_BACK = (
     _PLACEMENT
     + """
 -- KEYS[1] = tidal:inflight  KEYS[2] = tidal:node:{node}:inflight  KEYS[3] = tidal:lease
--- ARGV[1] = item id  ARGV[2] = lease
--- A claim that never reached the engine goes back to its batch's ready set at its ordinal, and the batch back into
--- the claim structure where its hash places it, if ARGV[2] is still its lease; an item of a dropped batch is
--- abandoned. Returns {1 = requeued / 2 = abandoned / 0 = the lease was not current, batch id or ''}.
+-- ARGV[1] = item id  ARGV[2] = lease  ARGV[3] = the phase it goes back as ('' = its own)
+-- A claim that never reached the engine goes back to its batch at its ordinal (``requeue``), and the batch back
+-- into the claim structure where its hash places it, if ARGV[2] is still its lease; an item of a dropped batch is
+-- abandoned. A-P's answered prefill comes back this way as its decode (ARGV[3] = 'decode').
+-- Returns {1 = requeued / 2 = abandoned / 0 = the lease was not current, batch id or ''}.
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
   return {0, ''}
 end
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-local f = redis.call('HMGET', K.item(ARGV[1]), 'batch', 'ord')
+local f = redis.call('HMGET', K.item(ARGV[1]), 'batch', 'ord', 'phase')
 if not (f[1] and redis.call('EXISTS', K.batch(f[1])) == 1) then
   redis.call('DEL', K.item(ARGV[1]))
   return {2, f[1] or ''}
 end
-redis.call('ZADD', K.ready(f[1]), f[2], ARGV[1])
-link(f[1])
+if ARGV[3] ~= '' then
+  f[3] = ARGV[3]
+  redis.call('HSET', K.item(ARGV[1]), 'phase', ARGV[3])
+end
+requeue(ARGV[1], f[1], f[2], f[3])
 return {1, f[1]}
 """
 )
@@ -327,6 +395,7 @@ local linked = redis.call('ZSCORE', K.BATCHES, ARGV[1])
 if linked then unlink(ARGV[1]) end
 redis.call('HSET', KEYS[1], 'score', ARGV[2])
 if linked then link(ARGV[1]) end
+for _, ph in ipairs(PHASES) do link_phase(ARGV[1], ph) end
 return 1
 """
 )
@@ -335,16 +404,21 @@ DROP = (
     _PLACEMENT
     + """
 -- KEYS[1] = tidal:batch:{batch}  KEYS[2] = tidal:b:{batch}:ready  ARGV[1] = batch id
--- Forgets a batch's queued items at once; its leased items finish or are abandoned.
+-- Forgets a batch's queued items (whole and split) at once; its leased items finish or are abandoned.
 -- Returns the number of queued items dropped.
 unlink(ARGV[1])
+unlink_phases(ARGV[1])
 redis.call('DEL', KEYS[1])
-local ids = redis.call('ZRANGE', KEYS[2], 0, -1)
-for _, id in ipairs(ids) do
-  redis.call('DEL', K.item(id))
+local n = 0
+for _, set in ipairs({KEYS[2], K.phase_ready(ARGV[1], 'prefill'), K.phase_ready(ARGV[1], 'decode')}) do
+  local ids = redis.call('ZRANGE', set, 0, -1)
+  for _, id in ipairs(ids) do
+    redis.call('DEL', K.item(id))
+  end
+  redis.call('DEL', set)
+  n = n + #ids
 end
-redis.call('DEL', KEYS[2])
-return #ids
+return n
 """
 )
 
@@ -427,6 +501,7 @@ class Queue:
         self._enqueue = client.register_script(ENQUEUE)
         self._claim = client.register_script(CLAIM)
         self._claim_batch = client.register_script(CLAIM_BATCH)
+        self._claim_phase = client.register_script(CLAIM_PHASE)
         self._renew = client.register_script(RENEW)
         self._complete = client.register_script(COMPLETE)
         self._reclaim = client.register_script(RECLAIM)
@@ -442,23 +517,23 @@ class Queue:
         batch_id: str,
         priority: int,
         deadline: float,
-        items: t.Iterable[tuple[int, int]],
+        items: t.Iterable[tuple[int, int, str]],
         *,
         model: str,
         tenant: str,
         weight: float = 1.0,
     ) -> int:
-        """Queue ``(item_id, ordinal)`` pairs of an open batch; leased items are skipped. Returns how many.
+        """Queue ``(item_id, ordinal, phase)`` of an open batch's items; leased items are skipped. Returns how many.
 
         ``model`` and ``tenant`` place the batch (keys.py); ``weight`` is the tenant's share of claims.
         """
         head: list[str | int] = [batch_id, batch_score(priority, deadline), model, tenant, repr(float(weight))]
         keys_ = [keys.LEASES, keys.batch(batch_id), keys.ready(batch_id)]
         queued, calls = 0, 0
-        chunk: list[int] = []
-        for item_id, ordinal in items:
-            chunk += (item_id, ordinal)
-            if len(chunk) >= 2 * ENQUEUE_CHUNK:
+        chunk: list[int | str] = []
+        for item_id, ordinal, phase in items:
+            chunk += (item_id, ordinal, phase)
+            if len(chunk) >= 3 * ENQUEUE_CHUNK:
                 queued += self._enqueue(keys=keys_, args=[*head, *chunk])
                 chunk, calls = [], calls + 1
         if chunk or not calls:  # at least once: an open batch keeps its place even with nothing to queue
@@ -499,6 +574,25 @@ class Queue:
         )
         return [Claim(int(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
+    def claim_phase(
+        self,
+        node: str,
+        phase: str,
+        n: int,
+        lease_seconds: float,
+        models: t.Collection[str],
+        max_priority: int = PRIORITY_MAX,
+    ) -> list[Claim]:
+        """Atomically lease up to ``n`` split items queued as ``phase`` (A-P), of batches at ``max_priority`` or
+        below, in batch score order (priority, then deadline), then ordinal."""
+        if n <= 0 or not models:
+            return []
+        flat = self._claim_phase(
+            keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.NODES],
+            args=[node, n, lease_seconds, phase, (max_priority + 1) * PRIORITY_SCALE - 1, *sorted(models)],
+        )
+        return [Claim(int(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+
     def renew(self, node: str, leases: t.Iterable[tuple[int, str]], lease_seconds: float) -> list[int]:
         """Extend the given leases of ``node``; returns the item ids whose lease was lost."""
         pairs = [x for pair in leases for x in pair]
@@ -517,12 +611,13 @@ class Queue:
             )
         )
 
-    def give_back(self, item_id: int, lease: str) -> Reclaimed | None:
+    def give_back(self, item_id: int, lease: str, as_phase: str = "") -> Reclaimed | None:
         """Requeue a claim that never reached the engine, if ``lease`` is current (None if not); the item is
-        abandoned instead if its batch was dropped. The next claim of it is a new attempt."""
+        abandoned instead if its batch was dropped. The next claim of it is a new attempt. ``as_phase``: the
+        phase it is queued as from now on (A-P: ``decode`` once its prefill answered); by default its own."""
         node, _ = parse_lease(lease)
         code, batch_id = self._give_back(
-            keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[item_id, lease]
+            keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[item_id, lease, as_phase]
         )
         return Reclaimed(item_id, batch_id, int(code) == 1) if int(code) else None
 
@@ -549,7 +644,13 @@ class Queue:
         return int(self._batch_inflight(keys=[keys.INFLIGHT], args=[batch_id]))
 
     def queued_batches(self) -> list[str]:
-        return t.cast(list[str], self.redis.zrange(keys.BATCHES, 0, -1))
+        """Every batch with queued items: those with whole items in score order, then those with split items only
+        (their phase sets are found by a SCAN, which rebuilds can afford)."""
+        batches = t.cast(list[str], self.redis.zrange(keys.BATCHES, 0, -1))
+        split: set[str] = set()
+        for key in self.redis.scan_iter(match=keys.PHASE_BATCHES_PREFIX + "*", count=1000):
+            split.update(t.cast(list[str], self.redis.zrange(key, 0, -1)))
+        return batches + sorted(split - set(batches))
 
     def set_urgent(self, batch_ids: t.Iterable[str]) -> None:
         """Replace the set of batches the floor admits past the gate (one transaction)."""

@@ -23,6 +23,7 @@ import typing as t
 from config import Settings
 from tidal_workers.policy.body import Bounds
 from tidal_workers.policy.body import check as check_body
+from tidal_workers.policy.body import estimate_prompt_tokens
 from tidal_workers.policy.body import estimate_tokens
 
 MAX_REPORTED_ERRORS = 1000
@@ -45,6 +46,7 @@ class ParsedLine:
     model: str
     prefix_key: str  # start of the prompt text; equal keys are claimed next to each other
     tokens: int = 0  # estimated prompt tokens plus the output bound (the enqueued-token quota)
+    prompt_tokens: int = 0  # the estimated prompt tokens alone (A-P's split decision)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,7 +196,14 @@ def parse_line(number: int, text: str, endpoint: str, bounds: Bounds = DEFAULT_B
     if problem := check_body(endpoint, body, bounds):
         return LineError(problem.code, number, problem.message, problem.param)
     return ParsedLine(
-        number, custom_id, url, _dumps(body), model, prefix_key(body), estimate_tokens(endpoint, body, bounds)
+        number,
+        custom_id,
+        url,
+        _dumps(body),
+        model,
+        prefix_key(body),
+        estimate_tokens(endpoint, body, bounds),
+        estimate_prompt_tokens(body, bounds),
     )
 
 

@@ -14,6 +14,7 @@ from workers.worker_helpers import wait_lease_expired
 from tidal_workers import keys
 from tidal_workers.enqueue import rebuild
 from tidal_workers.metrics import register_queue_metrics
+from tidal_workers.queue import WHOLE
 from tidal_workers.queue import batch_score
 from tidal_workers.queue import parse_lease
 from tidal_workers.store.models import Item
@@ -110,7 +111,7 @@ def test_rebuild_from_sql_requeues_pending_items_not_leased(rt, make_batch):
 
 
 def test_enqueue_of_a_large_batch_is_chunked_and_exact(rt):
-    items = [(i, i) for i in range(12_000)]
+    items = [(i, i, WHOLE) for i in range(12_000)]
     deadline = time.time() + 60
     assert rt.queue.enqueue_batch("batch_big", 100, deadline, items, model="m", tenant="acme") == 12_000
     assert queued(rt, "batch_big") == 12_000

@@ -21,6 +21,7 @@ import time
 import redis
 
 from tidal_workers import keys
+from tidal_workers.queue import WHOLE
 from tidal_workers.queue import Queue
 
 MODEL = "bench"
@@ -50,12 +51,12 @@ def _enqueue(q: Queue, cfg: FairnessConfig) -> None:
             f"heavy-{b:04d}",
             100,
             deadline + b,
-            ((first + i, i) for i in range(per_batch)),
+            ((first + i, i, WHOLE) for i in range(per_batch)),
             model=MODEL,
             tenant="heavy",
             weight=cfg.weights[0],
         )
-    light = ((10_000_000 + i, i) for i in range(cfg.items))
+    light = ((10_000_000 + i, i, WHOLE) for i in range(cfg.items))
     q.enqueue_batch("light-0", 100, deadline, light, model=MODEL, tenant="light", weight=cfg.weights[1])
 
 

@@ -12,6 +12,7 @@ import time
 import redis
 
 from tidal_workers.bench.stack import BENCH_REDIS_DB
+from tidal_workers.queue import WHOLE
 from tidal_workers.queue import Queue
 
 SCRATCH_DB = BENCH_REDIS_DB  # the benchmarks' DB: tests hold 1-13 and keep their locks in 15
@@ -35,7 +36,7 @@ def claim_throughput(q: Queue, items: int, per_call: int, tenants: int, batches:
             f"batch_{b}",
             100,
             1e9 + b,
-            ((b * per_batch + i, i) for i in range(per_batch)),
+            ((b * per_batch + i, i, WHOLE) for i in range(per_batch)),
             model=MODEL,
             tenant=f"t{b % tenants}",
         )
@@ -55,7 +56,7 @@ def rescore_seconds(q: Queue, size: int, repeats: int = 200) -> float:
     for b in range(10):
         n = size if b == 0 else 1000
         q.enqueue_batch(
-            f"batch_{b}", 100, 1e9 + b, ((b * 10_000_000 + i, i) for i in range(n)), model=MODEL, tenant="t"
+            f"batch_{b}", 100, 1e9 + b, ((b * 10_000_000 + i, i, WHOLE) for i in range(n)), model=MODEL, tenant="t"
         )
     times = []
     for k in range(repeats):

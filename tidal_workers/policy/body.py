@@ -245,14 +245,19 @@ def _prompt_units(value: t.Any) -> tuple[int, int, int]:
     return text, ids, messages
 
 
-def estimate_tokens(endpoint: str, body: t.Mapping[str, t.Any], bounds: Bounds) -> int:
-    """Prompt tokens (estimated, see the module's docstring) plus the most the request may generate."""
+def estimate_prompt_tokens(body: t.Mapping[str, t.Any], bounds: Bounds) -> int:
+    """Prompt tokens, estimated as the module's docstring says (A-P's split decision reads this alone)."""
     text = ids = messages = 0
     for name in _PROMPT_FIELDS:
         if name in body:
             more = _prompt_units(body[name])
             text, ids, messages = text + more[0], ids + more[1], messages + more[2]
-    prompt = math.ceil(text / bounds.prompt_bytes_per_token) + ids + TOKENS_PER_MESSAGE * messages
+    return math.ceil(text / bounds.prompt_bytes_per_token) + ids + TOKENS_PER_MESSAGE * messages
+
+
+def estimate_tokens(endpoint: str, body: t.Mapping[str, t.Any], bounds: Bounds) -> int:
+    """Prompt tokens (estimated, see the module's docstring) plus the most the request may generate."""
+    prompt = estimate_prompt_tokens(body, bounds)
     if endpoint == EMBEDDINGS:
         return prompt
     asked = [body[name] for name in OUTPUT_LIMIT_FIELDS if _int(body.get(name))]

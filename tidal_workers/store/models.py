@@ -200,6 +200,9 @@ class Item(Base):
     url: Mapped[str] = mapped_column(String(64))
     body: Mapped[str] = mapped_column(Text)  # the request body as JSON text
     status: Mapped[str] = mapped_column(String(16), default=ItemStatus.pending.value)
+    # A-P (tidal_workers.policy.phase.Phase): what the item's next run is. `whole`, or `prefill` for an item
+    # split at ingest, which becomes `decode` once its prefill has answered.
+    phase: Mapped[str] = mapped_column(String(8), default="whole", server_default="whole")
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # attempt whose result was written
     response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
