@@ -10,7 +10,12 @@ gate, the floor admits each urgent batch (``tidal:urgent``, kept by the
 re-score) at up to ``floor_rate`` items/s on this node through a per-batch
 token bucket, so a batch about to miss its window still progresses when the
 gate is closed; those items count as held and at the engine like any other,
-so an open gate simply claims that many fewer. It claims only batches of the
+so an open gate simply claims that many fewer. A-P's split items are claimed
+first in each pass's room, by phase, as ``policy.phase.claimable_phases``
+admits: a prefill while the engine has prefill slack (the gate's reading), a
+decode while the gate's target exceeds what the node holds, and either for a
+batch at the split's urgency whatever the load; whole items fill the rest.
+It claims only batches of the
 models its engine serves (``served.py``), and nothing at all, the floor
 included, while its engine is down (``engine_health``: it probes ``/health``
 instead). Each claim becomes a ``tidal.run_item`` message on this worker's
@@ -38,7 +43,12 @@ from tidal_workers.gate import make_gate
 from tidal_workers.gate import pool_threads
 from tidal_workers.handback import give_back_unstarted
 from tidal_workers.leases import STOPPING
+from tidal_workers.policy.laxity import PRIORITY_MAX
 from tidal_workers.policy.laxity import TokenBucket
+from tidal_workers.policy.laxity import priority_for
+from tidal_workers.policy.phase import Phase
+from tidal_workers.policy.phase import SplitConfig
+from tidal_workers.policy.phase import claimable_phases
 from tidal_workers.queue import Claim
 from tidal_workers.renewal import Renewal
 from tidal_workers.served import ServedModels
@@ -60,6 +70,7 @@ class ClaimLoop:
         self.stopping = threading.Event()
         self.buckets: dict[str, TokenBucket] = {}  # urgent batch -> its floor bucket on this node
         self.served = ServedModels(ctx.rt)  # only batches of these models are claimed here
+        self.split = SplitConfig()
 
     def floor(self, now: float, held: int, models: tuple[str, ...]) -> list[Claim]:
         """Claims the token buckets of urgent batches admit now, past the gate (never past the threads)."""
@@ -71,6 +82,22 @@ class ClaimLoop:
         for batch_id, bucket in self.buckets.items():
             while held + len(claims) < self.threads and bucket.take(now):
                 claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds, models)
+        return claims
+
+    def phases(self, target: int, held: int, room: int, models: tuple[str, ...]) -> list[Claim]:
+        """A-P: up to ``room`` split items, decodes first (they finish items), in the phases the node's slack
+        admits for any batch, else those a batch at the split's urgency may run (its priority or below)."""
+        s, q, cfg = self.settings, self.rt.queue, self.split
+        prefill_slack, decode_slack = self.gate.prefill_slack(cfg), target > held
+        claims: list[Claim] = []
+        for phase in (Phase.DECODE, Phase.PREFILL):
+            if phase in claimable_phases(prefill_slack, decode_slack, 0.0, cfg):
+                most = PRIORITY_MAX
+            elif phase in claimable_phases(prefill_slack, decode_slack, 1.0, cfg):
+                most = priority_for(cfg.decode_urgency)
+            else:
+                continue
+            claims += q.claim_phase(s.node, phase.value, room - len(claims), s.lease_seconds, models, most)
         return claims
 
     def tick(self, now: float) -> int:
@@ -85,7 +112,8 @@ class ClaimLoop:
         urgent = self.floor(now, held, models)
         ahead = s.dispatch_prefetch if target > 0 else 0  # nothing waits on a closed gate
         want = min(target + ahead, self.threads) - held - len(urgent)
-        claims = q.claim(s.node, want, s.lease_seconds, models)
+        split = self.phases(target, held + len(urgent), want, models) if want > 0 else []
+        claims = split + q.claim(s.node, want - len(split), s.lease_seconds, models)
         # Book leases before publishing: a task can fail and discard its lease before send() returns, and a
         # lease booked after that would be renewed forever. One that failed to publish expires and is reclaimed.
         for c in urgent:

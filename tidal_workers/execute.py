@@ -10,6 +10,12 @@ broken connection, a 5xx, a 429) is the item's own: retried with exponential bac
 thread keeps the lease, and an error line once ``retry_budget`` is spent. A 4xx is the request's own
 fault: an error line with the engine's status and body. See docs/architecture.md, "The lease state
 machine".
+
+A-P: an item's run is of the phase SQL holds (``items.phase``). A split item's prefill posts its body cut to one
+token and tagged for the freeze connector; once it answers, the item is queued again as its decode (SQL first,
+then the queue) and nothing is recorded: no output line, no usage. The decode posts the item's own body with the
+tag and is recorded as a whole item is, so its usage is billed once (the prompt tokens it thawed show as cached).
+A decode whose frozen KV is gone is an ordinary request to the engine, which recomputes the prompt.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from celery import Task
 from celery import shared_task
 from sqlalchemy import Row
 from sqlalchemy import select
+from sqlalchemy import update
 
 from tidal_workers import task_names
 from tidal_workers.context import worker_context
@@ -35,6 +42,8 @@ from tidal_workers.finalize import finalize_if_due
 from tidal_workers.handback import give_back
 from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.outage import Failure
+from tidal_workers.policy.phase import Phase
+from tidal_workers.policy.phase import phase_request
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome
 from tidal_workers.result import Write
@@ -81,10 +90,10 @@ def _failure(exc: requests.RequestException) -> Failure:
     return Failure.TIMEOUT if isinstance(exc, requests.Timeout) else Failure.BROKEN
 
 
-def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str] | None:
+def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str, str] | None:
     with rt.store.read() as s:
         return s.execute(
-            select(Item.batch_id, Item.url, Item.body, Item.status).where(Item.id == item_id)
+            select(Item.batch_id, Item.url, Item.body, Item.status, Item.phase).where(Item.id == item_id)
         ).one_or_none()
 
 
@@ -123,11 +132,11 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outc
 
 
 def _post(
-    rt: Runtime, book: LeaseBook, engine: EngineHealth, item_id: int, lease: str, row: Row[str, str, str, str]
+    rt: Runtime, book: LeaseBook, engine: EngineHealth, item_id: int, lease: str, row: Row[str, str, str, str, str]
 ) -> Outcome | str:
     """prefetched → sent → answered, retrying the item's own transient failures; the Outcome, or why it stopped."""
     s = rt.settings
-    body = json.loads(row.body)
+    body = phase_request(json.loads(row.body), Phase(row.phase), row.batch_id)
     failures = 0
     while True:
         got, freed_at = book.take_token(item_id, lease, s.prefetch_max_age_seconds)
@@ -174,6 +183,25 @@ def _post(
             return "stale"
 
 
+def prefilled(rt: Runtime, item_id: int, lease: str) -> str:
+    """A split item's prefill answered (its KV is frozen): queue it as its decode, if ``lease`` is still current.
+
+    SQL first, which a rebuild reads; should the queue's step not follow (the lease lost, the process dying), the
+    item's next run reads ``decode`` there whatever set it was claimed from. Returns "prefilled", or "abandoned"
+    (the batch was dropped) or "stale" as ``handback.give_back``.
+    """
+    if not rt.queue.lease_current(item_id, lease):
+        return "stale"
+    with rt.store.transaction() as s:
+        s.execute(
+            update(Item)
+            .where(Item.id == item_id, Item.status == ItemStatus.pending.value, Item.phase == Phase.PREFILL.value)
+            .values(phase=Phase.DECODE.value)
+        )
+    given = give_back(rt, item_id, lease, as_phase=Phase.DECODE.value)
+    return "prefilled" if given == "given_back" else given
+
+
 def execute_item(
     rt: Runtime,
     book: LeaseBook,
@@ -195,6 +223,10 @@ def execute_item(
     outcome = _post(rt, book, engine, item_id, lease, row)
     if isinstance(outcome, str):
         return outcome
+    if row.phase == Phase.PREFILL.value and outcome.status is ItemStatus.completed:
+        done = prefilled(rt, item_id, lease)
+        book.discard(item_id, lease)
+        return done
     answered = time.monotonic()
     written = record(rt, item_id, row.batch_id, lease, outcome, write)
     book.discard(item_id, lease)  # released: the claim loop may fill the room

@@ -9,6 +9,10 @@ decode pool's, or Dynamo's, under ``TIDAL_GATE_SIGNALS``: :mod:`tidal_workers.si
 turns them into an :class:`Observation` and steps the controller. Anything it cannot trust (no answer within half a period, an HTTP
 error, text that does not parse, a missing series, samples stamped older than
 ``metrics_stale_seconds``) is a failed observation, which closes the gate.
+
+The same scrape tells A-P's claims (``Gate.prefill_slack``) whether the engine has prefill slack: the prompt
+tokens it prefilled per engine step over the last period (``vllm:prompt_tokens_total`` over
+``vllm:iteration_tokens_total``'s count).
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ from tidal_workers.policy.aimd import AimdController
 from tidal_workers.policy.aimd import AimdState
 from tidal_workers.policy.aimd import Observation
 from tidal_workers.policy.aimd import engine_ceiling
+from tidal_workers.policy.phase import SplitConfig
+from tidal_workers.policy.phase import has_prefill_slack
 from tidal_workers.scrape import fetch
 from tidal_workers.scrape import samples
+from tidal_workers.scrape import totals
 from tidal_workers.signals import ENGINE
 from tidal_workers.signals import MAPS
 from tidal_workers.signals import VLLM
@@ -46,6 +53,7 @@ if t.TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CACHE_CONFIG = "vllm:cache_config_info"
+PROMPT_TOKENS, STEPS = "vllm:prompt_tokens_total", "vllm:iteration_tokens_total_count"
 
 TARGET = prometheus_client.Gauge(
     "tidal_gate_target", "The gate's target: the most batch requests this node keeps at its engine."
@@ -65,6 +73,10 @@ class Gate(t.Protocol):
         """The target for the node's batch requests at the engine, given ``inflight`` (O) of them there now."""
         ...
 
+    def prefill_slack(self, cfg: SplitConfig) -> bool:
+        """Whether the engine has room for A-P's prefills (few prompt tokens per step)."""
+        ...
+
 
 class FixedGate:
     """A constant in-flight target (``gate_mode = fixed``)."""
@@ -76,6 +88,10 @@ class FixedGate:
 
     def poll(self, now: float, inflight: int) -> int:
         return self.target
+
+    def prefill_slack(self, cfg: SplitConfig) -> bool:
+        """Always: a fixed gate reads no engine, and its target is the room the operator gives batch work."""
+        return True
 
 
 class MetricsError(Exception):
@@ -136,6 +152,24 @@ def _page_values(source: str, text: str, wanted: set[str], now: float, stale_sec
     return values
 
 
+def step_counters(text: str) -> tuple[float, float] | None:
+    """(prompt tokens prefilled, engine steps) since the engine started, or None where the page lacks either."""
+    try:
+        read = totals(text, (PROMPT_TOKENS, STEPS))
+    except Exception:  # text that is not an exposition: parse_metrics says why
+        return None
+    return (read[PROMPT_TOKENS], read[STEPS]) if len(read) == 2 else None
+
+
+def prefill_per_step(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """Prompt tokens per engine step between two readings of ``step_counters``; 0 if the engine took no step (it
+    is idle); None without two readings, or across a restart (the counters fell)."""
+    if before is None or after is None or after[0] < before[0] or after[1] < before[1]:
+        return None
+    steps = after[1] - before[1]
+    return (after[0] - before[0]) / steps if steps else 0.0
+
+
 def kv_capacity_tokens(text: str) -> int | None:
     """Tokens the engine's KV cache holds (``num_gpu_blocks × block_size`` of ``vllm:cache_config_info``; the
     smallest engine's), or None where the page does not say (an older vLLM, blocks not yet allocated)."""
@@ -189,6 +223,8 @@ class AimdGate:
         self.state = self.controller.initial()
         self._scraped_at: float | None = None
         self._kv_seen = bool(settings.max_inflight)  # an override needs nothing from the engine
+        self._counters: tuple[float, float] | None = None  # the engine's step_counters at the last scrape
+        self.prefill_tokens_per_step: float | None = None  # over the last period; None: not known
         TARGET.set(self.state.target)
         CEILING.set(self.controller.config.max_target)
 
@@ -202,12 +238,20 @@ class AimdGate:
             why = ""
             if not self._kv_seen and ENGINE in pages:  # the ceiling follows the co-located engine's KV pool
                 self._size(pages[ENGINE])
+            counters = step_counters(pages[ENGINE]) if ENGINE in pages else None
         except MetricsError as exc:
-            obs, why = Observation.failed(inflight), str(exc)
+            obs, why, counters = Observation.failed(inflight), str(exc), None
+        self.prefill_tokens_per_step = prefill_per_step(self._counters, counters)
+        self._counters = counters
         before = self.state
         self.state = self.controller.step(before, obs, now)
         self._export(before, obs, why)
         return self.state.target
+
+    def prefill_slack(self, cfg: SplitConfig) -> bool:
+        """The last period's prompt tokens per step under the share of τ ``cfg`` allows; not without a reading."""
+        per_step = self.prefill_tokens_per_step
+        return per_step is not None and has_prefill_slack(per_step, cfg.max_prompt_tokens, cfg)
 
     def _size(self, text: str) -> None:
         """Once the engine shows its KV capacity: the ceiling it allows (the target is clamped under it)."""
@@ -264,6 +308,9 @@ class SteppedGate:
 
     def poll(self, now: float, inflight: int) -> int:
         return self.gate.state.target
+
+    def prefill_slack(self, cfg: SplitConfig) -> bool:
+        return self.gate.prefill_slack(cfg)
 
     def runner(self, stopping: threading.Event) -> t.Callable[[], None]:
         def run() -> None:

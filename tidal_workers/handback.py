@@ -5,7 +5,7 @@ engine token within its age, and everything not yet at the engine when the engin
 ``Queue.give_back`` puts the item back in its batch at its ordinal, for any node: the next claim of it is a new
 attempt with its whole retry budget. An item whose batch was dropped meanwhile (cancelled, expired) is abandoned
 instead, and the batch's finalization requested from the ops worker (never run here: the renewal thread and a
-stopping consumer call this too).
+stopping consumer call this too). A-P's answered prefill goes back the same way, as its decode.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from tidal_workers.leases import LeaseBook
 from tidal_workers.runtime import Runtime
 
 
-def give_back(rt: Runtime, item_id: int, lease: str) -> str:
-    """Requeue one claim if ``lease`` is still current: "given_back", "abandoned" (batch dropped) or "stale"."""
-    given = rt.queue.give_back(item_id, lease)
+def give_back(rt: Runtime, item_id: int, lease: str, as_phase: str = "") -> str:
+    """Requeue one claim if ``lease`` is still current: "given_back", "abandoned" (batch dropped) or "stale".
+    ``as_phase``: the phase it is queued as from now on (``Queue.give_back``)."""
+    given = rt.queue.give_back(item_id, lease, as_phase)
     if given is None:
         return "stale"
     if not given.requeued and given.batch_id:

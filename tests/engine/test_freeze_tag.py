@@ -6,6 +6,9 @@ import pytest
 
 from tidal_engine.freeze import TAG
 from tidal_engine.freeze import tagged_batch
+from tidal_workers.policy.phase import FREEZE_TAG
+from tidal_workers.policy.phase import Phase
+from tidal_workers.policy.phase import phase_request
 
 
 @pytest.mark.parametrize(
@@ -27,3 +30,9 @@ from tidal_engine.freeze import tagged_batch
 )
 def test_tagged_batch(params, batch):
     assert tagged_batch(params) == batch
+
+
+def test_the_workers_tag_what_the_connector_reads():
+    """The workers' split requests (tidal_workers.policy.phase) carry the key this connector selects by."""
+    assert FREEZE_TAG == TAG
+    assert tagged_batch(phase_request({"messages": []}, Phase.DECODE, "batch_1")["kv_transfer_params"]) == "batch_1"

@@ -11,6 +11,7 @@ from tidal_workers.policy.phase import Phase
 from tidal_workers.policy.phase import SplitConfig
 from tidal_workers.policy.phase import claimable_phases
 from tidal_workers.policy.phase import has_prefill_slack
+from tidal_workers.policy.phase import phase_request
 from tidal_workers.policy.phase import split_item
 from tidal_workers.policy.phase import storage_usd
 
@@ -52,7 +53,8 @@ def test_prefill_slack_is_a_share_of_tau():
         (False, True, 0.0, (Phase.DECODE,)),
         (True, True, 0.0, (Phase.PREFILL, Phase.DECODE)),
         (False, False, 0.0, ()),
-        (False, False, 0.5, (Phase.DECODE,)),  # laxity requires the decode now, slack or not
+        (False, False, 0.5, (Phase.PREFILL, Phase.DECODE)),  # laxity requires both now, slack or not
+        (False, True, 0.49, (Phase.DECODE,)),
     ],
 )
 def test_claimable_phases(prefill, decode, urgency, phases):
@@ -62,3 +64,18 @@ def test_claimable_phases(prefill, decode, urgency, phases):
 def test_storage_is_billed_per_gib_hour():
     assert storage_usd(1024**3 * 3600, 0.01) == pytest.approx(0.01)
     assert storage_usd(12 * 1024 * 2000 * 6 * 3600, 0.01) == pytest.approx(0.01 * 12 * 1024 * 2000 * 6 / 1024**3)
+
+
+def test_phase_requests():
+    """Whole: the item's body as it is. Split: tagged with the batch; the prefill asks one token, nothing else of
+    the body's output bounds, so it cannot conflict with them (min_tokens over max_tokens is an engine error)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 64, "min_tokens": 8}
+    tag = {"kv_transfer_params": {"tidal_freeze": "batch_1"}}
+    assert phase_request(body, Phase.WHOLE, "batch_1") == body
+    assert phase_request(body, Phase.DECODE, "batch_1") == {**body, **tag}
+    assert phase_request(body, Phase.PREFILL, "batch_1") == {
+        "model": "m",
+        "messages": body["messages"],
+        "max_tokens": 1,
+        **tag,
+    }

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import typing as t
+
+from tidal_workers.policy.body import OUTPUT_LIMIT_FIELDS
 
 AUTO, ALWAYS, NEVER = "auto", "always", "never"
 SPLIT_MODES = (AUTO, ALWAYS, NEVER)
 GIB_HOUR = 1024**3 * 3600.0  # byte-seconds in a GiB-hour
+# The key of kv_transfer_params that TidalFreezeConnector reads (tidal_engine.freeze.TAG: the engine plugin
+# imports nothing of the workers, so the name is written in both, and a test holds them equal).
+FREEZE_TAG = "tidal_freeze"
 
 
 class Phase(str, enum.Enum):
@@ -34,7 +40,7 @@ class SplitConfig:
     min_laxity_seconds: float = 3600.0
     # Prefill slack: the engine's prefill tokens per step below this share of τ.
     prefill_slack_frac: float = 0.25
-    # Urgency at which the decode phase is claimed whatever the decode load (laxity requires it).
+    # Urgency at which a split item's phases are claimed whatever the load (laxity requires it).
     decode_urgency: float = 0.5
 
 
@@ -57,13 +63,31 @@ def has_prefill_slack(prefill_tokens_per_step: float, tau: int, cfg: SplitConfig
 
 
 def claimable_phases(prefill_slack: bool, decode_slack: bool, urgency: float, cfg: SplitConfig) -> tuple[Phase, ...]:
-    """The phases of split items a node may claim now. Whole items are the gate's business, not this one's."""
+    """The phases of split items a node may claim now. Whole items are the gate's business, not this one's.
+
+    At ``decode_urgency`` both phases run whatever the load: a prefill that waited for slack that never came
+    must not cost the batch its window either.
+    """
+    urgent = urgency >= cfg.decode_urgency
     phases: list[Phase] = []
-    if prefill_slack:
+    if prefill_slack or urgent:
         phases.append(Phase.PREFILL)
-    if decode_slack or urgency >= cfg.decode_urgency:
+    if decode_slack or urgent:
         phases.append(Phase.DECODE)
     return tuple(phases)
+
+
+def phase_request(body: t.Mapping[str, t.Any], phase: Phase, batch_id: str) -> dict[str, t.Any]:
+    """The body a run of ``phase`` posts: the item's own when whole; tagged with its batch for the freeze
+    connector when split, the prefill cut to one output token (its KV is what it runs for; its answer is dropped,
+    so the output limits and ``min_tokens`` of the item's body go with it)."""
+    if phase is Phase.WHOLE:
+        return dict(body)
+    tagged = {**body, "kv_transfer_params": {FREEZE_TAG: batch_id}}
+    if phase is Phase.DECODE:
+        return tagged
+    cut = {k: v for k, v in tagged.items() if k not in (*OUTPUT_LIMIT_FIELDS, "min_tokens")}
+    return {**cut, "max_tokens": 1}
 
 
 def storage_usd(byte_seconds: float, usd_per_gib_hour: float) -> float:
