@@ -312,7 +312,7 @@ class Settings:
     # --- A-P freeze / thaw --------------------------------------------------
     kv_freeze_dir: str = _setting(
         "",
-        "Folder the engines' TidalFreezeConnector freezes batch KV under (its `shared_storage_path`, one subfolder per batch; mounted on every node). Beat's retention sweep measures and bills each batch's folder and deletes it when the batch ends. Empty: A-P storage is not accounted.",
+        "Folder the engines' TidalFreezeConnector freezes batch KV under (its `shared_storage_path`, one subfolder per batch; mounted on every node). Beat's retention sweep measures and bills each batch's folder and deletes it when the batch ends. Set: ingest may split items (`tidal.phase_split`). Empty: the engines do not freeze, so no item is split and A-P storage is not accounted.",
     )
     kv_storage_usd_per_gib_hour: float = _setting(
         3.2e-5,
