@@ -24,7 +24,8 @@ key                                                type    content
                                                            tenant or model holding ``:`` cannot collide.
 ``tidal:weight``                                   HASH    tenant -> claim weight (``Settings.limits_for``),
                                                            written by every enqueue; absent = 1.
-``tidal:batches``                                  ZSET    every queued batch -> ``priority * 1e10 + deadline``:
+``tidal:batches``                                  ZSET    every batch with queued items, whole or split ->
+                                                           ``priority * 1e10 + deadline``:
                                                            the index the gauges and ``rebuild`` read (and the
                                                            claim order of layout 1, kept so its workers drain
                                                            during an upgrade).

@@ -30,7 +30,8 @@ WHOLE = Phase.WHOLE.value  # the phase ENQUEUE is given for an item that is not 
 BANDS = (("0", 0, 0), ("1-9", 1, 9), ("10-49", 10, 49), ("50-99", 50, 99), ("100", 100, 100))
 
 # Shared by every script that moves a batch in or out of the claim structure (keys.py: model -> priority ->
-# tenant -> batch). A batch is linked while it has queued items; whoever empties its ready set unlinks it.
+# tenant -> batch). A batch is linked while it has queued whole items; whoever empties its ready set unlinks it.
+# A-P's split items wait beside that tree, by phase; tidal:batches indexes a batch while it has items of any kind.
 _PLACEMENT = (
     keys.LUA
     + """
@@ -66,23 +67,33 @@ local function prune(m, p, tenant)
     redis.call('HDEL', K.vtime(m), p)
   end
 end
+-- Out of tidal:batches unless split items of the batch still wait.
+local function unindex(b)
+  if redis.call('EXISTS', K.phase_ready(b, 'prefill'), K.phase_ready(b, 'decode')) == 0 then
+    redis.call('ZREM', K.BATCHES, b)
+  end
+end
 local function unlink_at(b, m, p, tenant)
-  redis.call('ZREM', K.BATCHES, b)
+  unindex(b)
   redis.call('ZREM', K.tenant_batches(m, p, tenant), b)
   prune(m, p, tenant)
 end
 local function unlink(b)
-  redis.call('ZREM', K.BATCHES, b)
+  unindex(b)
   local at = place(b)
   if at and at.model and at.tenant then unlink_at(b, at.model, at.p, at.tenant) end
 end
--- A-P: a split item waits in its batch's set of its phase, and the batch in the phase's set for its model at its
--- score while it has some (linked again after a re-score, which moves that score).
+-- A-P: a split item waits in its batch's set of its phase, and the batch in the phase's set for its model (and in
+-- tidal:batches) at its score while it has some: linked again after a re-score, which moves that score.
 local PHASES = {'prefill', 'decode'}
 local function link_phase(b, ph)
   local at = place(b)
-  if at and at.model and redis.call('EXISTS', K.phase_ready(b, ph)) == 1 then
+  if not (at and at.model) then return end
+  if redis.call('EXISTS', K.phase_ready(b, ph)) == 1 then
     redis.call('ZADD', K.phase_batches(ph, at.model), at.score, b)
+    redis.call('ZADD', K.BATCHES, at.score, b)
+  else
+    redis.call('ZREM', K.phase_batches(ph, at.model), b)
   end
 end
 local function unlink_phases(b)
@@ -282,7 +293,10 @@ while want > 0 do
   local popped = redis.call('ZPOPMIN', K.phase_ready(b, ph), want)
   lease(popped, b, K.ITEM)
   want = want - #popped / 2
-  if redis.call('EXISTS', K.phase_ready(b, ph)) == 0 then redis.call('ZREM', K.phase_batches(ph, from), b) end
+  if redis.call('EXISTS', K.phase_ready(b, ph)) == 0 then
+    redis.call('ZREM', K.phase_batches(ph, from), b)
+    if redis.call('EXISTS', K.ready(b)) == 0 then unindex(b) end
+  end
 end
 return out
 """
@@ -391,7 +405,7 @@ RESCORE = (
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-local linked = redis.call('ZSCORE', K.BATCHES, ARGV[1])
+local linked = redis.call('EXISTS', K.ready(ARGV[1])) == 1  -- in the claim tree (split items wait beside it)
 if linked then unlink(ARGV[1]) end
 redis.call('HSET', KEYS[1], 'score', ARGV[2])
 if linked then link(ARGV[1]) end
@@ -418,6 +432,7 @@ for _, set in ipairs({KEYS[2], K.phase_ready(ARGV[1], 'prefill'), K.phase_ready(
   redis.call('DEL', set)
   n = n + #ids
 end
+redis.call('ZREM', K.BATCHES, ARGV[1])
 return n
 """
 )
@@ -439,12 +454,14 @@ DEPTH = (
     keys.LUA
     + """
 -- KEYS[1] = tidal:batches
--- Returns {batch score, queued items, ...} for every queued batch.
+-- Returns {batch score, queued items (whole and split), ...} for every queued batch.
 local out = {}
 local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 for i = 1, #all, 2 do
+  local b = all[i]
   out[#out + 1] = all[i + 1]
-  out[#out + 1] = redis.call('ZCARD', K.ready(all[i]))
+  out[#out + 1] = redis.call('ZCARD', K.ready(b)) + redis.call('ZCARD', K.phase_ready(b, 'prefill'))
+    + redis.call('ZCARD', K.phase_ready(b, 'decode'))
 end
 return out
 """
@@ -644,13 +661,8 @@ class Queue:
         return int(self._batch_inflight(keys=[keys.INFLIGHT], args=[batch_id]))
 
     def queued_batches(self) -> list[str]:
-        """Every batch with queued items: those with whole items in score order, then those with split items only
-        (their phase sets are found by a SCAN, which rebuilds can afford)."""
-        batches = t.cast(list[str], self.redis.zrange(keys.BATCHES, 0, -1))
-        split: set[str] = set()
-        for key in self.redis.scan_iter(match=keys.PHASE_BATCHES_PREFIX + "*", count=1000):
-            split.update(t.cast(list[str], self.redis.zrange(key, 0, -1)))
-        return batches + sorted(split - set(batches))
+        """Every batch with queued items, whole or split, in score order."""
+        return t.cast(list[str], self.redis.zrange(keys.BATCHES, 0, -1))
 
     def set_urgent(self, batch_ids: t.Iterable[str]) -> None:
         """Replace the set of batches the floor admits past the gate (one transaction)."""

@@ -104,7 +104,9 @@ def test_split_items_are_claimed_by_phase_only_and_requeued_as_their_decode(rt, 
     batch = make_batch(3, enqueue=False)
     split(rt, batch)
     ids = item_ids(rt, batch)
+    assert rt.queue.depth_by_band()["100"] == 5 and set(rt.queue.queued_batches()) == {whole, batch}
     assert {c.batch_id for c in rt.queue.claim(NODE, 10, 30, MODELS)} == {whole}  # whole claims never take them
+    assert rt.queue.queued_batches() == [batch]  # still indexed while its split items wait
     assert rt.queue.claim_phase(NODE, DECODE, 10, 30, MODELS) == []
     first, second = rt.queue.claim_phase(NODE, PREFILL, 2, 30, MODELS)
     assert [first.item_id, second.item_id] == ids[:2] and first.batch_id == batch
@@ -118,6 +120,7 @@ def test_split_items_are_claimed_by_phase_only_and_requeued_as_their_decode(rt, 
     rt.queue.drop_batch(batch)  # cancel: the split items go with the whole ones
     assert rt.queue.claim_phase(NODE, PREFILL, 10, 30, MODELS) == []
     assert not rt.redis.exists(keys.phase_ready(batch, PREFILL), keys.phase_batches(PREFILL, "m"))
+    assert rt.queue.queued_batches() == [] and rt.redis.keys(keys.PHASE_BATCHES_PREFIX + "*") == []
     assert prefilled(rt, second.item_id, second.lease) == "abandoned"
 
 
@@ -126,10 +129,12 @@ def test_phase_claims_follow_priority_and_a_rescore_and_an_urgency_bound(rt, mak
     split(rt, late)
     split(rt, soon)
     assert rt.queue.rescore(soon, priority=40, deadline=time.time() + 60)
+    assert rt.queue.queued_batches() == [soon, late]
     assert rt.queue.claim_phase(NODE, PREFILL, 10, 30, MODELS, max_priority=39) == []
     (urgent,) = rt.queue.claim_phase(NODE, PREFILL, 1, 30, MODELS, max_priority=50)
     assert urgent.batch_id == soon
     assert [c.batch_id for c in rt.queue.claim_phase(NODE, PREFILL, 10, 30, MODELS)] == [late]
+    assert rt.queue.queued_batches() == [] and rt.redis.keys(keys.PHASE_BATCHES_PREFIX + "*") == []
 
 
 def test_an_expired_split_lease_goes_back_as_its_phase(rt, make_batch):
