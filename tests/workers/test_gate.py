@@ -26,6 +26,7 @@ from tidal_workers.gate import MetricsError
 from tidal_workers.gate import make_gate
 from tidal_workers.gate import parse_metrics
 from tidal_workers.gate import pool_threads
+from tidal_workers.policy.phase import SplitConfig
 
 PROCESS = """\
 # HELP python_gc_objects_collected_total Objects collected during gc
@@ -400,6 +401,31 @@ def test_the_ceiling_defaults_from_the_engine_kv_and_slots(gate_settings, server
     gate.poll(0.0, 0)
     assert gate.controller.config.max_target == 12  # 8,192 / 512 = 16 requests fit the KV cache, less a quarter
     assert gate.state.target == 12 and sample("tidal_gate_ceiling") == 12
+
+
+def test_prefill_slack_is_the_engines_prompt_tokens_per_step(gate_settings, server):
+    """A-P's prefill slack: prompt tokens per engine step over the last period, under a quarter of τ (2,048)."""
+
+    def page(prompt, steps):
+        labels = 'engine="0",model_name="tiny"'
+        return vllm_metrics(kv=0.3, drop=("vllm:prompt_tokens_total",)) + (
+            f"# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{{labels}}} {prompt}\n"
+            "# TYPE vllm:iteration_tokens_total histogram\n"
+            f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {steps}\n'
+            f"vllm:iteration_tokens_total_count{{{labels}}} {steps}\n"
+            f"vllm:iteration_tokens_total_sum{{{labels}}} {prompt}\n"
+        )
+
+    gate, cfg = AimdGate(gate_settings), SplitConfig()
+    slack = []
+    for t, (prompt, steps) in enumerate([(1000, 10), (1100, 20), (11100, 30), (11100, 30)]):
+        server.body = page(prompt, steps)
+        gate.poll(float(t), 0)
+        slack.append(gate.prefill_slack(cfg))
+    assert slack == [False, True, False, True]  # none yet; 10 a step; 1,000 a step; idle
+    server.body = "not an exposition"
+    gate.poll(9.0, 0)
+    assert not gate.prefill_slack(cfg)  # a failed scrape: no reading, no slack
 
 
 def test_max_inflight_overrides_the_engine(gate_settings, server):
