@@ -249,20 +249,29 @@ CLAIM_BATCH = (
 -- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds
 -- ARGV[4] = batch id  ARGV[5..] = the models the node's engine serves
 -- The floor's claim: pops the lowest-ordinal items of one named batch, whatever its score and its tenant's
--- share (the floor serves urgency), if the node serves its model, and leases each one.
--- Returns {item id, lease, batch id, ...}.
+-- share (the floor serves urgency), if the node serves its model, and leases each one: whole items first, then
+-- split ones (A-P), decodes before prefills, whatever the node's slack. Returns {item id, lease, batch id, ...}.
 """
     + _PLACEMENT
     + _LEASE
     + """
-local at = place(ARGV[4])
+local b = ARGV[4]
+local at = place(b)
 local served = false
 for i = 5, #ARGV do
   if at and ARGV[i] == at.model then served = true end
 end
 if not served then return out end
-lease(redis.call('ZPOPMIN', KEYS[6], tonumber(ARGV[2])), ARGV[4], K.ITEM)
-if redis.call('EXISTS', KEYS[6]) == 0 then unlink(ARGV[4]) end
+local want = tonumber(ARGV[2])
+for _, set in ipairs({KEYS[6], K.phase_ready(b, 'decode'), K.phase_ready(b, 'prefill')}) do
+  if want > 0 then
+    local popped = redis.call('ZPOPMIN', set, want)
+    lease(popped, b, K.ITEM)
+    want = want - #popped / 2
+  end
+end
+for _, ph in ipairs(PHASES) do link_phase(b, ph) end
+if redis.call('EXISTS', KEYS[6]) == 0 then unlink(b) end
 return out
 """
 )
@@ -582,7 +591,7 @@ class Queue:
         self, node: str, batch_id: str, n: int, lease_seconds: float, models: t.Collection[str]
     ) -> list[Claim]:
         """Atomically lease up to ``n`` items of one batch in ordinal order, whatever its score or its tenant's
-        share (the floor), if its model is one of ``models``."""
+        share (the floor), if its model is one of ``models``; its split items after its whole ones."""
         if n <= 0 or not models:
             return []
         flat = self._claim_batch(

@@ -137,6 +137,19 @@ def test_phase_claims_follow_priority_and_a_rescore_and_an_urgency_bound(rt, mak
     assert rt.queue.queued_batches() == [] and rt.redis.keys(keys.PHASE_BATCHES_PREFIX + "*") == []
 
 
+def test_the_floor_takes_an_urgent_batchs_split_items_too(rt, make_batch):
+    """The floor (past a closed gate) serves urgency, not slack: whole items, then decodes, then prefills."""
+    batch = make_batch(3, enqueue=False)
+    split(rt, batch)
+    ids = item_ids(rt, batch)
+    with rt.store.transaction() as s:
+        s.execute(update(Item).where(Item.id == ids[2]).values(phase=DECODE))
+    enqueue_batch(rt, batch)
+    assert [c.item_id for c in rt.queue.claim_batch(NODE, batch, 2, 30, MODELS)] == [ids[2], ids[0]]
+    assert [c.item_id for c in rt.queue.claim_batch(NODE, batch, 5, 30, MODELS)] == [ids[1]]
+    assert rt.queue.queued_batches() == [] and rt.redis.keys(keys.PHASE_BATCHES_PREFIX + "*") == []
+
+
 def test_an_expired_split_lease_goes_back_as_its_phase(rt, make_batch):
     batch = make_batch(1, enqueue=False)
     split(rt, batch, DECODE)
