@@ -1,9 +1,12 @@
 """Online pressure is never missed on a stock engine: with all 20 of the node's batch requests running, one
 online request queued reads as one online waiting, and none queued as zero (issue 17).
 
-A real vLLM-CPU engine with exactly 20 slots, a real worker holding 20 requests there (fixed target 20), and the
+A real vLLM engine with exactly 20 slots, a real worker holding 20 requests there (fixed target 20), and the
 gate's own reading of the engine's /metrics with the node's O. Every step waits for the engine's states; nothing
-is timed.
+is timed. The engine is the timed twin (A6000 profile): a decode step takes the GPU's ~25 ms whatever the machine's
+load, so each 1,000-token request runs for at least 25 s, longer than the worker takes to post all 20 on a loaded
+machine. On the tiny CPU engine a request alone finished in about a second and, under load, the first requests
+could end before the last were posted, so "all 20 running" never came.
 """
 
 from __future__ import annotations
@@ -25,23 +28,16 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 SLOTS = OURS = 20
 LONG = 1000  # tokens each batch request generates (ignore_eos): they run for many steps after the checks
+PROFILE = "qwen2.5-7b@a6000"
 
 
 @pytest.fixture(scope="module")
 def engine_20(tmp_path_factory):
-    """The tiny model on a stock engine with exactly 20 slots and room in its KV cache for all of them."""
-    from tidal_engine.serve import EngineOptions
-    from tidal_engine.serve import start_engine
-    from tidal_engine.tiny import build_tiny
+    """The twin on a stock scheduler with exactly 20 slots and the GPU's KV pool (room for all of them)."""
+    from tidal_engine.serve import start_twin
 
-    options = EngineOptions(
-        model=str(build_tiny(load_settings().home)),
-        served_model_name="tiny",
-        kv_cache_bytes="64M",
-        max_model_len=2048,
-        max_num_seqs=SLOTS,
-    )
-    engine = start_engine(options, log_path=tmp_path_factory.mktemp("engine-20") / "vllm.log")
+    log_path = tmp_path_factory.mktemp("engine-20") / "vllm.log"
+    engine = start_twin(load_settings(), PROFILE, log_path=log_path, max_num_seqs=SLOTS, max_model_len=2048)
     yield engine
     engine.stop()
 
@@ -72,7 +68,7 @@ def online_waiting(url: str, outstanding: int) -> float:
 def test_one_online_request_queued_behind_20_running_batch_requests_reads_as_one(
     rt, make_batch, worker, celery_app, engine_20, settings
 ):
-    batch = make_batch(OURS, model="tiny", max_tokens=LONG, extra_body={"ignore_eos": True})
+    batch = make_batch(OURS, model=PROFILE, max_tokens=LONG, extra_body={"ignore_eos": True})
     url = engine_20.url
     with worker():
         book = celery_app.tidal_context.leases
@@ -89,7 +85,7 @@ def test_one_online_request_queued_behind_20_running_batch_requests_reads_as_one
             target=lambda: answered.append(
                 requests.post(
                     url + "/v1/chat/completions",
-                    json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                    json={"model": PROFILE, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
                     timeout=600,
                 ).status_code
             ),
