@@ -51,7 +51,6 @@ from tidal_workers.policy.phase import SplitConfig
 from tidal_workers.policy.phase import claimable_phases
 from tidal_workers.queue import Claim
 from tidal_workers.renewal import Renewal
-from tidal_workers.served import ServedModels
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ class ClaimLoop:
         self.threads = pool_threads(self.settings)  # one claimed item per pool thread
         self.stopping = threading.Event()
         self.buckets: dict[str, TokenBucket] = {}  # urgent batch -> its floor bucket on this node
-        self.served = ServedModels(ctx.rt)  # only batches of these models are claimed here
+        self.served = ctx.served  # only batches of these models are claimed here (renewal re-reads the list)
         self.split = SplitConfig()
 
     def floor(self, now: float, held: int, models: tuple[str, ...]) -> list[Claim]:
@@ -108,7 +107,7 @@ class ClaimLoop:
         target = self.gate.poll(now, book.outstanding())
         book.set_target(target)
         held = len(book)
-        models = self.served.refresh(now)  # one GET /v1/models every third of a lease
+        models = self.served.current()
         urgent = self.floor(now, held, models)
         ahead = s.dispatch_prefetch if target > 0 else 0  # nothing waits on a closed gate
         want = min(target + ahead, self.threads) - held - len(urgent)

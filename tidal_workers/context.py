@@ -1,4 +1,5 @@
-"""What one worker process holds: its Runtime, the book of leases it must keep renewing, and its engine's health.
+"""What one worker process holds: its Runtime, the book of leases it must keep renewing, its engine's health and
+the models that engine serves.
 
 Built by ``ContextStep`` when the worker starts (one per process, never a global
 shared with the API) and reached by tasks through ``worker_context(app)``.
@@ -22,6 +23,7 @@ from tidal_workers.health import engine_answers
 from tidal_workers.leases import LeaseBook
 from tidal_workers.result import ResultWriter
 from tidal_workers.runtime import Runtime
+from tidal_workers.served import ServedModels
 
 
 @dataclasses.dataclass
@@ -30,6 +32,7 @@ class WorkerContext:
     leases: LeaseBook
     results: ResultWriter = dataclasses.field(init=False)
     engine: EngineHealth = dataclasses.field(init=False)  # up or down, as the tasks and the claim loop see it
+    served: ServedModels = dataclasses.field(init=False)  # read by the renewal thread, used by the claim loop
     # The engine preflight's verdict, which /ready reports. Until a preflight replaces it with its own last
     # result, the co-located engine's /health answering stands in for it.
     preflight: t.Callable[[], Check] | None = None
@@ -37,6 +40,7 @@ class WorkerContext:
     def __post_init__(self) -> None:
         self.results = ResultWriter(self.rt)
         self.engine = EngineHealth(self.rt, self.leases)
+        self.served = ServedModels(self.rt)
 
     def ready_checks(self) -> list[Check]:
         """What the worker's /ready reports: its dependencies, then its engine preflight."""

@@ -5,7 +5,9 @@ claim pass, scrape or result write can never let them lapse and the engine's
 work be redone), forgets the ones Redis no longer holds for us, gives back
 claims whose task has not started within a lease (a revoked or lost message), requeues expired
 leases of dead nodes (``RECLAIM``; their batches' finalization goes to the ops
-worker) and rebuilds the queue from SQL at start and after Redis lost its data.
+worker), re-reads the models the engine serves (``served.py``: one GET kept
+off the claim thread) and rebuilds the queue from SQL at start and after Redis
+lost its data.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 
 class Renewal:
     def __init__(self, ctx: WorkerContext):
-        self.rt, self.leases = ctx.rt, ctx.leases
+        self.rt, self.leases, self.served = ctx.rt, ctx.leases, ctx.served
         self.settings = ctx.rt.settings
         self._built = False
 
@@ -33,6 +35,7 @@ class Renewal:
         lost = q.renew(s.node, self.leases.items(), s.lease_seconds)
         self.leases.forget(lost)
         give_back_unstarted(self.rt, self.leases, s.lease_seconds)
+        self.served.refresh()
         reclaim(self.rt)
         if not self._built or not q.is_built():
             if self._built:

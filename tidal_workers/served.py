@@ -1,8 +1,8 @@
 """The models a node claims: those its engine serves, read from the engine's ``/v1/models`` and published to Redis.
 
 vLLM lists every name it serves there: each ``--served-model-name`` (several are allowed) and each loaded LoRA
-adapter. The claim loop re-reads the list every third of a lease and records it in ``tidal:node:{node}:models``
-for a lease's time, so the API can tell a batch whose model no live node serves (it waits, queued, and its
+adapter. The renewal thread re-reads the list every third of a lease (the claim loop only reads it first, before
+its first pass) and records it in ``tidal:node:{node}:models`` for a lease's time, so the API can tell a batch whose model no live node serves (it waits, queued, and its
 ``tidal`` extension says so). An engine that does not answer serves nothing: the node claims nothing until it
 answers again, rather than turn items into error lines.
 """
@@ -27,19 +27,21 @@ def engine_models(vllm_url: str, timeout: float = ENGINE_TIMEOUT_SECONDS) -> tup
 
 
 class ServedModels:
-    """This node's served models, refreshed from its engine at most every ``lease_seconds / 3``."""
+    """This node's served models: re-read by the renewal thread every third of a lease, used by the claim loop."""
 
     def __init__(self, rt: Runtime):
         self.rt = rt
         self.models: tuple[str, ...] = ()
-        self._next = 0.0
+        self._read = False
 
-    def refresh(self, now: float) -> tuple[str, ...]:
-        """The current list, re-read and published when due."""
-        if now < self._next:
-            return self.models
+    def current(self) -> tuple[str, ...]:
+        """The last list read, without I/O once one was read (the renewal thread keeps it fresh)."""
+        return self.models if self._read else self.refresh()
+
+    def refresh(self) -> tuple[str, ...]:
+        """Re-read the engine's list and publish it for a lease."""
         s = self.rt.settings
-        self._next = now + s.lease_seconds / 3
+        self._read = True
         try:
             models = engine_models(s.vllm_url)
         except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
