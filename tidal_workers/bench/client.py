@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 
+from tidal_workers.bench import sse
+
 
 @dataclasses.dataclass
 class Record:
@@ -53,10 +55,8 @@ async def _one(client: httpx.AsyncClient, url: str, payload: dict, record: Recor
             if resp.status_code != 200:
                 record.error = f"http {resp.status_code}"
                 return
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                usage = json.loads(line[6:]).get("usage") or {}
+            async for event in sse.events(resp):
+                usage = event.get("usage") or {}
                 tokens = usage.get("completion_tokens", 0)
                 record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
                 if tokens > (record.chunks[-1][1] if record.chunks else 0):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 import random
 import time
@@ -18,6 +17,7 @@ import typing as t
 
 import httpx
 
+from tidal_workers.bench import sse
 from tidal_workers.bench.stats import percentile
 
 
@@ -61,10 +61,7 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, t0: float) -> On
             if resp.status_code != 200:
                 sample.error = f"http {resp.status_code}"
                 return sample
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            async for chunk in sse.events(resp):
                 if chunk.get("usage"):  # the last chunk (stream_options.include_usage): exact token count
                     sample.tokens = chunk["usage"].get("completion_tokens", 0)
                 # Every chunk with a choice is a step that produced a token for this request; its text
