@@ -61,7 +61,7 @@ async def _one(client: httpx.AsyncClient, url: str, payload: dict, record: Recor
                 record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
                 if tokens > (record.chunks[-1][1] if record.chunks else 0):
                     record.chunks.append((round(time.monotonic() - due, 5), tokens))
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, ValueError) as exc:  # a bad event is this request's error, not the phase's end
         record.error = type(exc).__name__
 
 
