@@ -49,8 +49,9 @@ from tidal_workers.bench.workload import online_requests
 
 RAMP_TIMEOUT_S = 180.0  # filling 256 slots of ~800-token prompts is ~30 s of A6000 prefill at τ = 2,048
 RAMP_S = 35.0  # that ramp, for the duration estimate only
-STACK_OVERHEAD_S = 20.0  # worker start, upload, first item, settling: for the duration estimate only
+STACK_OVERHEAD_S = 40.0  # worker start, upload and ingest, first item, settling: for the duration estimate only
 DRAIN_S = 10.0  # the last online answers and the engine going idle after a phase: estimate only
+ANSWER_TAIL_S = 20.0  # more of the last answers on a loaded engine (end-to-end p99 ~50 s measured): estimate only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +79,10 @@ class HarvestPlan:
     def expected_s(self, engine_start_s: float) -> float:
         """Wall time of the whole run, roughly: what the command prints before it starts."""
         per_unit = (
-            self.ceiling_s + RAMP_S + STACK_OVERHEAD_S + sum(2 * (self.phase_s(x) + DRAIN_S) for x in self.traces)
+            self.ceiling_s
+            + RAMP_S
+            + STACK_OVERHEAD_S
+            + sum(2 * (self.phase_s(x) + DRAIN_S + ANSWER_TAIL_S) for x in self.traces)
         )
         return len(self.techniques) * engine_start_s + self.reps * len(self.techniques) * per_unit
 
