@@ -7,6 +7,10 @@ burst is online requests (priority 0) the test sends straight to vLLM, and the t
 them waiting before it counts scrapes. The gate's scrape timeout is half a period of real time (5 s here), so a
 slow /metrics on a busy machine is still a reading, not a failsafe.
 
+The engine is the timed twin (A6000 profile, 8 slots): its steps take the GPU's time whatever this machine's load,
+so the burst stands in the queue for seconds. On the tiny CPU engine an idle machine served the burst faster than
+it queued, and the test never saw it waiting (a clean-clone run, 1 December).
+
 This replaces a trace on the wall clock (1 Hz scrapes, a burst at 3.5 s) that failed on a clean machine when the
 burst had not reached /metrics by the time it looked. The wall-clock trace is `tidal bench gate`.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import types
 
 import pytest
 
@@ -30,19 +35,32 @@ from tidal_workers.policy.aimd import HOLD
 
 pytestmark = pytest.mark.engine
 
+PROFILE = "qwen2.5-7b@a6000"
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory):
+    """The twin with the end-to-end tests' 8 slots: a decode step takes ~25 ms, a 384-token answer ~10 s."""
+    from tidal_engine.serve import start_twin
+
+    log_path = tmp_path_factory.mktemp("gate-twin") / "vllm.log"
+    engine = start_twin(load_settings(), PROFILE, log_path=log_path, max_num_seqs=8, max_model_len=2048)
+    yield types.SimpleNamespace(url=engine.url, model=PROFILE)
+    engine.stop()
+
+
 MAX_INFLIGHT = 4
 PERIOD = 10.0  # seconds of the gate's clock per poll; its scrape timeout is half of that, in real time
-# 24 online requests against 8 slots: 16 or more of them wait in vLLM for seconds, and 8 running ones with
-# ~400-token prompts overfill the 3,072-token KV pool.
+# 24 online requests against 8 slots: 16 or more of them wait in vLLM for seconds.
 BURST_REQUESTS, BURST_MAX_TOKENS = 24, 384
 BURST_VISIBLE = 8  # waiting requests beyond the batch backlog's that show the burst is in the engine's queue
 RECOVERY_SCRAPES = 30  # the EWMAs decay in about 6 scrapes, then the target grows back one per scrape
 
 
 @pytest.mark.timeout(900)  # generous event deadlines (4 min each) on a busy machine; idle, the test takes ~30 s
-def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(tiny_engine):
+def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(twin):
     settings = load_settings().replace(
-        vllm_url=tiny_engine.url,
+        vllm_url=twin.url,
         scrape_seconds=PERIOD,
         ewma_alpha=0.5,
         kv_high=0.85,
@@ -53,12 +71,12 @@ def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(tiny_engine)
         initial_inflight=MAX_INFLIGHT,
         metrics_stale_seconds=3 * PERIOD,
     )
-    engine_stats.wait_until(tiny_engine.url, lambda r: r.running == r.waiting == 0, 120, "an idle engine")
+    engine_stats.wait_until(twin.url, lambda r: r.running == r.waiting == 0, 120, "an idle engine")
     gate = AimdGate(settings)
     backlog_gate = FixedGate(MAX_INFLIGHT)
     scrapes: list[tuple[int, str]] = []  # (target, decision) per scrape
 
-    with gate_trace.Trickle(tiny_engine.url, tiny_engine.model, backlog_gate, max_tokens=64) as backlog:
+    with gate_trace.Trickle(twin.url, twin.model, backlog_gate, max_tokens=64) as backlog:
 
         def scrape() -> tuple[int, str]:
             """One poll of the gate at the next period of its clock; the backlog follows its target."""
@@ -77,7 +95,7 @@ def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(tiny_engine)
 
         # The first chat requests of a fresh server can take minutes to reach the engine on a busy machine (the API
         # server renders its first template): wait until the backlog runs there, so the burst takes a warm path.
-        engine_stats.wait_until(tiny_engine.url, lambda r: r.running >= 1, 240, "the batch backlog running")
+        engine_stats.wait_until(twin.url, lambda r: r.running >= 1, 240, "the batch backlog running")
         for _ in range(3):
             wait_backlog()
             target, decision = scrape()
@@ -87,14 +105,12 @@ def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(tiny_engine)
         burst = threading.Thread(
             daemon=True,  # a failed assertion below must not leave the session waiting on the burst's requests
             target=lambda: answered.extend(
-                gate_trace.burst(
-                    tiny_engine.url, tiny_engine.model, BURST_REQUESTS, gate_trace.BURST_PROMPT, BURST_MAX_TOKENS, 0.0
-                )
+                gate_trace.burst(twin.url, twin.model, BURST_REQUESTS, gate_trace.BURST_PROMPT, BURST_MAX_TOKENS, 0.0)
             ),
         )
         burst.start()
         seen = engine_stats.wait_until(
-            tiny_engine.url,
+            twin.url,
             lambda r: r.waiting - backlog.inflight >= BURST_VISIBLE,
             240,
             f"{BURST_VISIBLE} online requests waiting",
