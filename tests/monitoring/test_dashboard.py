@@ -50,9 +50,12 @@ def settings(settings, tiny_plugin_engine):
         metrics_bind=f"127.0.0.1:{free_port()}",
         gate_mode="aimd",
         scrape_seconds=0.5,
-        initial_inflight=4,
-        max_inflight=8,
-        worker_threads=8,
+        # More batch requests than the engine's 8 slots, so batch waits in the engine beside the online clients and
+        # TidalScheduler offers it slack in every scrape window (the slack-fill panel): with 8, an idle machine
+        # ran every batch request at once and the plugin never offered any (a clean-clone run, 1 December).
+        initial_inflight=12,
+        max_inflight=12,
+        worker_threads=14,
         claim_idle_seconds=0.02,
         request_timeout_seconds=120.0,
     )
