@@ -11,8 +11,8 @@ the engine core (docs/engine.md, KV connectors). This subclass changes three thi
 - a prompt is frozen only when its whole prefill is scheduled in one step; a chunked one is not frozen at all, so
   its decode phase recomputes it instead of thawing a truncated KV.
 
-Load it with ``--kv-transfer-config '{"kv_connector": "TidalFreezeConnector", "kv_connector_module_path":
-"tidal_engine.freeze", "kv_role": "kv_both", "kv_connector_extra_config": {"shared_storage_path": DIR}}'``.
+Load it with the flags ``tidal_engine.serve.freeze_connector_args(DIR)`` returns (``--kv-transfer-config`` naming
+this class and ``shared_storage_path`` DIR).
 """
 
 from __future__ import annotations

@@ -150,6 +150,17 @@ class EngineStartError(RuntimeError):
     pass
 
 
+def freeze_connector_args(storage: Path) -> tuple[str, ...]:
+    """``vllm serve`` flags that load TidalFreezeConnector (``tidal_engine.freeze``) over ``storage``."""
+    config = {
+        "kv_connector": "TidalFreezeConnector",
+        "kv_connector_module_path": "tidal_engine.freeze",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
+    return ("--kv-transfer-config", json.dumps(config))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

@@ -9,7 +9,6 @@ or was never frozen (longer than τ) is recomputed, never an error.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from config import load_settings
 from tidal_engine.freeze import TAG
 from tidal_engine.serve import EngineOptions
+from tidal_engine.serve import freeze_connector_args
 from tidal_engine.serve import start_engine
 from tidal_engine.tiny import build_tiny
 from tidal_workers.bench.kv_probe import ask
@@ -30,18 +30,12 @@ TAU = 2048
 
 
 def _options(storage: Path) -> EngineOptions:
-    config = {
-        "kv_connector": "TidalFreezeConnector",
-        "kv_connector_module_path": "tidal_engine.freeze",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
-    }
     return EngineOptions(
         model=str(build_tiny(load_settings().home, "dense")),
         served_model_name="dense",
         max_num_batched_tokens=TAU,
         max_model_len=4096,
-        extra_args=("--kv-transfer-config", json.dumps(config), "--enable-prompt-tokens-details"),
+        extra_args=(*freeze_connector_args(storage), "--enable-prompt-tokens-details"),
     )
 
 

@@ -25,6 +25,7 @@ from workers.worker_helpers import validating_batch
 
 from config import load_settings
 from tidal_engine.serve import EngineOptions
+from tidal_engine.serve import freeze_connector_args
 from tidal_engine.serve import start_engine
 from tidal_engine.tiny import build_tiny
 from tidal_workers.bench.kv_probe import prompt
@@ -45,20 +46,13 @@ MAX_TOKENS = 16
 def freezing_engine(tmp_path_factory):
     """The dense model behind TidalFreezeConnector over a temp folder, prefix cache off: (engine, folder)."""
     storage = tmp_path_factory.mktemp("frozen")
-    config = {
-        "kv_connector": "TidalFreezeConnector",
-        "kv_connector_module_path": "tidal_engine.freeze",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
-    }
     options = EngineOptions(
         model=str(build_tiny(load_settings().home, MODEL)),
         served_model_name=MODEL,
         max_num_batched_tokens=TAU,
         max_model_len=4096,
         extra_args=(
-            "--kv-transfer-config",
-            json.dumps(config),
+            *freeze_connector_args(storage),
             "--enable-prompt-tokens-details",
             "--no-enable-prefix-caching",
         ),

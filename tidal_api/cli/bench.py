@@ -597,6 +597,7 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
     from concurrent.futures import ThreadPoolExecutor
 
     from tidal_engine.serve import EngineOptions
+    from tidal_engine.serve import freeze_connector_args
     from tidal_engine.serve import start_engine
     from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import disagg as dg
@@ -605,17 +606,11 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
     settings = load_settings()
     storage = out_dir / "frozen"
     storage.mkdir(exist_ok=True)
-    connector = {
-        "kv_connector": "TidalFreezeConnector",
-        "kv_connector_module_path": "tidal_engine.freeze",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
-    }
     options = EngineOptions(
         model=str(build_tiny(settings.home, "dense")),
         served_model_name="dense",
         max_num_seqs=16,
-        extra_args=("--kv-transfer-config", json.dumps(connector)),
+        extra_args=freeze_connector_args(storage),
     )
     # One core each (the default binds both engines to core 0), started together.
     with ThreadPoolExecutor(2) as pool:
