@@ -106,13 +106,11 @@ def deployment_ceiling(profile: str, max_num_seqs: int) -> int:
     """The gate ceiling a node in front of ``profile``'s GPU gets by default (`TIDAL_MAX_INFLIGHT` 0): the
     engine's slots and the requests its KV pool holds, the smaller, less the online headroom."""
     from tidal_engine.twin import load_profile
-    from tidal_workers.policy.aimd import UNKNOWN_ENGINE_CEILING
-    from tidal_workers.policy.aimd import engine_ceiling
+    from tidal_workers.gate import configured_ceiling
 
-    spec, settings = load_profile(profile), load_settings()
-    slots = max_num_seqs or spec.max_num_seqs
-    ceiling = engine_ceiling(slots, spec.kv_pool_tokens, settings.batch_request_tokens, settings.online_headroom)
-    return ceiling or UNKNOWN_ENGINE_CEILING
+    spec = load_profile(profile)
+    node = load_settings().replace(max_inflight=0, max_num_seqs=max_num_seqs or spec.max_num_seqs)
+    return configured_ceiling(node, spec.kv_pool_tokens)
 
 
 @bench.command()
