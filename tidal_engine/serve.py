@@ -251,6 +251,7 @@ def twin_options(
     trace_path: Path | None = None,
     max_num_seqs: int | None = None,
     max_model_len: int = 8192,
+    kv_pool_tokens: int | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
     extra_args: tuple[str, ...] = (),
@@ -258,8 +259,8 @@ def twin_options(
     """The timed twin's ``vllm serve``: the twin model under the profile's name, sized like the profile's GPU.
 
     Its KV pool holds as many tokens as the GPU's (docs/engine.md), its slots and token budget are the GPU's
-    (``max_num_seqs`` overrides the slots); the profile and the step trace reach the model class through
-    ``--hf-overrides``.
+    (``max_num_seqs`` overrides the slots, ``kv_pool_tokens`` the pool: a test that needs KV pressure); the
+    profile and the step trace reach the model class through ``--hf-overrides``.
     """
     from tidal_engine.tiny import build_tiny
     from tidal_engine.tiny import kv_bytes_per_token
@@ -273,7 +274,7 @@ def twin_options(
         host=host,
         port=port,
         tidal_scheduler=tidal_scheduler,
-        kv_cache_bytes=str(spec.kv_pool_tokens * kv_bytes_per_token("twin")),
+        kv_cache_bytes=str((kv_pool_tokens or spec.kv_pool_tokens) * kv_bytes_per_token("twin")),
         max_num_batched_tokens=spec.max_num_batched_tokens,
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs or spec.max_num_seqs,
@@ -290,6 +291,7 @@ def start_twin(
     trace_path: Path | None = None,
     max_num_seqs: int | None = None,
     max_model_len: int = 8192,
+    kv_pool_tokens: int | None = None,
     extra_args: tuple[str, ...] = (),
 ) -> Engine:
     """The timed twin of ``profile`` (MODEL@GPU, ``twin_profiles.toml``) on a free port, served as that name.
@@ -303,6 +305,7 @@ def start_twin(
         trace_path=trace_path,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
+        kv_pool_tokens=kv_pool_tokens,
         extra_args=extra_args,
     )
     return start_engine(options, log_path=log_path, env=twin_env(settings))

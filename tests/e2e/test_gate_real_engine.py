@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import types
 
 import pytest
 
@@ -34,20 +33,6 @@ from tidal_workers.policy.aimd import HALVE
 from tidal_workers.policy.aimd import HOLD
 
 pytestmark = pytest.mark.engine
-
-PROFILE = "qwen2.5-7b@a6000"
-
-
-@pytest.fixture(scope="module")
-def twin(tmp_path_factory):
-    """The twin with the end-to-end tests' 8 slots: a decode step takes ~25 ms, a 384-token answer ~10 s."""
-    from tidal_engine.serve import start_twin
-
-    log_path = tmp_path_factory.mktemp("gate-twin") / "vllm.log"
-    engine = start_twin(load_settings(), PROFILE, log_path=log_path, max_num_seqs=8, max_model_len=2048)
-    yield types.SimpleNamespace(url=engine.url, model=PROFILE)
-    engine.stop()
-
 
 MAX_INFLIGHT = 4
 PERIOD = 10.0  # seconds of the gate's clock per poll; its scrape timeout is half of that, in real time

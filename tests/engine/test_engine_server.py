@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 
@@ -78,33 +79,65 @@ def test_plugin_serves_and_exports_its_state(tiny_plugin_engine):
     } <= set(m)
 
 
+GUARDBAND_POOL_TOKENS = 3072  # 24 blocks of 128
+
+
+@pytest.fixture(scope="module")
+def small_pool_plugin_twin(tmp_path_factory):
+    """The timed twin with TidalScheduler, 8 slots and a 3,072-token KV pool: a decode step takes the A6000's
+    ~25 ms whatever this machine's load, so eight 400-token answers overlap for seconds and grow the pool a
+    block at a time."""
+    from tidal_engine.serve import free_port
+    from tidal_engine.serve import start_twin
+
+    settings = load_settings().replace(sched_metrics_port=free_port())
+    log_path = tmp_path_factory.mktemp("guardband-twin") / "vllm.log"
+    engine = start_twin(
+        settings,
+        "qwen2.5-7b@a6000",
+        log_path=log_path,
+        tidal_scheduler=True,
+        max_num_seqs=8,
+        max_model_len=2048,
+        kv_pool_tokens=GUARDBAND_POOL_TOKENS,
+    )
+    yield types.SimpleNamespace(
+        url=engine.url,
+        model="qwen2.5-7b@a6000",
+        plugin_metrics_url=f"http://127.0.0.1:{settings.sched_metrics_port}/metrics",
+    )
+    engine.stop()
+
+
 @pytest.mark.engine
-def test_guardband_evicts_inside_the_real_engine(tiny_plugin_engine):
-    """Eight requests with short prompts and long outputs on the 3,072-token pool (24 blocks of 128): they are all
+def test_guardband_evicts_inside_the_real_engine(small_pool_plugin_twin):
+    """Eight requests with short prompts and long outputs on a 3,072-token pool (24 blocks of 128): they are all
     admitted and then outgrow the pool a token at a time, so KV usage creeps past 1 − H/2 and the plugin evicts
     batch requests through the stock preemption path, never an online one, and every request still completes.
 
     Prompts of different lengths spread the requests' block boundaries over different steps. (Prompts larger
     than a block each jump the pool past full inside one step, where vLLM's own preemption acts first, and the
     guardband may never see usage above 1 − H/2 at a step's start: a run on the loaded machine evicted nothing.)
+    The engine is the timed twin: on the tiny CPU engine an idle machine finished some answers before the last
+    arrived, the pool never filled and a CI run evicted nothing (1 December).
     """
-    url = tiny_plugin_engine.url
-    before = metrics(tiny_plugin_engine.plugin_metrics_url)
+    engine = small_pool_plugin_twin
+    before = metrics(engine.plugin_metrics_url)
 
     def complete(i: int) -> int:
         body = {
-            "model": "tiny",
+            "model": engine.model,
             "prompt": chr(97 + i) * (100 + 9 * i),
             "max_tokens": 400,
             "ignore_eos": True,
             "priority": 0 if i % 4 == 0 else 2,
         }
-        response = requests.post(url + "/v1/completions", json=body, timeout=300)
+        response = requests.post(engine.url + "/v1/completions", json=body, timeout=600)
         assert response.status_code == 200, response.text
         return response.json()["usage"]["completion_tokens"]
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(complete, range(8))) == [400] * 8
-    after = metrics(tiny_plugin_engine.plugin_metrics_url)
+    after = metrics(engine.plugin_metrics_url)
     assert after["tidal_sched_evictions_total"] > before["tidal_sched_evictions_total"], (before, after)
     assert after["tidal_sched_online_preempted_total"] == before["tidal_sched_online_preempted_total"]
