@@ -50,6 +50,11 @@ class Guardband:
         return kv_usage > 1.0 - self.h / 2.0
 
 
+def cheapest_first(residents: t.Iterable[Resident]) -> list[Resident]:
+    """Residents in the order their eviction loses least work (ties: the fewest computed tokens)."""
+    return sorted(residents, key=lambda r: (r.unrecoverable, r.num_computed_tokens))
+
+
 def cheapest(residents: t.Iterable[Resident]) -> Resident | None:
-    """The resident whose eviction loses the least work (ties: the fewest computed tokens)."""
-    return min(residents, key=lambda r: (r.unrecoverable, r.num_computed_tokens), default=None)
+    """The resident whose eviction loses the least work."""
+    return next(iter(cheapest_first(residents)), None)

@@ -54,6 +54,11 @@ class SchedulerMetrics:
         self.r2 = Gauge("tidal_sched_model_r2", "R² of the latency model's last fit.", registry=r)
         self.online_waiting = Gauge("tidal_sched_online_waiting", "Online (priority 0) requests waiting.", registry=r)
         self.evictions = Counter("tidal_sched_evictions", "Batch requests evicted by the KV guardband.", registry=r)
+        self.slot_yields = Counter(
+            "tidal_sched_slot_yields",
+            "Batch requests preempted so that online requests waiting for a slot get one (every slot was taken).",
+            registry=r,
+        )
         # Per-step accounting of what the gate decided (tests/e2e/test_plugin_accounting.py reads it).
         self.batch_tokens = Counter("tidal_sched_batch_tokens", "Tokens scheduled for batch requests.", registry=r)
         self.online_tokens = Counter("tidal_sched_online_tokens", "Tokens scheduled for online requests.", registry=r)

@@ -14,14 +14,19 @@ itself (budgets, chunked prefill, KV allocation, preemption) stays vLLM's:
   (max_num_batched_tokens) while online traffic is present and the model's R²
   is too low, or all of τ without online traffic;
 - the KV guardband (``guardband.py``) stops batch admission above KV usage
-  1 − H and evicts the cheapest resident batch request above 1 − H/2.
+  1 − H and evicts the cheapest resident batch request above 1 − H/2;
+- an online request never waits for a slot that batch holds: when online
+  requests wait and every slot is taken, the cheapest running batch requests
+  yield theirs (vLLM's priority orders only the waiting queue, issue #40004).
 
 Each step runs in four phases, so that deciding and acting stay apart:
 
 1. plan (``_plan``): read the queues and the KV pool, decide the cap, the
-   token budget, whether batch may be admitted, which batch request to evict
-   and which running batch requests sit the step out. Nothing is changed.
-2. evict (``_evict``): preempt the chosen victim through vLLM's own path.
+   token budget, whether batch may be admitted, which batch request to evict,
+   which yield their slots to waiting online requests and which running batch
+   requests sit the step out. Nothing is changed.
+2. evict (``_evict``): preempt the chosen victim and the yielding requests
+   through vLLM's own path.
 3. gate (``_gated``): for the duration of the stock ``schedule()`` call, the
    token budget (``max_num_scheduled_tokens``) is online demand + X, running
    requests are ordered online first, the parked ones are out of
@@ -68,6 +73,7 @@ from config import load_settings
 from tidal_engine.guardband import Guardband
 from tidal_engine.guardband import Resident
 from tidal_engine.guardband import cheapest
+from tidal_engine.guardband import cheapest_first
 from tidal_engine.latency import LatencyModel
 from tidal_engine.latency import batch_cap
 from tidal_engine.metrics import Mode
@@ -93,6 +99,12 @@ def running_demand(request: Request) -> int:
     return max(int(request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens), 0)
 
 
+def unscheduled_demand(request: Request) -> int:
+    """Tokens a running request wanted and a step just left unscheduled: running_demand less the output
+    placeholders, which under async scheduling are the next step's tokens, not this one's."""
+    return max(int(request.num_tokens_with_spec - request.num_computed_tokens), 0)
+
+
 def waiting_demand(request: Request) -> int:
     """Tokens a waiting request asks for, ignoring prefix-cache hits (an upper bound)."""
     return max(int(request.num_tokens - request.num_computed_tokens), 0)
@@ -112,9 +124,10 @@ class StepPlan:
     online_demand: int  # tokens online requests want: running ones exactly, waiting ones ignoring prefix hits
     kv_usage: float  # fraction of the KV pool in use when planning, before any eviction
     guardband: float  # H, after this step's online KV demand was folded into its EWMA
-    admit_batch: bool  # kv_usage <= 1 − H: waiting batch requests may be admitted this step
-    context: int  # C: tokens resident in the KV of the running requests that stay (the victim excluded)
+    admit_batch: bool  # kv_usage <= 1 − H and no slot yielded: waiting batch requests may be admitted this step
+    context: int  # C: tokens resident in the KV of the running requests that stay (victim and yielding excluded)
     evict: str | None = None  # kv_usage > 1 − H/2: the resident batch request whose eviction loses least
+    yielded: list[str] = dataclasses.field(default_factory=list)  # batch requests giving waiting online a slot
     parked: list[str] = dataclasses.field(default_factory=list)  # running batch requests beyond X: sit out
     # Filled in by _gated and _account, from what the step did.
     hidden: list[str] = dataclasses.field(default_factory=list)  # waiting batch requests kept out (not admitted)
@@ -199,6 +212,9 @@ class TidalScheduler(Scheduler):
         usage = float(self.get_kv_cache_usage())
         victim = self._cheapest_batch() if self.guard.must_evict(usage) else None
         staying = self.running if victim is None else [r for r in self.running if r.request_id != victim]
+        yielded = self._slot_yields(staying, len(online_waiting))
+        if yielded:
+            staying = [r for r in staying if r.request_id not in yielded]
         context = sum(r.num_computed_tokens for r in staying)
         if not (online_running or online_waiting):
             mode, cap = Mode.NO_ONLINE, self.tau
@@ -216,30 +232,50 @@ class TidalScheduler(Scheduler):
             kv_usage=usage,
             guardband=h,
             # Decided on the usage before any eviction, so an evicted request
-            # is not re-admitted in the same step.
-            admit_batch=self.guard.admits(usage),
+            # is not re-admitted in the same step; nor is a yielding one.
+            admit_batch=self.guard.admits(usage) and not yielded,
             context=context,
             evict=victim,
+            yielded=yielded,
             parked=[] if mode is Mode.NO_ONLINE else beyond_cap(staying, cap, online_waits=bool(online_waiting)),
         )
 
-    def _cheapest_batch(self) -> str | None:
-        residents = [
+    def _batch_residents(self, running: list[Request]) -> list[Resident]:
+        return [
             Resident(r.request_id, r.num_computed_tokens, self._cached_tokens.get(r.request_id, 0))
-            for r in self.running
+            for r in running
             if not is_online(r)
         ]
-        victim = cheapest(residents)
+
+    def _cheapest_batch(self) -> str | None:
+        victim = cheapest(self._batch_residents(self.running))
         return victim.request_id if victim is not None else None
 
+    def _slot_yields(self, staying: list[Request], online_waiting: int) -> list[str]:
+        """The running batch requests that give their slots to waiting online requests, cheapest first: as many
+        as the online requests that would otherwise find every slot taken."""
+        # The stock loop's admission count: running requests and paused streaming sessions, against
+        # max_num_active_reqs (max_num_seqs unless set lower).
+        free = self.max_num_active_reqs - len(staying) - self.num_waiting_for_streaming_input
+        short = online_waiting - free
+        if short <= 0:
+            return []
+        return [r.request_id for r in cheapest_first(self._batch_residents(staying))[:short]]
+
     def _evict(self, plan: StepPlan, now: float) -> None:
-        """Preempt the plan's victim; vLLM reports it to the model runner in this step's preempted_req_ids."""
-        if plan.evict is None:
-            return
-        request = self.requests[plan.evict]
+        """Preempt the plan's victim and yielding requests; vLLM reports them to the model runner in this step's
+        preempted_req_ids, and they wait to be re-admitted like any preempted request."""
+        if plan.evict is not None:
+            self._preempt(plan.evict, now)
+            self.tidal_metrics.evictions.inc()
+        for req_id in plan.yielded:
+            self._preempt(req_id, now)
+            self.tidal_metrics.slot_yields.inc()
+
+    def _preempt(self, req_id: str, now: float) -> None:
+        request = self.requests[req_id]
         self.running.remove(request)
         self._preempt_request(request, now)
-        self.tidal_metrics.evictions.inc()
 
     @contextlib.contextmanager
     def _gated(self, plan: StepPlan) -> t.Iterator[None]:
@@ -296,7 +332,7 @@ class TidalScheduler(Scheduler):
                 plan.batch_scheduled += num
         online_waiting = waiting_online(self.waiting)
         if plan.mode is not Mode.NO_ONLINE:  # else no online request was there to schedule
-            plan.online_deferred = sum(running_demand(r) for r in self.running if is_online(r)) + sum(
+            plan.online_deferred = sum(unscheduled_demand(r) for r in self.running if is_online(r)) + sum(
                 map(waiting_demand, online_waiting)
             )
         plan.online_preempted = sorted(

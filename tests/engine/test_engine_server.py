@@ -76,6 +76,7 @@ def test_plugin_serves_and_exports_its_state(tiny_plugin_engine):
         "tidal_sched_slack_fill_ratio",
         "tidal_sched_starved_slack_tokens_total",
         "tidal_sched_starved_slack_seconds_total",
+        "tidal_sched_slot_yields_total",
     } <= set(m)
 
 

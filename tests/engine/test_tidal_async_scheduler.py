@@ -111,7 +111,7 @@ def test_every_step_stays_inside_its_plan_under_schedule_ahead(make_async):
     s = make_async(num_blocks=301, max_num_seqs=8)
     engine = ScheduleAhead(s)
     rng = np.random.default_rng(18)
-    batch = online = capped = evictions = 0
+    batch = online = capped = evictions = yields = 0
     for step in range(300):
         if rng.random() < 0.3:
             size = int(rng.integers(8, 80))
@@ -131,12 +131,16 @@ def test_every_step_stays_inside_its_plan_under_schedule_ahead(make_async):
         online += plan.online_scheduled
         capped += plan.batch_capped
         evictions += plan.evict is not None
+        assert set(plan.yielded) <= set(out.preempted_req_ids) and not any(i.startswith("online") for i in plan.yielded)
+        yields += len(plan.yielded)
     engine.drain()
     sample = s.tidal_metrics.registry.get_sample_value
     assert sample("tidal_sched_batch_tokens_total") == batch > 0
     assert sample("tidal_sched_online_tokens_total") == online > 0
     assert sample("tidal_sched_capped_steps_total") == capped > 0  # the cap bound, not vacuous
     assert sample("tidal_sched_evictions_total") == evictions
+    assert sample("tidal_sched_slot_yields_total") == yields
+    print(f"evictions {evictions}, slot yields {yields}")
 
 
 class Clock:

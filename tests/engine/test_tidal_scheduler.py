@@ -108,27 +108,27 @@ def test_low_r2_falls_back_to_the_static_cap(make_scheduler):
 
 
 def test_parked_batch_requests_keep_their_slots(make_scheduler):
-    """Online requests waiting for slots while batch is parked: the slot limit still holds every step.
+    """Batch requests waiting for slots while a running one is parked: the slot limit still holds every step.
 
-    The stock schedule() would fill the parked requests' slots from the waiting queue, and the step
-    after, its own assertion (len(running) <= max_num_seqs) killed the engine core; found on a real
-    server with the dense model, where parking happens on most steps.
+    The stock schedule() would fill the parked request's slot from the waiting queue, and the step after, its
+    own assertion (len(running) <= max_num_seqs) killed the engine core; found on a real server with the dense
+    model, where parking happens on most steps.
     """
     s = make_scheduler(TidalScheduler, settings=settings(), max_num_seqs=4)
     for i in range(2):
         s.add_request(make_request(f"batch-{i}", 1500, priority=1, max_tokens=8))
     run_step(s)  # no online traffic: batch-0 prefills whole, batch-1 takes the rest of τ
-    for i in range(4):
-        s.add_request(make_request(f"online-{i}", 16, priority=0, max_tokens=8))
-    run_step(s)
+    s.add_request(make_request("online", 16, priority=0, max_tokens=8))
+    for i in (2, 3):
+        s.add_request(make_request(f"batch-{i}", 64, priority=1, max_tokens=8))
+    out = run_step(s)
     assert s.last_plan.parked == ["batch-1"]  # its 952 remaining prompt tokens exceed the static cap
+    assert not s.last_plan.yielded and out.num_scheduled_tokens["online"] == 16  # a free slot was there
     assert len(s.running) == 4 and {"batch-0", "batch-1"} <= {r.request_id for r in s.running}
-    seen_online = set()
-    for _ in range(30):
-        out = run_step(s)
+    assert "batch-3" in {r.request_id for r in s.waiting}  # not admitted into batch-1's slot
+    for _ in range(40):
+        run_step(s)
         assert len(s.running) <= 4
-        seen_online |= {i for i in out.num_scheduled_tokens if i.startswith("online")}
-    assert seen_online == {f"online-{i}" for i in range(4)}  # the two that waited got the freed slots
     assert not s.requests  # everything finished
 
 
@@ -255,7 +255,7 @@ def test_every_step_stays_inside_its_plan(make_scheduler):
     s = make_scheduler(TidalScheduler, num_blocks=301, settings=settings(), max_num_seqs=8)
     rng = np.random.default_rng(14)
     shared = [3] * 64  # a prefix some online prompts share: their reservation is loose by what the cache returns
-    totals = {"batch": 0, "online": 0, "over": 0, "deferred": 0, "capped": 0}
+    totals = {"batch": 0, "online": 0, "over": 0, "deferred": 0, "capped": 0, "yields": 0}
     for step in range(300):
         if rng.random() < 0.3:
             size = int(rng.integers(8, 80))
@@ -273,6 +273,8 @@ def test_every_step_stays_inside_its_plan(make_scheduler):
         assert not set(plan.parked) & set(out.num_scheduled_tokens)
         assert set(plan.parked) <= {r.request_id for r in s.running}
         assert not plan.online_preempted and not set(out.preempted_req_ids) & {i for i in s.requests if "online" in i}
+        assert set(plan.yielded) <= set(out.preempted_req_ids) and not any("online" in i for i in plan.yielded)
+        totals["yields"] += len(plan.yielded)
         totals["batch"] += plan.batch_scheduled
         totals["online"] += plan.online_scheduled
         totals["over"] += plan.batch_over_cap
@@ -285,22 +287,38 @@ def test_every_step_stays_inside_its_plan(make_scheduler):
     assert sample("tidal_sched_online_deferred_tokens_total") == totals["deferred"]
     assert sample("tidal_sched_online_preempted_total") == 0
     assert sample("tidal_sched_capped_steps_total") == totals["capped"] > 0  # the cap bound, not vacuous
+    assert sample("tidal_sched_slot_yields_total") == totals["yields"]
+    print(f"slot yields {totals['yields']}")
     assert sample("tidal_sched_steps_total") == 300
 
 
-def test_online_waiting_for_a_slot_is_deferred_not_displaced(make_scheduler):
-    """Every slot held by batch: the online request waits for one (vLLM issue #40004, the gate's job), which the
-    plugin counts as deferred online tokens; once a slot frees it is admitted ahead of every waiting batch one."""
-    s = make_scheduler(TidalScheduler, settings=settings(), max_num_seqs=2)
-    for i in range(3):
-        s.add_request(make_request(f"batch-{i}", 32, priority=1, max_tokens=4))
-    run_step(s)
+@pytest.mark.parametrize("schedule_ahead", [False, True], ids=["sync", "async-schedule-ahead"])
+def test_online_waiting_for_a_slot_takes_one_from_the_cheapest_batch_request(make_scheduler, schedule_ahead):
+    """Every slot held by batch: vLLM's priority orders only the waiting queue (issue #40004), so the online
+    request would wait for a slot. The cheapest running batch request yields its slot in the step the online one
+    arrives, which is admitted whole; the waiting batch request is not admitted in that step, and the yielding
+    one is re-admitted later like any preempted request. Under async scheduling the yielding request's last step is
+    still in flight when it yields."""
+    cls = TidalAsyncScheduler if schedule_ahead else TidalScheduler
+    s = make_scheduler(cls, settings=settings(), async_scheduling=schedule_ahead, max_num_seqs=2)
+    step = ScheduleAhead(s).step if schedule_ahead else functools.partial(run_step, s)
+    s.add_request(make_request("batch-long", 64, priority=1, max_tokens=40))
+    s.add_request(make_request("batch-short", 32, priority=1, max_tokens=40))
+    s.add_request(make_request("batch-waiting", 32, priority=1, max_tokens=4))
+    step()
     s.add_request(make_request("online", 40, priority=0, max_tokens=4))
-    out = run_step(s)
-    assert "online" not in out.num_scheduled_tokens
-    assert s.last_plan.online_deferred == 40 and s.last_plan.batch_over_cap == 0
-    while "online" not in out.num_scheduled_tokens:
-        out = run_step(s)
-    assert out.num_scheduled_tokens["online"] == 40  # its whole prompt, in the first step a slot freed
-    assert out.scheduled_new_reqs[0].req_id == "online"  # admitted ahead of batch-2
-    assert s.last_plan.online_deferred == 0
+    out = step()
+    assert s.last_plan.yielded == ["batch-short"]  # less computed work to redo than batch-long
+    assert out.preempted_req_ids == {"batch-short"}
+    assert out.num_scheduled_tokens["online"] == 40 and s.last_plan.online_deferred == 0
+    assert "batch-waiting" in s.last_plan.hidden and "batch-waiting" not in out.num_scheduled_tokens
+    assert s.tidal_metrics.registry.get_sample_value("tidal_sched_slot_yields_total") == 1
+    while "online" in s.requests:
+        out = step()
+        assert "online" not in out.preempted_req_ids
+    for _ in range(100):
+        if not s.requests:
+            break
+        step()
+    assert not s.requests  # the yielding request finished too
+    assert s.tidal_metrics.registry.get_sample_value("tidal_sched_slot_yields_total") == 1
