@@ -3,8 +3,9 @@
 # 1. starts Redis and PostgreSQL if either is down (this machine's own services);
 # 2. builds (or reuses) a cached virtualenv keyed by setup.cfg, with the CPU vLLM engine;
 # 3. runs the static checks (ruff lint and format, mypy, the import contracts); any finding fails the run;
-# 4. runs the whole suite on SQLite, then every test that touches the store again on PostgreSQL, except those on
-#    the real vLLM engine (their subject is the engine; the stub-engine tests cover the same store paths there).
+# 4. runs the suite on SQLite, then every test that touches the store again on PostgreSQL, except those on the real
+#    vLLM engine (their subject is the engine; the stub-engine tests cover the same store paths there). The slow
+#    process-fault tests on a stub engine (marked `slow`) run on PostgreSQL only, production's store.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,7 +64,7 @@ ruff format --check .
 mypy
 lint-imports --cache-dir "$HOME/.cache/tidal/import-linter"
 
-echo "== pytest on SQLite"
-TIDAL_DATABASE_URL= python -m pytest -q --durations=15 "$@"
+echo "== pytest on SQLite (all but the slow stub-engine fault tests, which run on PostgreSQL below)"
+TIDAL_DATABASE_URL= python -m pytest -q --durations=15 -m "not slow or engine" "$@"
 echo "== pytest on PostgreSQL (the tests that touch the store, but not the engine's; the rest ran above)"
 TIDAL_DATABASE_URL=postgresql+psycopg2://postgres@127.0.0.1:5432/test python -m pytest -q -m "not no_sql and not engine" "$@"
