@@ -25,6 +25,7 @@ from pathlib import Path
 import requests
 
 from config import Settings
+from tidal_workers.bench.fixed_engine import MODEL
 from tidal_workers.bench.fixed_engine import FixedEngine
 from tidal_workers.bench.histograms import HISTOGRAMS
 from tidal_workers.bench.histograms import delta
@@ -70,7 +71,7 @@ class Window:
 def closed_loop(engine: FixedEngine, cfg: DispatchConfig, scenario: Scenario) -> Window:
     """``target`` clients, each sending its next request the moment the last is answered."""
     stop = threading.Event()
-    body = {"model": "fixed", "messages": [{"role": "user", "content": "x"}], "max_tokens": scenario.max_tokens}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": scenario.max_tokens}
 
     def client() -> None:
         with requests.Session() as session:
@@ -93,7 +94,7 @@ def tidal_run(stack: TidalStack, engine: FixedEngine, cfg: DispatchConfig, scena
     """One backlog batch through Tidal; the window opens once it flows and closes before the backlog runs out."""
     per_s = cfg.target / (scenario.delay_ms / 1000)
     items = int(per_s * (cfg.warmup + cfg.window) * 1.5) + 4 * cfg.target
-    body = {"model": "fixed", "messages": [{"role": "user", "content": "x"}], "max_tokens": scenario.max_tokens}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": scenario.max_tokens}
     before_items = stack.completed_items()
     batch_id = stack.submit([body] * items)
     deadline = time.monotonic() + 300

@@ -16,6 +16,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from http.server import ThreadingHTTPServer
 
+MODEL = "fixed"  # the one model it serves (what the dispatch benchmark's batches name)
 PROMPT_TOKENS = 16
 
 
@@ -98,6 +99,8 @@ class FixedEngine:
                         'vllm:num_preemptions_total{engine="0"} 0\n'
                     )
                     self._send(200, text.encode(), "text/plain; version=0.0.4")
+                elif self.path == "/v1/models":  # a node claims only the models its engine lists here
+                    self._send(200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode())
                 else:
                     self._send(200, b"{}")
 
@@ -112,7 +115,7 @@ class FixedEngine:
                 answer = {
                     "id": f"fixed-{time.monotonic_ns()}",
                     "object": "chat.completion",
-                    "model": body.get("model", "fixed"),
+                    "model": body.get("model", MODEL),
                     "choices": [
                         {"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
                     ],
