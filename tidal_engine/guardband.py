@@ -50,11 +50,16 @@ class Guardband:
         return kv_usage > 1.0 - self.h / 2.0
 
 
+def eviction_cost(resident: Resident) -> tuple[int, int]:
+    """What evicting ``resident`` loses: its unrecoverable work (ties: the fewest computed tokens)."""
+    return resident.unrecoverable, resident.num_computed_tokens
+
+
 def cheapest_first(residents: t.Iterable[Resident]) -> list[Resident]:
-    """Residents in the order their eviction loses least work (ties: the fewest computed tokens)."""
-    return sorted(residents, key=lambda r: (r.unrecoverable, r.num_computed_tokens))
+    """Residents in the order their eviction loses least work."""
+    return sorted(residents, key=eviction_cost)
 
 
 def cheapest(residents: t.Iterable[Resident]) -> Resident | None:
     """The resident whose eviction loses the least work."""
-    return next(iter(cheapest_first(residents)), None)
+    return min(residents, key=eviction_cost, default=None)
