@@ -81,6 +81,7 @@ def test_plugin_serves_and_exports_its_state(tiny_plugin_engine):
 
 
 GUARDBAND_POOL_TOKENS = 3072  # 24 blocks of 128
+GUARDBAND_PROFILE = "qwen2.5-7b@a6000"
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def small_pool_plugin_twin(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("guardband-twin") / "vllm.log"
     engine = start_twin(
         settings,
-        "qwen2.5-7b@a6000",
+        GUARDBAND_PROFILE,
         log_path=log_path,
         tidal_scheduler=True,
         max_num_seqs=8,
@@ -104,7 +105,7 @@ def small_pool_plugin_twin(tmp_path_factory):
     )
     yield types.SimpleNamespace(
         url=engine.url,
-        model="qwen2.5-7b@a6000",
+        model=GUARDBAND_PROFILE,
         plugin_metrics_url=f"http://127.0.0.1:{settings.sched_metrics_port}/metrics",
     )
     engine.stop()
