@@ -261,10 +261,11 @@ def tiny_plugin_engine(tmp_path_factory):
 def pytest_collection_modifyitems(config, items):
     """Mark the tests that never touch the SQL store (no `database_url` among their fixtures) `no_sql`.
 
-    tests/run.sh runs `-m "not slow or engine"` on SQLite, then `-m "not no_sql and not engine"` on PostgreSQL: a
-    test whose outcome cannot depend on the database runs once, and so does one on the real vLLM engine (its subject
-    is the engine; the same store paths run on PostgreSQL in the stub-engine tests) and a slow fault test on a stub
-    engine (on PostgreSQL, production's store), which keeps the suite under 30 minutes.
+    tests/run.sh runs `-m "(not slow or engine) and not soak"` on SQLite with `-m soak` beside it, then
+    `-m "not no_sql and not engine"` on PostgreSQL: a test whose outcome cannot depend on the database runs once, and
+    so does one on the real vLLM engine (its subject is the engine; the same store paths run on PostgreSQL in the
+    stub-engine tests) and a slow fault test on a stub engine (on PostgreSQL, production's store), which keeps the
+    suite under 30 minutes.
     """
     for item in items:
         if "database_url" not in getattr(item, "fixturenames", ()):

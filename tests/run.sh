@@ -5,7 +5,8 @@
 # 3. runs the static checks (ruff lint and format, mypy, the import contracts); any finding fails the run;
 # 4. runs the suite on SQLite, then every test that touches the store again on PostgreSQL, except those on the real
 #    vLLM engine (their subject is the engine; the stub-engine tests cover the same store paths there). The slow
-#    process-fault tests on a stub engine (marked `slow`) run on PostgreSQL only, production's store.
+#    process-fault tests on a stub engine (marked `slow`) run on PostgreSQL only, production's store; the soaks
+#    (marked `soak`) run beside the SQLite pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,7 +65,24 @@ ruff format --check .
 mypy
 lint-imports --cache-dir "$HOME/.cache/tidal/import-linter"
 
-echo "== pytest on SQLite (all but the slow stub-engine fault tests, which run on PostgreSQL below)"
-TIDAL_DATABASE_URL= python -m pytest -q --durations=15 -m "not slow or engine" "$@"
+# The soaks (marked `soak`: a 180-s engine outage, the 3-minute chaos run) are minutes of the wall clock spent
+# mostly waiting, so they run in a session of their own beside the SQLite pass, each session on its own Redis DB
+# (tests/conftest.py) and temp dir; their output follows the pass's. Exit 5 is "no test selected" (a narrower
+# selection in "$@").
+echo "== pytest on SQLite (all but the slow stub-engine fault tests, which run on PostgreSQL below; the soaks beside)"
+soak_dir=$(mktemp -d)
+TIDAL_DATABASE_URL= python -m pytest -q -p no:cacheprovider --basetemp "$soak_dir/tmp" -m soak "$@" \
+  >"$soak_dir/log" 2>&1 &
+soak_pid=$!
+trap 'kill -TERM "$soak_pid" 2>/dev/null || true' EXIT  # an interrupted run leaves no soak behind
+main_rc=0
+TIDAL_DATABASE_URL= python -m pytest -q --durations=15 -m "(not slow or engine) and not soak" "$@" || main_rc=$?
+soak_rc=0
+wait "$soak_pid" || soak_rc=$?
+echo "== the soaks (run beside the SQLite pass)"
+cat "$soak_dir/log"
+rm -rf "$soak_dir"
+[ "$main_rc" = 0 ] || exit "$main_rc"
+[ "$soak_rc" = 0 ] || [ "$soak_rc" = 5 ] || exit "$soak_rc"
 echo "== pytest on PostgreSQL (the tests that touch the store, but not the engine's; the rest ran above)"
 TIDAL_DATABASE_URL=postgresql+psycopg2://postgres@127.0.0.1:5432/test python -m pytest -q -m "not no_sql and not engine" "$@"

@@ -20,6 +20,7 @@ a real transformer served by the real engine. Three shapes (``SHAPES``):
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import shutil
 import typing as t
@@ -144,9 +145,24 @@ def build_tiny(home: str | Path, shape: str = "tiny") -> Path:
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r}; one of {', '.join(SHAPES)}")
     target = model_dir(home, shape)
-    stamp = target / "tidal-tiny.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == RECIPE_VERSION:
+    if _complete(target):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Two processes may want the same model at once (tests/run.sh runs its soaks beside the main pass): the
+    # second waits for the first's build instead of deleting it mid-write.
+    with open(target.with_name(f"{shape}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _complete(target):
+            _build(target, shape)
+    return target
+
+
+def _complete(target: Path) -> bool:
+    stamp = target / "tidal-tiny.json"
+    return stamp.exists() and json.loads(stamp.read_text()).get("recipe") == RECIPE_VERSION
+
+
+def _build(target: Path, shape: str) -> None:
     work = target.with_name(f"{shape}.partial")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -168,4 +184,3 @@ def build_tiny(home: str | Path, shape: str = "tiny") -> Path:
     (work / "tidal-tiny.json").write_text(json.dumps({"recipe": RECIPE_VERSION, "seed": SEED, "shape": shape}))
     shutil.rmtree(target, ignore_errors=True)
     work.rename(target)  # atomic: a crashed build never looks complete
-    return target

