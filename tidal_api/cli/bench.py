@@ -638,9 +638,10 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
     results = {
         "engine": "2 x dense vLLM-CPU (one core each), TidalFreezeConnector on a shared folder",
         "params": dataclasses.asdict(cfg),
+        "summary": dg.summarize(arms),
         "arms": arms,
     }
-    finish("disagg", origin, results, out_dir, results)
+    finish("disagg", origin, results, out_dir, results["summary"])
 
 
 @bench.command()

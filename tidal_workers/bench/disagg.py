@@ -31,6 +31,7 @@ from tidal_engine.freeze import TAG
 from tidal_workers.bench import online
 from tidal_workers.bench.kv_probe import prompt
 from tidal_workers.bench.stats import abba_order
+from tidal_workers.bench.stats import interval
 from tidal_workers.gate import AimdGate
 
 DISAGG, UNIFIED = "disagg", "unified"
@@ -166,3 +167,28 @@ def run_arm(router: Router, mode: str, cfg: DisaggConfig, settings: Settings, pi
 def run(router: Router, cfg: DisaggConfig, settings: Settings, pids: list[int]) -> list[dict[str, t.Any]]:
     """ABBA: disaggregated, unified, unified, disaggregated, ... ``reps`` blocks of two."""
     return [run_arm(router, mode, cfg, settings, pids) for _, mode in abba_order((DISAGG, UNIFIED), cfg.reps)]
+
+
+# The figures per arm: (name, how to read it from an arm's record).
+FIGURES: dict[str, t.Callable[[dict[str, t.Any]], float]] = {
+    "batch_tokens_per_s": lambda arm: arm["batch_tokens_per_s"],
+    "online_ttft_p50_s": lambda arm: arm["online"]["ttft_p50"],
+    "online_ttft_p99_s": lambda arm: arm["online"]["ttft_p99"],
+    "online_tbt_p99_s": lambda arm: arm["online"]["tbt_p99"],
+    "engine_cpu_cores": lambda arm: arm["engine_cpu_cores"],
+}
+
+
+def summarize(arms: list[dict[str, t.Any]]) -> dict[str, t.Any]:
+    """Each figure per arm as a mean with its interval, and disaggregated ÷ unified within each ABBA block (a ratio
+    whose interval spans 1.0 is no measurable change); the raw values stay in ``arms``."""
+    by_mode = {mode: [a for a in arms if a["mode"] == mode] for mode in (DISAGG, UNIFIED)}
+    blocks = list(zip(by_mode[DISAGG], by_mode[UNIFIED]))  # run() alternates the two arms block by block
+    summary: dict[str, t.Any] = {
+        mode: {name: interval([read(a) for a in runs]) for name, read in FIGURES.items()}
+        for mode, runs in by_mode.items()
+    }
+    summary["disagg_over_unified"] = {
+        name: interval([read(d) / read(u) for d, u in blocks if read(u)]) for name, read in FIGURES.items()
+    }
+    return summary
