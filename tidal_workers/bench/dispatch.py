@@ -43,6 +43,11 @@ class Scenario:
     def name(self) -> str:
         return f"{self.delay_ms:g}ms-max{self.max_tokens}"
 
+    @property
+    def body(self) -> dict[str, t.Any]:
+        """The one request both arms send: the closed loop straight to the engine, Tidal as every batch line."""
+        return {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": self.max_tokens}
+
 
 @dataclasses.dataclass(frozen=True)
 class DispatchConfig:
@@ -71,7 +76,7 @@ class Window:
 def closed_loop(engine: FixedEngine, cfg: DispatchConfig, scenario: Scenario) -> Window:
     """``target`` clients, each sending its next request the moment the last is answered."""
     stop = threading.Event()
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": scenario.max_tokens}
+    body = scenario.body
 
     def client() -> None:
         with requests.Session() as session:
@@ -94,9 +99,8 @@ def tidal_run(stack: TidalStack, engine: FixedEngine, cfg: DispatchConfig, scena
     """One backlog batch through Tidal; the window opens once it flows and closes before the backlog runs out."""
     per_s = cfg.target / (scenario.delay_ms / 1000)
     items = int(per_s * (cfg.warmup + cfg.window) * 1.5) + 4 * cfg.target
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": scenario.max_tokens}
     before_items = stack.completed_items()
-    batch_id = stack.submit([body] * items)
+    batch_id = stack.submit([scenario.body] * items)
     deadline = time.monotonic() + 300
     while stack.completed_items() == before_items:
         if time.monotonic() > deadline:
