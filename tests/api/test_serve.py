@@ -41,8 +41,16 @@ class Served:
         return psutil.Process(self.proc.pid).children()
 
     def answered_by(self, tag: str) -> dict[str, str]:
-        """pid -> status of each request whose request line carries ``tag``, from the access log."""
-        found = re.findall(rf"tidal-access <(\d+)> \S+ \S*[?&]tag={tag}\S* \S+ (\d+)", self.log_path.read_text())
+        """pid -> status of the request whose request line carries ``tag``, from the access log.
+
+        Gunicorn writes the access line after the response has gone out, so the client can hold its answer
+        before the line is in the log: wait for it (generously) rather than read once.
+        """
+        pattern = rf"tidal-access <(\d+)> \S+ \S*[?&]tag={tag}\S* \S+ (\d+)"
+        deadline = time.monotonic() + 30
+        while not (found := re.findall(pattern, self.log_path.read_text())):
+            assert time.monotonic() < deadline, f"no access line for tag {tag} in 30 s"
+            time.sleep(0.05)
         return dict(found)
 
     def tidal(self, *args: str) -> str:
