@@ -322,6 +322,13 @@ FLEET_DEFAULTS = {
 @click.option("--max-inflight", default=0, type=int, help="Gate ceiling of each worker (twin 64, tiny 12).")
 @click.option("--max-num-seqs", default=0, type=int, help="Engine slots (0: the profile's; 16 on the CPU engine).")
 @click.option("--interval", default=0.0, help="Seconds per bin of the fill series and r (twin 10, tiny 5).")
+@click.option(
+    "--arms",
+    "batch_arms",
+    default="placement,split,pinning",
+    show_default=True,
+    help="Comma-separated batch arms run beside the baseline (placement, split, pinning).",
+)
 @out_option("fleet")
 def fleet(
     kind: str,
@@ -338,6 +345,7 @@ def fleet(
     max_inflight: int,
     max_num_seqs: int,
     interval: float,
+    batch_arms: str,
     out: str,
 ) -> None:
     """Placement (a gated worker per replica, one queue) against a static even split of the same batch over the
@@ -353,6 +361,9 @@ def fleet(
     from tidal_workers.bench.workload import CPU_WORKLOAD
     from tidal_workers.bench.workload import GPU_WORKLOAD
 
+    chosen = tuple(arm for arm in fleet_report.BATCH_ARMS if arm in batch_arms.split(","))
+    if not chosen or set(batch_arms.split(",")) - set(chosen):
+        raise click.BadParameter(f"choose among {', '.join(fleet_report.BATCH_ARMS)}", param_hint="--arms")
     out_dir, origin = begin("fleet", out)
     settings = load_settings()
     defaults = FLEET_DEFAULTS[kind]
@@ -366,16 +377,20 @@ def fleet(
         max_inflight=max_inflight or int(defaults["max_inflight"]),
         interval=interval or defaults["interval"],
         workload=GPU_WORKLOAD if kind == "twin" else CPU_WORKLOAD,
+        batch_arms=chosen,
     )
     notes = []
     if period < 600:
         notes.append(f"period {period:.0f} s, shorter than the seed's 600 s: not the seed's conditions")
     if reps < 3:
         notes.append(f"{reps} repetition(s): the report refuses every figure (at least 3 are needed)")
+    if chosen != fleet_report.BATCH_ARMS:
+        notes.append(f"arms run beside the baseline: {', '.join(chosen)} (not every arm)")
     for note in notes:
         click.echo(f"note: {note}", err=True)
     expected = plan.expected_s(engine_start_s=0.0 if engine_urls else 150.0)
-    click.echo(f"expected duration: about {expected / 60:.0f} min ({reps} reps x 4 arms, ABBA)", err=True)
+    arms_text = f"{reps} reps x {1 + len(chosen)} arms, ABBA"
+    click.echo(f"expected duration: about {expected / 60:.0f} min ({arms_text})", err=True)
     with contextlib.ExitStack() as running:
         if engine_urls:
             slots = max_num_seqs or 16

@@ -24,6 +24,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
+import json
 import random
 import subprocess
 import tempfile
@@ -72,6 +73,7 @@ class FleetPlan:
     interval: float  # seconds per bin of the fill series and the correlation
     workload: Workload
     seed: int = 7
+    batch_arms: tuple[str, ...] = fleet_report.BATCH_ARMS  # the arms run beside the baseline (``--arms``)
 
     @property
     def window_s(self) -> float:
@@ -85,8 +87,9 @@ class FleetPlan:
 
     def expected_s(self, engine_start_s: float) -> float:
         """Wall time of the whole run, roughly: what the command prints before it starts."""
-        arms = len(fleet_report.ARMS)
-        per_rep = arms * (self.window_s + DRAIN_S) + (len(fleet_report.BATCH_ARMS) + 1) * STACK_S
+        arms = 1 + len(self.batch_arms)
+        stacks = sum(2 if arm == fleet_report.SPLIT else 1 for arm in self.batch_arms)
+        per_rep = arms * (self.window_s + DRAIN_S) + stacks * STACK_S
         return engine_start_s + self.reps * per_rep
 
 
@@ -165,9 +168,13 @@ class Fleet:
         self.arms: list[dict] = []
 
     def run(self, log: t.Callable[[str], None]) -> list[dict]:
-        for rep, arm in fleet_report.arm_order(self.plan.reps):
+        """Every arm in ABBA order; each arm's record is also written to fleet-partial.json as it ends, so a run
+        that dies hours in keeps what it measured."""
+        partial = self.out_dir / "fleet-partial.json"
+        for rep, arm in fleet_report.arm_order(self.plan.reps, self.plan.batch_arms):
             log(f"[rep {rep + 1}/{self.plan.reps}] {arm}, {self.plan.window_s:.0f} s ...")
             self.arms.append(self.arm(rep, arm))
+            partial.write_text(json.dumps(self.arms, default=str))
         for record in self.arms:
             if record["arm"] == fleet_report.BASELINE:
                 continue

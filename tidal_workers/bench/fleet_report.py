@@ -39,9 +39,16 @@ LATENCY_KEYS = [f"{name}_{q}" for name in ("ttft", "tbt") for q in samples.QUANT
 Record = dict[str, t.Any]
 
 
-def arm_order(reps: int) -> list[tuple[int, str]]:
-    """(repetition, arm) in the order to run them: the arms forwards, then backwards, and so on (ABBA)."""
-    return abba_order(ARMS, reps)
+def arm_order(reps: int, batch_arms: t.Sequence[str] = BATCH_ARMS) -> list[tuple[int, str]]:
+    """(repetition, arm) in the order to run them: the baseline and ``batch_arms`` (in ARMS order) forwards, then
+    backwards, and so on (ABBA)."""
+    return abba_order([arm for arm in ARMS if arm == BASELINE or arm in batch_arms], reps)
+
+
+def arms_run(arms: list[dict]) -> list[str]:
+    """The batch arms present in a run's records, in ARMS order (a run may leave some out: ``--arms``)."""
+    present = {a["arm"] for a in arms}
+    return [arm for arm in BATCH_ARMS if arm in present]
 
 
 def split_evenly(items: t.Sequence[t.Any], parts: int) -> list[list[t.Any]]:
@@ -117,23 +124,24 @@ def per_rep(arms: list[dict]) -> dict[str, list[float]]:
     """{figure: [one value per repetition]}: harvest per arm and its ratios, makespans, per-replica inflation and
     r, online load sustained and engine CPU. Only repetitions with every arm present count."""
     by = {(a["rep"], a["arm"]): a for a in arms}
-    reps = sorted({rep for rep, _ in by if all((rep, arm) in by for arm in ARMS)})
+    batch_arms = arms_run(arms)
+    reps = sorted({rep for rep, _ in by if all((rep, arm) in by for arm in (BASELINE, *batch_arms))})
     out: dict[str, list[float]] = collections.defaultdict(list)
     for rep in reps:
-        harvest = {arm: by[(rep, arm)]["batch_tokens_per_s"] for arm in BATCH_ARMS}
+        harvest = {arm: by[(rep, arm)]["batch_tokens_per_s"] for arm in batch_arms}
         for arm, value in harvest.items():
             out[f"harvest_{arm}"].append(value)
             if by[(rep, arm)]["makespan_s"] is not None:
                 out[f"makespan_{arm}_s"].append(by[(rep, arm)]["makespan_s"])
         for other in (SPLIT, PINNING):
-            if harvest[other] > 0:
+            if PLACEMENT in harvest and harvest.get(other, 0) > 0:
                 out[f"placement_vs_{other}"].append(harvest[PLACEMENT] / harvest[other])
         base = by[(rep, BASELINE)]
         for i, replica in enumerate(base["replicas"]):
             out[f"online_answered_per_s_{i}"].append(replica["answered_per_s"])
             out[f"online_offered_per_s_{i}"].append(replica["offered_per_s"])
             out[f"engine_cpu_cores_{i}_baseline"].append(replica["cpu_cores"])
-        for arm in BATCH_ARMS:
+        for arm in batch_arms:
             for i, replica in enumerate(by[(rep, arm)]["replicas"]):
                 out[f"engine_cpu_cores_{i}_{arm}"].append(replica["cpu_cores"])
                 out[f"batch_share_{i}_{arm}"].append(replica["batch_tokens"])
@@ -165,17 +173,23 @@ def _num(fmt: str) -> t.Callable[[Interval], str]:
 def table(arms: list[dict], replicas: int = 2) -> str:
     """The report as docs/benchmarks.md carries it (Markdown), the design's figures in the last column."""
     figures = per_rep(arms)
+    ran = arms_run(arms)
     lines = ["| figure | placement | static split | pinning (replica 0) | design |", "|---|---|---|---|---|"]
 
     def cells(key: str, fmt: t.Callable[[Interval], str]) -> list[str]:
-        return [figure_text(figures.get(key.format(arm=arm), []), fmt) for arm in BATCH_ARMS]
+        return [
+            figure_text(figures.get(key.format(arm=arm), []), fmt) if arm in ran else "not run" for arm in BATCH_ARMS
+        ]
 
     def row(label: str, values: list[str], design: str = "") -> None:
         lines.append(f"| {label} | " + " | ".join(values) + f" | {design} |")
 
     row("batch tokens/s while the batch had work", cells("harvest_{arm}", _num(".0f")))
     row("makespan of the batch, s (finished runs)", cells("makespan_{arm}_s", _num(".0f")))
-    vs = [figure_text(figures.get(f"placement_vs_{o}", []), ratio_text) for o in (SPLIT, PINNING)]
+    vs = [
+        figure_text(figures.get(f"placement_vs_{o}", []), ratio_text) if {PLACEMENT, o} <= set(ran) else "not run"
+        for o in (SPLIT, PINNING)
+    ]
     row("placement ÷ arm, batch tokens/s", ["—", *vs], f"+{DESIGN_PLACEMENT_VS_PINNING_PCT:.0f} % vs pinning")
     for i in range(replicas):
         row(f"replica {i}: batch tokens", cells(f"batch_share_{i}_{{arm}}", _num(".0f")), f"{DESIGN_ITEMS[i]} items")

@@ -125,3 +125,23 @@ def test_the_split_arms_second_redis_db_is_one_no_test_session_holds_and_is_give
         assert 1 <= db <= 13 and db != TEST_REDIS_DB
         assert locks.get(f"tidal:test-db:{db}") == b"bench"  # test sessions now skip it
     assert locks.get(f"tidal:test-db:{db}") is None
+
+
+def test_a_run_without_pinning_compares_the_arms_it_ran_and_says_which_it_did_not():
+    order = fr.arm_order(2, (fr.PLACEMENT, fr.SPLIT))
+    assert order == [
+        (0, fr.BASELINE),
+        (0, fr.PLACEMENT),
+        (0, fr.SPLIT),
+        (1, fr.SPLIT),
+        (1, fr.PLACEMENT),
+        (1, fr.BASELINE),
+    ]
+    harvest = {fr.BASELINE: 0.0, fr.PLACEMENT: 120.0, fr.SPLIT: 100.0}
+    arms = [_arm(rep, arm, harvest[arm] + rep) for rep, arm in fr.arm_order(3, (fr.PLACEMENT, fr.SPLIT))]
+    figures = fr.per_rep(arms)
+    assert figures["placement_vs_split"] == pytest.approx([120 / 100, 121 / 101, 122 / 102])  # every repetition
+    assert "placement_vs_pinning" not in figures and "harvest_pinning" not in figures
+    rows = [line for line in fr.table(arms).splitlines()[2:] if "online only" not in line]
+    assert {row.split(" | ")[3] for row in rows} == {"not run"}  # the pinning column
+    assert "refused" not in fr.table(arms)
