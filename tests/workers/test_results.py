@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from workers.worker_helpers import batch_row
@@ -52,3 +54,43 @@ def test_one_group_spanning_batches_counts_each_on_its_own_row(rt, make_batch):
     a, b = batch_row(rt, first), batch_row(rt, second)
     assert (a.completed, a.failed, a.input_tokens) == (1, 1, 3)
     assert (b.completed, b.failed, b.input_tokens) == (1, 0, 7)
+
+
+def test_an_idle_writer_writes_on_the_callers_thread_and_a_busy_one_groups_what_arrives(rt, make_batch, monkeypatch):
+    """The first outcome is written on its caller's thread (no hand-off); the four that arrive while it is being
+    written wait and go out together in the next transaction, written by one of their callers."""
+    from tidal_workers import result
+
+    make_batch(5)
+    claims = rt.queue.claim(NODE, 5, 30, ["m"])
+    writer = ResultWriter(rt)
+    groups: list[tuple[str, int]] = []  # (writing thread, outcomes in its transaction)
+    first_under_way, rest_queued = threading.Event(), threading.Event()
+    real = result.write_outcomes
+
+    def write_outcomes(rt_, entries):
+        groups.append((threading.current_thread().name, len(entries)))
+        if len(groups) == 1:
+            first_under_way.set()
+            assert rest_queued.wait(30), "the other four outcomes never queued"
+        return real(rt_, entries)
+
+    monkeypatch.setattr(result, "write_outcomes", write_outcomes)
+    try:
+        with ThreadPoolExecutor(5, thread_name_prefix="caller") as pool:
+            first = pool.submit(
+                record, rt, claims[0].item_id, claims[0].batch_id, claims[0].lease, done(1), writer.write
+            )
+            assert first_under_way.wait(30)
+            rest = [pool.submit(record, rt, c.item_id, c.batch_id, c.lease, done(1), writer.write) for c in claims[1:]]
+            deadline = time.monotonic() + 30
+            while len(writer._queue) < 4:
+                assert time.monotonic() < deadline, "the four outcomes never queued behind the first write"
+                time.sleep(0.01)
+            rest_queued.set()
+            assert [f.result(30) for f in [first, *rest]] == [True] * 5
+    finally:
+        writer.close()
+    assert [n for _, n in groups] == [1, 4]
+    assert all(name.startswith("caller") for name, _ in groups)  # no writer thread of its own
+    assert rt.queue.inflight(NODE) == 0
