@@ -9,7 +9,6 @@ Workers run the threads pool, so the claim thread and the tasks share it.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import typing as t
 
 from celery import Celery
@@ -25,11 +24,6 @@ from tidal_workers.leases import LeaseBook
 from tidal_workers.result import ResultWriter
 from tidal_workers.runtime import Runtime
 from tidal_workers.served import ServedModels
-
-# How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms). A worker's threads
-# mostly wait on sockets, and each wake-up from Redis, SQL or the engine waits for the GIL: at 5 ms, the few
-# round trips that release a lease cost milliseconds each whenever a pool thread is parsing a response.
-GIL_SWITCH_INTERVAL_S = 0.001
 
 
 @dataclasses.dataclass
@@ -59,7 +53,6 @@ class ContextStep(bootsteps.StartStopStep):
 
     def __init__(self, w: WorkController, **kwargs: t.Any):
         super().__init__(w, **kwargs)
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         rt = Runtime(w.app.tidal_settings, celery=w.app)
         # Before anything starts: a worker that cannot see the API's files must not run at all.
         prepare_storage(rt, "worker")
