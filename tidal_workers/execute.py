@@ -91,7 +91,7 @@ def _failure(exc: requests.RequestException) -> Failure:
 
 
 def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str, str] | None:
-    with rt.store.read() as s:
+    with rt.store.core_read() as s:
         return s.execute(
             select(Item.batch_id, Item.url, Item.body, Item.status, Item.phase).where(Item.id == item_id)
         ).one_or_none()
@@ -99,7 +99,7 @@ def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str, str] | None:
 
 def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int]:
     """The batch's status and priority as of this submission (escalation and cancel reach queued items)."""
-    with rt.store.read() as s:
+    with rt.store.core_read() as s:
         return s.execute(select(Batch.status, Batch.priority).where(Batch.id == batch_id)).one()
 
 

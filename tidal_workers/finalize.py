@@ -157,7 +157,7 @@ def expire(rt: Runtime, batch_id: str) -> bool:
 
 
 def _counts(rt: Runtime, batch_id: str) -> Row[str, int, int, int] | None:
-    with rt.store.read() as s:
+    with rt.store.core_read() as s:
         return s.execute(
             select(Batch.status, Batch.total, Batch.completed, Batch.failed).where(Batch.id == batch_id)
         ).one_or_none()

@@ -19,7 +19,7 @@ from concurrent.futures import Future
 
 import prometheus_client
 from sqlalchemy import update
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import Connection
 
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.queue import parse_lease
@@ -61,7 +61,7 @@ class Entry:
     outcome: Outcome
 
 
-def _write_item(s: Session, e: Entry, now: int) -> bool:
+def _write_item(s: Connection, e: Entry, now: int) -> bool:
     """The item's conditional UPDATE: True if it was still pending, i.e. this write is the first."""
     usage = e.outcome.usage
     stmt = (
@@ -93,7 +93,7 @@ def write_outcomes(rt: Runtime, entries: list[Entry]) -> list[bool]:
     finalize takes items before its batch too, so the two never deadlock on PostgreSQL.
     """
     now = int(time.time())
-    with rt.store.transaction() as s:
+    with rt.store.core_transaction() as s:
         written = [_write_item(s, e, now) for e in entries]
         counts: dict[str, list[Entry]] = {}
         for e, first in zip(entries, written):
