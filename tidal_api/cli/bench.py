@@ -698,10 +698,18 @@ def fairness(weights: str, reps: int, nodes: int, inflight: int, items: int, ser
 @click.option("--target", default=8, show_default=True, help="The gate's (fixed) target: engine slots to keep busy.")
 @click.option("--reps", default=3, show_default=True, help="Repetitions per scenario (ABBA order).")
 @click.option("--window", default=15.0, show_default=True, help="Seconds measured per run.")
+@click.option(
+    "--engine",
+    type=click.Choice(["fixed", "twin"]),
+    default="fixed",
+    show_default=True,
+    help="fixed: answers after the scenario's time; twin: the GPU-timed twin (the scenario's time sizes the backlog).",
+)
+@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile.")
 @out_option("dispatch")
-def dispatch(scenarios: str, target: int, reps: int, window: float, out: str) -> None:
-    """Batch requests at a fixed-time engine against the gate's target, batch tokens/s against a closed loop
-    holding as many requests, and the dispatch-overhead percentiles."""
+def dispatch(scenarios: str, target: int, reps: int, window: float, engine: str, profile: str, out: str) -> None:
+    """Batch requests at the engine against the gate's target, batch tokens/s against a closed loop holding as
+    many requests, and the dispatch-overhead percentiles."""
     import tempfile
 
     from tidal_workers.bench import dispatch as dp
@@ -711,11 +719,13 @@ def dispatch(scenarios: str, target: int, reps: int, window: float, out: str) ->
         target=target,
         reps=reps,
         window=window,
+        engine=engine,
+        profile=profile,
     )
     out_dir, origin = begin("dispatch", out)
     results: dict = {"config": dataclasses.asdict(cfg)}
     with tempfile.TemporaryDirectory(prefix="tidal-bench-dispatch-") as home:
-        results["scenarios"] = [dp.run_scenario(cfg, sc, load_settings(), Path(home)) for sc in cfg.scenarios]
+        results["scenarios"] = dp.run(cfg, load_settings(), Path(home))
     headline = [{"scenario": r["scenario"], **r["summary"]} for r in results["scenarios"]]
     finish("dispatch", origin, results, out_dir, headline)
 

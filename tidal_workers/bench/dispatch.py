@@ -1,8 +1,10 @@
 """`tidal bench dispatch`: does the gate's target turn into requests at the engine?
 
 A fixed-time engine (``fixed_engine``) answers every request in the same time, so the only thing between the
-gate's target and the requests the engine holds is Tidal's dispatch. Per scenario (engine time, max_tokens)
-and repetition, in ABBA order:
+gate's target and the requests the engine holds is Tidal's dispatch. With ``engine="twin"`` the engine is the
+GPU-timed twin instead (seed profile), whose requests take the GPU's time for their tokens, and the requests it
+holds are read from its /metrics (running + waiting, sampled every 50 ms). Per scenario (engine time, max_tokens;
+on the twin the time only sizes the backlog) and repetition, in ABBA order:
 
 * **A, Tidal:** a backlog batch through the real API code and a real `tidal worker` (fixed gate at ``target``)
   and its ops worker; over a steady window, the engine's time-weighted mean of requests held, its answers/s
@@ -17,6 +19,7 @@ Figures are means over repetitions with 95 % intervals; the raw per-repetition n
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 import typing as t
@@ -25,7 +28,9 @@ from pathlib import Path
 import requests
 
 from config import Settings
-from tidal_workers.bench.fixed_engine import MODEL
+from tidal_workers.bench import engine_stats
+from tidal_workers.bench.engines import EngineRequest
+from tidal_workers.bench.engines import started
 from tidal_workers.bench.fixed_engine import FixedEngine
 from tidal_workers.bench.histograms import HISTOGRAMS
 from tidal_workers.bench.histograms import delta
@@ -43,10 +48,15 @@ class Scenario:
     def name(self) -> str:
         return f"{self.delay_ms:g}ms-max{self.max_tokens}"
 
-    @property
-    def body(self) -> dict[str, t.Any]:
-        """The one request both arms send: the closed loop straight to the engine, Tidal as every batch line."""
-        return {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": self.max_tokens}
+    def body(self, model: str) -> dict[str, t.Any]:
+        """The one request both arms send: the closed loop straight to the engine, Tidal as every batch line
+        (exactly ``max_tokens`` generated: a model's end-of-sequence is ignored)."""
+        return {
+            "model": model,
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": self.max_tokens,
+            "ignore_eos": True,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +66,66 @@ class DispatchConfig:
     reps: int = 3
     window: float = 15.0  # seconds measured per run
     warmup: float = 3.0  # seconds of flow before the window opens
+    engine: str = "fixed"  # or "twin": the GPU-timed twin (``profile``)
+    profile: str = "qwen2.5-7b@a6000"
+
+
+class Occupancy(t.Protocol):
+    """Requests an engine holds over time: ``mark()`` is (now, request-seconds so far, answered so far)."""
+
+    def mark(self) -> tuple[float, float, int]: ...
+
+    @property
+    def held(self) -> int: ...
+
+
+class Target(t.Protocol):
+    """The engine both arms send to."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def occupancy(self) -> Occupancy: ...
+
+
+class SampledOccupancy:
+    """A vLLM engine's requests (running + waiting) from its /metrics, read every ``period`` seconds: the same
+    integral as the fixed engine keeps, stepwise between readings."""
+
+    def __init__(self, url: str, period: float = 0.05):
+        self.sampler = engine_stats.Sampler(url, period)
+
+    def __enter__(self) -> SampledOccupancy:
+        self.sampler.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sampler.__exit__(*exc)
+
+    def mark(self) -> tuple[float, float, int]:
+        readings = list(self.sampler.readings)
+        return readings[-1].at, held_area(readings), int(readings[-1].finished)
+
+    @property
+    def held(self) -> int:
+        last = self.sampler.readings[-1]
+        return int(last.running + last.waiting)
+
+
+def held_area(readings: t.Sequence[engine_stats.Reading]) -> float:
+    """Request-seconds: each reading's running + waiting held until the next reading."""
+    return sum((b.at - a.at) * (a.running + a.waiting) for a, b in itertools.pairwise(readings))
+
+
+@dataclasses.dataclass
+class TwinTarget:
+    url: str
+    model: str
+    occupancy: SampledOccupancy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,17 +136,17 @@ class Window:
     answers_per_s: float
 
     @classmethod
-    def measure(cls, engine: FixedEngine, seconds: float) -> Window:
+    def measure(cls, engine: Target, seconds: float) -> Window:
         t0, area0, n0 = engine.occupancy.mark()
         time.sleep(seconds)
         t1, area1, n1 = engine.occupancy.mark()
         return cls((area1 - area0) / (t1 - t0), (n1 - n0) / (t1 - t0))
 
 
-def closed_loop(engine: FixedEngine, cfg: DispatchConfig, scenario: Scenario) -> Window:
+def closed_loop(engine: Target, cfg: DispatchConfig, scenario: Scenario) -> Window:
     """``target`` clients, each sending its next request the moment the last is answered."""
     stop = threading.Event()
-    body = scenario.body
+    body = scenario.body(engine.model)
 
     def client() -> None:
         with requests.Session() as session:
@@ -95,12 +165,12 @@ def closed_loop(engine: FixedEngine, cfg: DispatchConfig, scenario: Scenario) ->
             thread.join(60)
 
 
-def tidal_run(stack: TidalStack, engine: FixedEngine, cfg: DispatchConfig, scenario: Scenario) -> dict[str, t.Any]:
+def tidal_run(stack: TidalStack, engine: Target, cfg: DispatchConfig, scenario: Scenario) -> dict[str, t.Any]:
     """One backlog batch through Tidal; the window opens once it flows and closes before the backlog runs out."""
     per_s = cfg.target / (scenario.delay_ms / 1000)
     items = int(per_s * (cfg.warmup + cfg.window) * 1.5) + 4 * cfg.target
     before_items = stack.completed_items()
-    batch_id = stack.submit([scenario.body] * items)
+    batch_id = stack.submit([scenario.body(engine.model)] * items)
     deadline = time.monotonic() + 300
     while stack.completed_items() == before_items:
         if time.monotonic() > deadline:
@@ -123,25 +193,39 @@ def tidal_run(stack: TidalStack, engine: FixedEngine, cfg: DispatchConfig, scena
     }
 
 
-def run_scenario(cfg: DispatchConfig, scenario: Scenario, settings: Settings, home: Path) -> dict[str, t.Any]:
-    engine = FixedEngine(scenario.delay_ms / 1000)
+def run_scenario(cfg: DispatchConfig, scenario: Scenario, engine: Target, settings: Settings, home: Path) -> dict:
     runs: list[dict[str, t.Any]] = []
-    try:
-        with TidalStack(
-            settings, engine.url, home / scenario.name, gate_mode="fixed", max_inflight=cfg.target
-        ) as stack:
-            for rep in range(cfg.reps):
-                order = ("A", "B") if rep % 2 == 0 else ("B", "A")  # ABBA: drift hits both alike
-                pair: dict[str, t.Any] = {"rep": rep, "order": "".join(order)}
-                for which in order:
-                    if which == "A":
-                        pair["tidal"] = tidal_run(stack, engine, cfg, scenario)
-                    else:
-                        pair["closed_loop"] = dataclasses.asdict(closed_loop(engine, cfg, scenario))
-                runs.append(pair)
-    finally:
-        engine.close()
+    with TidalStack(settings, engine.url, home / scenario.name, gate_mode="fixed", max_inflight=cfg.target) as stack:
+        for rep in range(cfg.reps):
+            order = ("A", "B") if rep % 2 == 0 else ("B", "A")  # ABBA: drift hits both alike
+            pair: dict[str, t.Any] = {"rep": rep, "order": "".join(order)}
+            for which in order:
+                if which == "A":
+                    pair["tidal"] = tidal_run(stack, engine, cfg, scenario)
+                else:
+                    pair["closed_loop"] = dataclasses.asdict(closed_loop(engine, cfg, scenario))
+            runs.append(pair)
     return {"scenario": dataclasses.asdict(scenario), "runs": runs, "summary": summarize(runs, scenario)}
+
+
+def run(cfg: DispatchConfig, settings: Settings, home: Path) -> list[dict[str, t.Any]]:
+    """Every scenario: each on a fixed engine of its own time, or all on one twin (started here, stopped after)."""
+    if cfg.engine == "fixed":
+        results = []
+        for scenario in cfg.scenarios:
+            fixed = FixedEngine(scenario.delay_ms / 1000)
+            try:
+                results.append(run_scenario(cfg, scenario, fixed, settings, home))
+            finally:
+                fixed.close()
+        return results
+    request = EngineRequest("twin", cfg.profile, 0)
+    with (
+        started(request, settings, plugin=False, log_path=home / "twin.log") as twin,
+        SampledOccupancy(twin.url) as occupancy,
+    ):
+        target = TwinTarget(twin.url, twin.model, occupancy)
+        return [run_scenario(cfg, scenario, target, settings, home) for scenario in cfg.scenarios]
 
 
 def summarize(runs: list[dict[str, t.Any]], scenario: Scenario) -> dict[str, t.Any]:

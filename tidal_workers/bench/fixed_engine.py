@@ -61,6 +61,7 @@ class Occupancy:
 class FixedEngine:
     def __init__(self, delay: float, port: int = 0):
         self.delay = delay
+        self.model = MODEL
         self.occupancy = Occupancy()
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
