@@ -29,12 +29,17 @@ def engine_url_option(what: str) -> t.Callable[[t.Callable], t.Callable]:
     return click.option("--engine-url", help=f"Engine to measure. Default: start {what} here.")
 
 
+PROFILE_OPTION = click.option(
+    "--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile."
+)
+
+
 def engine_kind_options(*kinds: str) -> t.Callable[[t.Callable], t.Callable]:
     """``--engine`` (into ``kind``) and ``--profile``: the engines a benchmark starts itself."""
     cpu = " / ".join(k for k in kinds if k != "twin")
 
     def apply(f: t.Callable) -> t.Callable:
-        f = click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile.")(f)
+        f = PROFILE_OPTION(f)
         return click.option(
             "--engine",
             "kind",
@@ -708,7 +713,7 @@ def fairness(weights: str, reps: int, nodes: int, inflight: int, items: int, ser
     show_default=True,
     help="fixed: answers after the scenario's time; twin: the GPU-timed twin (the scenario's time sizes the backlog).",
 )
-@click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="The twin's GPU profile.")
+@PROFILE_OPTION
 @out_option("dispatch")
 def dispatch(scenarios: str, target: int, reps: int, window: float, engine: str, profile: str, out: str) -> None:
     """Batch requests at the engine against the gate's target, batch tokens/s against a closed loop holding as
