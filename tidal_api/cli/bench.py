@@ -714,8 +714,16 @@ def fairness(weights: str, reps: int, nodes: int, inflight: int, items: int, ser
     help="fixed: answers after the scenario's time; twin: the GPU-timed twin (the scenario's time sizes the backlog).",
 )
 @PROFILE_OPTION
+@click.option(
+    "--prefetch",
+    type=click.IntRange(0, 64),
+    default=None,
+    help="The worker's TIDAL_DISPATCH_PREFETCH (items claimed beyond the target); default: the setting's.",
+)
 @out_option("dispatch")
-def dispatch(scenarios: str, target: int, reps: int, window: float, engine: str, profile: str, out: str) -> None:
+def dispatch(
+    scenarios: str, target: int, reps: int, window: float, engine: str, profile: str, prefetch: int | None, out: str
+) -> None:
     """Batch requests at the engine against the gate's target, batch tokens/s against a closed loop holding as
     many requests, and the dispatch-overhead percentiles."""
     import tempfile
@@ -729,6 +737,7 @@ def dispatch(scenarios: str, target: int, reps: int, window: float, engine: str,
         window=window,
         engine=engine,
         profile=profile,
+        prefetch=prefetch,
     )
     out_dir, origin = begin("dispatch", out)
     results: dict = {"config": dataclasses.asdict(cfg)}

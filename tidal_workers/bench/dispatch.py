@@ -33,6 +33,7 @@ from tidal_workers.bench.engines import EngineRequest
 from tidal_workers.bench.engines import started
 from tidal_workers.bench.fixed_engine import FixedEngine
 from tidal_workers.bench.histograms import HISTOGRAMS
+from tidal_workers.bench.histograms import POST
 from tidal_workers.bench.histograms import delta
 from tidal_workers.bench.histograms import summarize_histogram
 from tidal_workers.bench.stack import TidalStack
@@ -68,6 +69,7 @@ class DispatchConfig:
     warmup: float = 3.0  # seconds of flow before the window opens
     engine: str = "fixed"  # or "twin": the GPU-timed twin (``profile``)
     profile: str = "qwen2.5-7b@a6000"
+    prefetch: int | None = None  # the worker's TIDAL_DISPATCH_PREFETCH; None: the settings' own
 
 
 class Occupancy(t.Protocol):
@@ -177,9 +179,9 @@ def tidal_run(stack: TidalStack, engine: Target, cfg: DispatchConfig, scenario: 
             raise TimeoutError("no batch item completed; see the worker log")
         time.sleep(0.2)
     time.sleep(cfg.warmup)
-    first = stack.histograms()
+    first, sums_first, opened = stack.histograms(), stack.histogram_sums(), time.monotonic()
     window = Window.measure(engine, cfg.window)
-    last = stack.histograms()
+    last, sums_last, closed = stack.histograms(), stack.histogram_sums(), time.monotonic()
     gate = stack.gate()
     stack.client.post(f"/v1/batches/{batch_id}/cancel", headers=stack.headers)
     stack.wait_done(batch_id, 300)
@@ -187,6 +189,7 @@ def tidal_run(stack: TidalStack, engine: Target, cfg: DispatchConfig, scenario: 
         time.sleep(0.05)
     return {
         "window": dataclasses.asdict(window),
+        "sent_mean": (sums_last[POST] - sums_first[POST]) / (closed - opened),
         "gate_target": gate.get("tidal_gate_target"),
         "items_submitted": items,
         "histograms": {name: delta(last[name], first[name]) for name in HISTOGRAMS},
@@ -195,6 +198,8 @@ def tidal_run(stack: TidalStack, engine: Target, cfg: DispatchConfig, scenario: 
 
 def run_scenario(cfg: DispatchConfig, scenario: Scenario, engine: Target, settings: Settings, home: Path) -> dict:
     runs: list[dict[str, t.Any]] = []
+    if cfg.prefetch is not None:
+        settings = settings.replace(dispatch_prefetch=cfg.prefetch)
     with TidalStack(settings, engine.url, home / scenario.name, gate_mode="fixed", max_inflight=cfg.target) as stack:
         for rep in range(cfg.reps):
             order = ("A", "B") if rep % 2 == 0 else ("B", "A")  # ABBA: drift hits both alike
@@ -230,7 +235,10 @@ def run(cfg: DispatchConfig, settings: Settings, home: Path) -> list[dict[str, t
 
 def summarize(runs: list[dict[str, t.Any]], scenario: Scenario) -> dict[str, t.Any]:
     """Means over repetitions with 95 % intervals; histograms pooled over the repetitions' windows."""
-    fill = [r["tidal"]["window"]["held_mean"] / r["tidal"]["gate_target"] for r in runs if r["tidal"]["gate_target"]]
+    targeted = [r for r in runs if r["tidal"]["gate_target"]]
+    fill = [r["tidal"]["window"]["held_mean"] / r["tidal"]["gate_target"] for r in targeted]
+    sent = [r["tidal"]["sent_mean"] / r["tidal"]["gate_target"] for r in targeted]
+    held_vs_loop = [r["tidal"]["window"]["held_mean"] / r["closed_loop"]["held_mean"] for r in runs]
     ratio = [r["tidal"]["window"]["answers_per_s"] / r["closed_loop"]["answers_per_s"] for r in runs]
     pooled: dict[str, dict[str, float | None]] = {}
     for name in HISTOGRAMS:
@@ -241,6 +249,8 @@ def summarize(runs: list[dict[str, t.Any]], scenario: Scenario) -> dict[str, t.A
         pooled[name] = summarize_histogram(sorted(summed.items()))
     return {
         "engine_held_over_target": interval(fill),
+        "sent_over_target": interval(sent),
+        "engine_held_over_closed_loop": interval(held_vs_loop),
         "tidal_held_mean": interval([r["tidal"]["window"]["held_mean"] for r in runs]),
         "closed_loop_held_mean": interval([r["closed_loop"]["held_mean"] for r in runs]),
         "batch_tokens_per_s": interval([r["tidal"]["window"]["answers_per_s"] * scenario.max_tokens for r in runs]),

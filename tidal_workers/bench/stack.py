@@ -113,7 +113,8 @@ class TidalStack:
             env_name("max_inflight"): str(max_inflight),
             env_name("initial_inflight"): str(max_inflight),
             env_name("node"): node,
-            env_name("worker_threads"): str(max(16, max_inflight + 4)),
+            env_name("dispatch_prefetch"): str(s.dispatch_prefetch),  # the base settings' (env or a benchmark's)
+            env_name("worker_threads"): str(max(16, max_inflight + s.dispatch_prefetch + 2)),
             env_name("worker_metrics_port"): str(metrics_port),
             **(extra_env or {}),
         }
@@ -161,17 +162,23 @@ class TidalStack:
     def gate(self) -> dict[str, float]:
         """The worker's gate as it exports it: ``tidal_gate_target``, ``tidal_gate_inflight`` (leases held) and
         ``tidal_gate_engine_outstanding`` (batch requests at the engine)."""
-        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2.0).text
         return {
             s.name: s.value
-            for family in text_string_to_metric_families(text)
+            for family in text_string_to_metric_families(self._metrics())
             for s in family.samples
             if s.name in ("tidal_gate_target", "tidal_gate_inflight", "tidal_gate_engine_outstanding")
         }
 
     def histograms(self) -> dict[str, list[tuple[float, float]]]:
         """The worker's dispatch histograms now (cumulative buckets): two readings give a window's delta."""
-        return histograms.buckets(requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text)
+        return histograms.buckets(self._metrics())
+
+    def histogram_sums(self) -> dict[str, float]:
+        """The worker's dispatch histograms' sums of seconds now (``histograms.sums``)."""
+        return histograms.sums(self._metrics())
+
+    def _metrics(self) -> str:
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
 
     def worker_cpu_seconds(self) -> float:
         """CPU time the worker process has used (user + system): its share of the machine's cores."""
