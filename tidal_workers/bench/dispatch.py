@@ -34,8 +34,10 @@ from tidal_workers.bench.engines import started
 from tidal_workers.bench.fixed_engine import FixedEngine
 from tidal_workers.bench.histograms import HISTOGRAMS
 from tidal_workers.bench.histograms import POST
+from tidal_workers.bench.histograms import buckets
 from tidal_workers.bench.histograms import delta
 from tidal_workers.bench.histograms import summarize_histogram
+from tidal_workers.bench.histograms import sums
 from tidal_workers.bench.stack import TidalStack
 from tidal_workers.bench.stats import interval
 
@@ -179,9 +181,10 @@ def tidal_run(stack: TidalStack, engine: Target, cfg: DispatchConfig, scenario: 
             raise TimeoutError("no batch item completed; see the worker log")
         time.sleep(0.2)
     time.sleep(cfg.warmup)
-    first, sums_first, opened = stack.histograms(), stack.histogram_sums(), time.monotonic()
+    first, opened = stack.metrics_page(), time.monotonic()
     window = Window.measure(engine, cfg.window)
-    last, sums_last, closed = stack.histograms(), stack.histogram_sums(), time.monotonic()
+    last, closed = stack.metrics_page(), time.monotonic()
+    buckets_first, buckets_last = buckets(first), buckets(last)
     gate = stack.gate()
     stack.client.post(f"/v1/batches/{batch_id}/cancel", headers=stack.headers)
     stack.wait_done(batch_id, 300)
@@ -189,10 +192,10 @@ def tidal_run(stack: TidalStack, engine: Target, cfg: DispatchConfig, scenario: 
         time.sleep(0.05)
     return {
         "window": dataclasses.asdict(window),
-        "sent_mean": (sums_last[POST] - sums_first[POST]) / (closed - opened),
+        "sent_mean": (sums(last)[POST] - sums(first)[POST]) / (closed - opened),
         "gate_target": gate.get("tidal_gate_target"),
         "items_submitted": items,
-        "histograms": {name: delta(last[name], first[name]) for name in HISTOGRAMS},
+        "histograms": {name: delta(buckets_last[name], buckets_first[name]) for name in HISTOGRAMS},
     }
 
 

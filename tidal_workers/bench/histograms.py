@@ -6,20 +6,29 @@ sent, the POST itself, POST end → lease released.
 
 from __future__ import annotations
 
+import typing as t
+
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 POST = "tidal_dispatch_post_seconds"
 HISTOGRAMS = ("tidal_dispatch_token_to_post_seconds", POST, "tidal_dispatch_release_seconds")
 
 
+def _samples(metrics_text: str, suffix: str) -> t.Iterator[tuple[str, Sample]]:
+    """(histogram name, sample) for each of HISTOGRAMS' samples named ``<name><suffix>`` on a /metrics page."""
+    for family in text_string_to_metric_families(metrics_text):
+        for s in family.samples:
+            name = s.name.removesuffix(suffix)
+            if s.name.endswith(suffix) and name in HISTOGRAMS:
+                yield name, s
+
+
 def buckets(metrics_text: str) -> dict[str, list[tuple[float, float]]]:
     """Histogram name -> cumulative (upper bound, count) pairs, from a worker's /metrics page."""
     out: dict[str, list[tuple[float, float]]] = {name: [] for name in HISTOGRAMS}
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            name = s.name.removesuffix("_bucket")
-            if s.name.endswith("_bucket") and name in out:
-                out[name].append((float(s.labels["le"]), s.value))
+    for name, s in _samples(metrics_text, "_bucket"):
+        out[name].append((float(s.labels["le"]), s.value))
     return {name: sorted(pairs) for name, pairs in out.items()}
 
 
@@ -31,11 +40,8 @@ def sums(metrics_text: str) -> dict[str, float]:
     the window it ends in, which is unbiased in a steady flow and off by at most one POST per slot at the edges.
     """
     out = dict.fromkeys(HISTOGRAMS, 0.0)
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            name = s.name.removesuffix("_sum")
-            if s.name.endswith("_sum") and name in out:
-                out[name] = s.value
+    for name, s in _samples(metrics_text, "_sum"):
+        out[name] = s.value
     return out
 
 

@@ -28,6 +28,7 @@ from config.settings import child_environ
 from config.settings import env_name
 from tidal_engine.serve import free_port
 from tidal_workers.bench import histograms
+from tidal_workers.gate import pool_threads
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import Item
 from tidal_workers.store import ItemStatus
@@ -114,7 +115,9 @@ class TidalStack:
             env_name("initial_inflight"): str(max_inflight),
             env_name("node"): node,
             env_name("dispatch_prefetch"): str(s.dispatch_prefetch),  # the base settings' (env or a benchmark's)
-            env_name("worker_threads"): str(max(16, max_inflight + s.dispatch_prefetch + 2)),
+            env_name("worker_threads"): str(
+                max(16, pool_threads(s.replace(max_inflight=max_inflight, worker_threads=0)))
+            ),
             env_name("worker_metrics_port"): str(metrics_port),
             **(extra_env or {}),
         }
@@ -164,20 +167,17 @@ class TidalStack:
         ``tidal_gate_engine_outstanding`` (batch requests at the engine)."""
         return {
             s.name: s.value
-            for family in text_string_to_metric_families(self._metrics())
+            for family in text_string_to_metric_families(self.metrics_page())
             for s in family.samples
             if s.name in ("tidal_gate_target", "tidal_gate_inflight", "tidal_gate_engine_outstanding")
         }
 
     def histograms(self) -> dict[str, list[tuple[float, float]]]:
         """The worker's dispatch histograms now (cumulative buckets): two readings give a window's delta."""
-        return histograms.buckets(self._metrics())
+        return histograms.buckets(self.metrics_page())
 
-    def histogram_sums(self) -> dict[str, float]:
-        """The worker's dispatch histograms' sums of seconds now (``histograms.sums``)."""
-        return histograms.sums(self._metrics())
-
-    def _metrics(self) -> str:
+    def metrics_page(self) -> str:
+        """The worker's /metrics page now (one reading for ``histograms.buckets`` and ``histograms.sums`` alike)."""
         return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
 
     def worker_cpu_seconds(self) -> float:
