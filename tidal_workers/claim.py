@@ -43,6 +43,7 @@ from tidal_workers.gate import make_gate
 from tidal_workers.gate import pool_threads
 from tidal_workers.handback import give_back_unstarted
 from tidal_workers.leases import STOPPING
+from tidal_workers.leases import trusted_until
 from tidal_workers.policy.laxity import PRIORITY_MAX
 from tidal_workers.policy.laxity import TokenBucket
 from tidal_workers.policy.laxity import priority_for
@@ -108,6 +109,7 @@ class ClaimLoop:
         book.set_target(target)
         held = len(book)
         models = self.served.current()
+        trusted = trusted_until(time.monotonic(), s.lease_seconds)  # stamped before the claims are sent
         urgent = self.floor(now, held, models)
         ahead = s.dispatch_prefetch if target > 0 else 0  # nothing waits on a closed gate
         want = min(target + ahead, self.threads) - held - len(urgent)
@@ -116,9 +118,9 @@ class ClaimLoop:
         # Book leases before publishing: a task can fail and discard its lease before send() returns, and a
         # lease booked after that would be renewed forever. One that failed to publish expires and is reclaimed.
         for c in urgent:
-            book.add(c.item_id, c.lease, floor=True)
+            book.add(c.item_id, c.lease, floor=True, trusted_until=trusted)
         for c in claims:
-            book.add(c.item_id, c.lease)
+            book.add(c.item_id, c.lease, trusted_until=trusted)
         claims = urgent + claims
         sent = self.send(claims) if claims else []
         for c in claims[len(sent) :]:  # send() publishes in order and stops at the first failure

@@ -59,7 +59,28 @@ log = logging.getLogger(__name__)
 BACKOFF_CAP_SECONDS = 30.0
 
 # Dispatch overhead is milliseconds against requests of seconds: buckets from 1 ms to 10 min.
-_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0)
+_BUCKETS = (
+    0.001,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.0075,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    600.0,
+)
 TOKEN_TO_POST = prometheus_client.Histogram(
     "tidal_dispatch_token_to_post_seconds",
     "An engine token freed (a batch request answered) to the next batch POST sent on this node.",
@@ -101,6 +122,12 @@ def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int]:
     """The batch's status and priority as of this submission (escalation and cancel reach queued items)."""
     with rt.store.core_read() as s:
         return s.execute(select(Batch.status, Batch.priority).where(Batch.id == batch_id)).one()
+
+
+def lease_current(rt: Runtime, book: LeaseBook, item_id: int, lease: str) -> bool:
+    """Is ``lease`` still this attempt's? The book answers while its node's last claim or renewal of the lease is
+    recent enough (no round trip on the way to the engine or back); Redis otherwise."""
+    return book.current(item_id, lease) or rt.queue.lease_current(item_id, lease)
 
 
 def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outcome:
@@ -146,7 +173,7 @@ def _post(
                 HANDED_BACK.inc()
             return given
         # The re-checks, at the moment of sending: the lease, then the batch's status and priority now.
-        if not rt.queue.lease_current(item_id, lease):
+        if not lease_current(rt, book, item_id, lease):
             book.return_token(item_id, lease, freed_at)
             return "stale"
         batch = _batch_now(rt, row.batch_id)
@@ -179,7 +206,7 @@ def _post(
         # The token is free meanwhile and the renewal thread keeps the lease; an outage found by another task, or
         # the worker stopping, pauses the book and ends the wait at once (the next take_token hands the item back).
         book.paused.wait(delay)
-        if not rt.queue.lease_current(item_id, lease):
+        if not lease_current(rt, book, item_id, lease):
             return "stale"
 
 
@@ -214,7 +241,7 @@ def execute_item(
     ``write``: the worker's ResultWriter (group commit); by default the outcome gets a transaction of its own.
     ``engine``: the worker's EngineHealth; by default one of this call's own."""
     engine = engine or EngineHealth(rt, book)
-    if not book.start(item_id, lease) or not rt.queue.lease_current(item_id, lease):
+    if not book.start(item_id, lease) or not lease_current(rt, book, item_id, lease):
         return "stale"
     row = _load(rt, item_id)
     if row is None or row.status != ItemStatus.pending.value:  # already settled by an earlier attempt
@@ -228,7 +255,7 @@ def execute_item(
         book.discard(item_id, lease)
         return done
     answered = time.monotonic()
-    written = record(rt, item_id, row.batch_id, lease, outcome, write)
+    written = record(rt, item_id, row.batch_id, lease, outcome, write, known_current=book.current(item_id, lease))
     book.discard(item_id, lease)  # released: the claim loop may fill the room
     RELEASE_SECONDS.observe(time.monotonic() - answered)
     finalize_if_due(rt, row.batch_id)

@@ -7,6 +7,11 @@ it as soon as the POST returns, so the target bounds the node's batch requests a
 leases. The renewal thread renews what the book holds. While the book is paused (its engine is down, or the
 worker is stopping) it grants no token: a waiting task wakes and hands its item back. One lock guards it all;
 nothing under it does I/O.
+
+The book also knows until when each lease is surely still this node's (``trusted_until``): half a lease after the
+claim or renewal that last set its expiry was sent. Only its expiry, or this node, takes a lease away (a cancel
+leaves leased items to finish), so until then the re-checks before a POST and before a result write need not
+ask Redis; past it (renewal stalled, a process paused), they do.
 """
 
 from __future__ import annotations
@@ -31,12 +36,19 @@ ENGINE_OUTSTANDING = prometheus_client.Gauge(
 )
 
 
+def trusted_until(asked: float, lease_seconds: float) -> float:
+    """Until when a lease whose expiry a Redis call sent at ``asked`` (time.monotonic()) set ``lease_seconds`` ahead
+    is surely current: half the lease is the margin for the two clocks and a slow reply."""
+    return asked + lease_seconds / 2
+
+
 @dataclasses.dataclass
 class Held:
     lease: str
     state: str
     since: float  # time.monotonic() when it entered ``state``
     floor: bool  # admitted by the SLA floor: it may take a token past the target
+    trusted_until: float  # time.monotonic() until which the lease is surely current without asking Redis
 
 
 class LeaseBook:
@@ -60,10 +72,11 @@ class LeaseBook:
         HELD.set(0)
 
     # --- the claim thread ------------------------------------------------------
-    def add(self, item_id: int, lease: str, floor: bool = False) -> None:
-        """claimed: booked before its message is published (a task may start before send() returns)."""
+    def add(self, item_id: int, lease: str, floor: bool = False, trusted_until: float = 0.0) -> None:
+        """claimed: booked before its message is published (a task may start before send() returns).
+        ``trusted_until``: see ``current``; by default never (every re-check asks Redis)."""
         with self._cond:
-            self._held[item_id] = Held(lease, CLAIMED, time.monotonic(), floor)
+            self._held[item_id] = Held(lease, CLAIMED, time.monotonic(), floor, trusted_until)
             HELD.set(len(self._held))
 
     def set_target(self, target: int) -> None:
@@ -159,6 +172,14 @@ class LeaseBook:
         self.released.set()
 
     # --- the renewal thread --------------------------------------------------------
+    def renewed(self, leases: list[tuple[int, str]], trusted_until: float) -> None:
+        """These leases' expiry was just extended in Redis: each is surely current until ``trusted_until``."""
+        with self._cond:
+            for item_id, lease in leases:
+                held = self._mine(item_id, lease)
+                if held is not None:
+                    held.trusted_until = max(held.trusted_until, trusted_until)
+
     def forget(self, item_ids: list[int]) -> None:
         """Leases Redis no longer holds for us: a waiting attempt wakes and finds itself gone.
 
@@ -167,7 +188,9 @@ class LeaseBook:
         with self._cond:
             for item_id in item_ids:
                 held = self._held.get(item_id)
-                if held is not None and held.state != SENT:
+                if held is not None and held.state == SENT:
+                    held.trusted_until = 0.0  # the re-check before its result is written asks Redis, and fails
+                elif held is not None:
                     del self._held[item_id]
             HELD.set(len(self._held))
             self._cond.notify_all()
@@ -189,6 +212,13 @@ class LeaseBook:
     def items(self) -> list[tuple[int, str]]:
         with self._cond:
             return [(i, h.lease) for i, h in self._held.items()]
+
+    def current(self, item_id: int, lease: str) -> bool:
+        """True if the book holds this attempt and a claim or renewal showed its lease current lately enough that
+        it cannot have expired since; False means "ask Redis", not "stale"."""
+        with self._cond:
+            held = self._mine(item_id, lease)
+            return held is not None and time.monotonic() < held.trusted_until
 
     def outstanding(self) -> int:
         """O: this node's batch requests at the engine."""

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import typing as t
 
 from tidal_workers.context import WorkerContext
 from tidal_workers.enqueue import rebuild
 from tidal_workers.handback import give_back_unstarted
+from tidal_workers.leases import trusted_until
 from tidal_workers.sweeps import reclaim
 
 log = logging.getLogger(__name__)
@@ -32,8 +34,11 @@ class Renewal:
 
     def once(self) -> None:
         s, q = self.settings, self.rt.queue
-        lost = q.renew(s.node, self.leases.items(), s.lease_seconds)
+        held, asked = self.leases.items(), time.monotonic()
+        lost = q.renew(s.node, held, s.lease_seconds)
         self.leases.forget(lost)
+        gone = set(lost)
+        self.leases.renewed([h for h in held if h[0] not in gone], trusted_until(asked, s.lease_seconds))
         give_back_unstarted(self.rt, self.leases, s.lease_seconds)
         self.served.refresh()
         reclaim(self.rt)

@@ -124,10 +124,19 @@ def write_outcomes(rt: Runtime, entries: list[Entry]) -> list[bool]:
 Write = t.Callable[[list[Entry]], list[bool]]
 
 
-def record(rt: Runtime, item_id: int, batch_id: str, lease: str, outcome: Outcome, write: Write | None = None) -> bool:
+def record(
+    rt: Runtime,
+    item_id: int,
+    batch_id: str,
+    lease: str,
+    outcome: Outcome,
+    write: Write | None = None,
+    known_current: bool = False,
+) -> bool:
     """Write ``outcome`` if ``lease`` is current and the item still pending, then release the lease; True if this
-    call wrote it. ``write``: a worker's ResultWriter; by default a transaction of its own."""
-    if not rt.queue.lease_current(item_id, lease):
+    call wrote it. ``write``: a worker's ResultWriter; by default a transaction of its own. ``known_current``: the
+    node's lease book vouches for the lease (``LeaseBook.current``), so Redis is not asked."""
+    if not (known_current or rt.queue.lease_current(item_id, lease)):
         return False
     entry = Entry(item_id, batch_id, lease, outcome)
     (written,) = (write or functools.partial(write_outcomes, rt))([entry])

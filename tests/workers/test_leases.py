@@ -4,6 +4,7 @@ paused book grants none."""
 from __future__ import annotations
 
 import threading
+import time
 
 from workers.worker_helpers import wait_for
 
@@ -109,3 +110,18 @@ def test_a_paused_book_grants_no_token_until_every_reason_is_gone():
     assert book.paused.is_set() and book.take_token(1, "n|1|1", 0.05) == (False, None)
     book.resume(STOPPING)
     assert not book.paused.is_set() and book.take_token(1, "n|1|1", 1)[0]
+
+
+def test_a_lease_is_trusted_until_its_stamp_and_renewal_moves_the_stamp():
+    """No stamp, no trust (every re-check asks Redis); a renewal extends it; a lease lost while at the engine is no
+    longer trusted, so its result's re-check asks Redis and drops it."""
+    book = book_of(2, target=2)
+    assert not book.current(0, "n|1|0")
+    book.renewed([(0, "n|1|0"), (1, "n|1|1")], time.monotonic() + 60)
+    assert book.current(0, "n|1|0") and book.current(1, "n|1|1")
+    assert not book.current(0, "n|2|0")  # another attempt's lease
+    book.take_token(0, "n|1|0", 1)
+    book.forget([0, 1])  # the renewal found both lost: the sent one stays in the book, untrusted
+    assert not book.current(0, "n|1|0") and not book.current(1, "n|1|1")
+    book.add(5, "n|1|5", trusted_until=time.monotonic() - 1)
+    assert not book.current(5, "n|1|5")  # its half lease has passed

@@ -17,8 +17,12 @@ from workers.worker_helpers import wait_for
 from workers.worker_helpers import wait_lease_expired
 
 from tidal_workers.cancel import cancel_batch
+from tidal_workers.claim import ClaimLoop
+from tidal_workers.context import WorkerContext
 from tidal_workers.execute import execute_item
 from tidal_workers.finalize import maybe_finalize
+from tidal_workers.gate import FixedGate
+from tidal_workers.leases import LeaseBook
 from tidal_workers.result import Outcome
 from tidal_workers.result import record
 from tidal_workers.store.models import Batch
@@ -50,6 +54,34 @@ def test_stale_attempt_is_dropped_and_first_write_wins(rt, make_batch, stub):
     assert out[0]["response"]["request_id"] != "late"
     with rt.store.read() as s:
         assert s.get(Item, new.item_id).attempts == 2
+
+
+def test_the_book_vouches_for_a_lease_only_until_half_of_it_has_passed(rt, make_batch, stub, settings):
+    """The claim loop trusts each lease for half a lease from when its claim was sent, so the re-checks before
+    the POST and the result write skip Redis; a node stalled past that (its lease expired and was reclaimed)
+    asks Redis again: its stale attempt is neither sent nor recorded."""
+    make_batch(2)
+    book, sent = LeaseBook(), []
+
+    def claim_one(lease_seconds: float):
+        rt.settings = settings.replace(lease_seconds=lease_seconds, dispatch_prefetch=0)
+        ClaimLoop(WorkerContext(rt, book), FixedGate(1), lambda claims: sent.extend(claims) or claims).tick(time.time())
+        return sent[-1]
+
+    before = time.monotonic()
+    trusted = claim_one(60.0)
+    assert before + 30 <= book._held[trusted.item_id].trusted_until <= time.monotonic() + 30
+    assert book.current(trusted.item_id, trusted.lease)
+    assert rt.queue.complete(trusted.item_id, trusted.lease)
+    book.discard(trusted.item_id, trusted.lease)
+
+    stalled = claim_one(0.2)  # trusted for 0.1 s
+    wait_lease_expired(rt, stalled.item_id)
+    rt.queue.reclaim_expired()
+    (again,) = rt.queue.claim("node-b", 1, 30, ["m"])
+    assert again.item_id == stalled.item_id
+    assert not book.current(stalled.item_id, stalled.lease)
+    assert execute_item(rt, book, stalled.item_id, stalled.lease) == "stale" and stub.requests == []
 
 
 def test_cancel_with_nothing_in_flight_is_immediate(rt, make_batch):
