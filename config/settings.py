@@ -226,7 +226,7 @@ class Settings:
     initial_inflight: int = _setting(1, "Gate target when a worker starts.", ge=0)
     lease_seconds: float = _setting(
         30.0,
-        "Lease on a claimed item; renewed every third of it by the renewal thread. A claim whose task has not started within it (revoked, lost) is given back.",
+        "Lease on a claimed item; renewed every third of it by the renewal thread, and trusted by its node without asking Redis for half of it after each claim or renewal. A claim whose task has not started within it (revoked, lost) is given back.",
         gt=0,
     )
     claim_idle_seconds: float = _setting(
