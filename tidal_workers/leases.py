@@ -6,9 +6,7 @@ claim thread books claims and keeps the book at most the gate's target plus a sm
 it as soon as the POST returns, so the target bounds the node's batch requests at the engine (O), not its
 leases. The renewal thread renews what the book holds. While the book is paused (its engine is down, or the
 worker is stopping) it grants no token: a waiting task wakes and hands its item back. One lock guards it all;
-nothing under it does I/O. Each waiting task sleeps on a condition of its own, and a freed token wakes only the
-first in line (a pause, or leases lost, wake them all): with the prefetch as deep as the target, waking every waiter
-on every answer was a thundering herd on a node's cores.
+nothing under it does I/O.
 
 The book also knows until when each lease is surely still this node's (``trusted_until``): half a lease after the
 claim or renewal that last set its expiry was sent. Only its expiry, or this node, takes a lease away (a cancel
@@ -58,9 +56,8 @@ class LeaseBook:
 
     def __init__(self) -> None:
         self._held: dict[int, Held] = {}
-        self._lock = threading.Lock()
-        # Prefetched items waiting for a token, in the order they asked, each with the condition it sleeps on.
-        self._waiting: dict[int, threading.Condition] = {}
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[int] = collections.deque()  # prefetched items, in the order they asked
         self._freed: collections.deque[float] = collections.deque()  # when tokens were freed and not yet taken
         self._outstanding = 0
         self.target = 0  # engine tokens: the gate's target, set by the claim loop
@@ -78,35 +75,35 @@ class LeaseBook:
     def add(self, item_id: int, lease: str, floor: bool = False, trusted_until: float = 0.0) -> None:
         """claimed: booked before its message is published (a task may start before send() returns).
         ``trusted_until``: see ``current``; by default never (every re-check asks Redis)."""
-        with self._lock:
+        with self._cond:
             self._held[item_id] = Held(lease, CLAIMED, time.monotonic(), floor, trusted_until)
             HELD.set(len(self._held))
 
     def set_target(self, target: int) -> None:
-        with self._lock:
+        with self._cond:
             if target != self.target:
                 self.target = target
-                self._wake_first()
+                self._cond.notify_all()
 
     def pause(self, why: str) -> None:
         """Grant no token while ``why`` (ENGINE_DOWN, STOPPING) holds; the tasks waiting for one wake at once."""
-        with self._lock:
+        with self._cond:
             self._pauses.add(why)
             self.paused.set()
-            self._wake_all()
+            self._cond.notify_all()
 
     def resume(self, why: str) -> None:
         """``why`` no longer holds; tokens are granted again once no other reason does."""
-        with self._lock:
+        with self._cond:
             self._pauses.discard(why)
             if not self._pauses:
                 self.paused.clear()
-                self._wake_first()
+                self._cond.notify_all()
 
     # --- the task ----------------------------------------------------------------
     def start(self, item_id: int, lease: str) -> bool:
         """claimed → prefetched: the task runs; False if the book no longer holds this attempt (given back)."""
-        with self._lock:
+        with self._cond:
             held = self._mine(item_id, lease)
             if held is not None and held.state == CLAIMED:
                 held.state, held.since = PREFETCHED, time.monotonic()
@@ -120,41 +117,41 @@ class LeaseBook:
         the "token freed → next POST sent" interval), else None (a token the gate added).
         """
         deadline = time.monotonic() + timeout
-        with self._lock:
+        with self._cond:
             held = self._mine(item_id, lease)
             if held is None:
                 return False, None
             held.state, held.since = PREFETCHED, time.monotonic()
-            asleep = self._waiting[item_id] = threading.Condition(self._lock)
+            self._waiting.append(item_id)
             try:
                 while True:
                     held = self._mine(item_id, lease)
                     if held is None or self._pauses:  # lease lost or given back; the engine down or stopping
                         return False, None
-                    first = next(iter(self._waiting)) == item_id
+                    first = self._waiting[0] == item_id
                     if held.floor or (first and self._outstanding < self.target):
                         break
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return False, None
-                    asleep.wait(left)
+                    self._cond.wait(left)
             finally:
-                del self._waiting[item_id]
-                self._wake_first()  # the next waiter is now first
+                self._waiting.remove(item_id)
+                self._cond.notify_all()  # the next waiter may now be first
             held.state, held.since = SENT, time.monotonic()
             self._set_outstanding(self._outstanding + 1)
             return True, self._freed.popleft() if self._freed else None
 
     def return_token(self, item_id: int, lease: str, freed_at: float | None) -> None:
         """sent → prefetched without a POST (a re-check failed): the token goes to the next waiter unused."""
-        with self._lock:
+        with self._cond:
             self._free_token(item_id, lease, PREFETCHED)
             if freed_at is not None:
                 self._freed.appendleft(freed_at)
 
     def answered(self, item_id: int, lease: str) -> None:
         """sent → answered: the POST returned, so its token is free for the next prefetched attempt."""
-        with self._lock:
+        with self._cond:
             if self._free_token(item_id, lease, ANSWERED):
                 self._freed.append(time.monotonic())
                 del_old = len(self._freed) - max(self.target, 1)
@@ -163,7 +160,7 @@ class LeaseBook:
 
     def discard(self, item_id: int, lease: str) -> None:
         """→ released (from any state): the attempt is over on this node."""
-        with self._lock:
+        with self._cond:
             held = self._mine(item_id, lease)
             if held is None:
                 return
@@ -171,14 +168,13 @@ class LeaseBook:
                 self._set_outstanding(self._outstanding - 1)
             del self._held[item_id]
             HELD.set(len(self._held))
-            self._wake(item_id)  # if it was waiting (given back), it wakes and finds itself gone
-            self._wake_first()
+            self._cond.notify_all()
         self.released.set()
 
     # --- the renewal thread --------------------------------------------------------
     def renewed(self, leases: list[tuple[int, str]], trusted_until: float) -> None:
         """These leases' expiry was just extended in Redis: each is surely current until ``trusted_until``."""
-        with self._lock:
+        with self._cond:
             for item_id, lease in leases:
                 held = self._mine(item_id, lease)
                 if held is not None:
@@ -189,7 +185,7 @@ class LeaseBook:
 
         A sent one stays until its POST returns (it is still at the engine, so still in O); its result is dropped.
         """
-        with self._lock:
+        with self._cond:
             for item_id in item_ids:
                 held = self._held.get(item_id)
                 if held is not None and held.state == SENT:
@@ -197,7 +193,7 @@ class LeaseBook:
                 elif held is not None:
                     del self._held[item_id]
             HELD.set(len(self._held))
-            self._wake_all()
+            self._cond.notify_all()
         self.released.set()
 
     def take_unstarted(self, older_than: float = 0.0) -> list[tuple[int, str]]:
@@ -205,7 +201,7 @@ class LeaseBook:
         message; with 0, every one, as the engine goes down or the worker stops): the caller gives them back, and
         a task that starts later finds itself gone."""
         cutoff = time.monotonic() - older_than
-        with self._lock:
+        with self._cond:
             old = [(i, h.lease) for i, h in self._held.items() if h.state == CLAIMED and h.since <= cutoff]
             for item_id, _lease in old:
                 del self._held[item_id]
@@ -214,23 +210,23 @@ class LeaseBook:
 
     # --- reading -------------------------------------------------------------------
     def items(self) -> list[tuple[int, str]]:
-        with self._lock:
+        with self._cond:
             return [(i, h.lease) for i, h in self._held.items()]
 
     def current(self, item_id: int, lease: str) -> bool:
         """True if the book holds this attempt and a claim or renewal showed its lease current lately enough that
         it cannot have expired since; False means "ask Redis", not "stale"."""
-        with self._lock:
+        with self._cond:
             held = self._mine(item_id, lease)
             return held is not None and time.monotonic() < held.trusted_until
 
     def outstanding(self) -> int:
         """O: this node's batch requests at the engine."""
-        with self._lock:
+        with self._cond:
             return self._outstanding
 
     def __len__(self) -> int:
-        with self._lock:
+        with self._cond:
             return len(self._held)
 
     # --- under the lock ----------------------------------------------------------------
@@ -244,21 +240,8 @@ class LeaseBook:
             return False
         held.state, held.since = to, time.monotonic()
         self._set_outstanding(self._outstanding - 1)
-        self._wake_first()
+        self._cond.notify_all()
         return True
-
-    def _wake_first(self) -> None:
-        """The first waiter in line, the only one a token or a raised target can let through."""
-        if self._waiting:
-            self._waiting[next(iter(self._waiting))].notify()
-
-    def _wake(self, item_id: int) -> None:
-        if item_id in self._waiting:
-            self._waiting[item_id].notify()
-
-    def _wake_all(self) -> None:
-        for asleep in self._waiting.values():
-            asleep.notify()
 
     def _set_outstanding(self, n: int) -> None:
         self._outstanding = n

@@ -45,7 +45,7 @@ def test_waiters_take_tokens_in_the_order_they_asked():
 
     first = threading.Thread(target=wait, args=(1,))
     first.start()
-    wait_for(lambda: next(iter(book._waiting), None) == 1, 10, what="the first waiter")
+    wait_for(lambda: book._waiting and book._waiting[0] == 1, 10, what="the first waiter")
     second = threading.Thread(target=wait, args=(2,))
     second.start()
     wait_for(lambda: len(book._waiting) == 2, 10, what="the second waiter")
@@ -125,31 +125,3 @@ def test_a_lease_is_trusted_until_its_stamp_and_renewal_moves_the_stamp():
     assert not book.current(0, "n|1|0") and not book.current(1, "n|1|1")
     book.add(5, "n|1|5", trusted_until=time.monotonic() - 1)
     assert not book.current(5, "n|1|5")  # its half lease has passed
-
-
-def test_a_freed_token_wakes_the_first_waiter_only():
-    """Six prefetched tasks wait; an answer wakes the first in line, not all six (a herd on every answer), and each
-    that takes a token passes the turn to the next; a pause wakes them all."""
-    book = book_of(7, target=1)
-    assert book.take_token(0, "n|1|0", 1)[0]
-    woken: list[int] = []
-    got: list[int] = []
-
-    def wait(i: int) -> None:
-        if book.take_token(i, f"n|1|{i}", 30)[0]:
-            got.append(i)
-
-    threads = []
-    for i in range(1, 7):
-        threads.append(threading.Thread(target=wait, args=(i,)))
-        threads[-1].start()
-        wait_for(lambda i=i: i in book._waiting, 10, what=f"waiter {i}")
-    for i, asleep in book._waiting.items():
-        asleep.notify = lambda n=1, i=i, real=asleep.notify: (woken.append(i), real(n))
-    book.answered(0, "n|1|0")
-    wait_for(lambda: got == [1], 10, what="the first waiter's token")
-    assert woken == [1, 2]  # the answer woke 1; 1, leaving the line, woke 2, which found no token and slept
-    book.pause(STOPPING)
-    for thread in threads:
-        thread.join(10)
-    assert got == [1] and set(woken[2:]) == {2, 3, 4, 5, 6}
