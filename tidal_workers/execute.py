@@ -47,6 +47,7 @@ from tidal_workers.policy.phase import phase_request
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome
 from tidal_workers.result import Write
+from tidal_workers.result import lease_current
 from tidal_workers.result import record
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
@@ -102,12 +103,6 @@ def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int]:
     """The batch's status and priority as of this submission (escalation and cancel reach queued items)."""
     with rt.store.core_read() as s:
         return s.execute(select(Batch.status, Batch.priority).where(Batch.id == batch_id)).one()
-
-
-def lease_current(rt: Runtime, book: LeaseBook, item_id: int, lease: str) -> bool:
-    """Is ``lease`` still this attempt's? The book answers while its node's last claim or renewal of the lease is
-    recent enough (no round trip on the way to the engine or back); Redis otherwise."""
-    return book.current(item_id, lease) or rt.queue.lease_current(item_id, lease)
 
 
 def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outcome:
@@ -235,7 +230,7 @@ def execute_item(
         book.discard(item_id, lease)
         return done
     answered = time.monotonic()
-    written = record(rt, item_id, row.batch_id, lease, outcome, write, known_current=book.current(item_id, lease))
+    written = record(rt, item_id, row.batch_id, lease, outcome, write, book)
     book.discard(item_id, lease)  # released: the claim loop may fill the room
     RELEASE_SECONDS.observe(time.monotonic() - answered)
     finalize_if_due(rt, row.batch_id)

@@ -21,6 +21,7 @@ import prometheus_client
 from sqlalchemy import update
 from sqlalchemy.engine import Connection
 
+from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.queue import parse_lease
 from tidal_workers.runtime import Runtime
@@ -124,6 +125,12 @@ def write_outcomes(rt: Runtime, entries: list[Entry]) -> list[bool]:
 Write = t.Callable[[list[Entry]], list[bool]]
 
 
+def lease_current(rt: Runtime, book: LeaseBook | None, item_id: int, lease: str) -> bool:
+    """Is ``lease`` still this attempt's? The node's book answers while its last claim or renewal of the lease is
+    recent enough (``LeaseBook.current``: no round trip on the way to the engine or back); Redis otherwise."""
+    return (book is not None and book.current(item_id, lease)) or rt.queue.lease_current(item_id, lease)
+
+
 def record(
     rt: Runtime,
     item_id: int,
@@ -131,12 +138,12 @@ def record(
     lease: str,
     outcome: Outcome,
     write: Write | None = None,
-    known_current: bool = False,
+    book: LeaseBook | None = None,
 ) -> bool:
-    """Write ``outcome`` if ``lease`` is current and the item still pending, then release the lease; True if this
-    call wrote it. ``write``: a worker's ResultWriter; by default a transaction of its own. ``known_current``: the
-    node's lease book vouches for the lease (``LeaseBook.current``), so Redis is not asked."""
-    if not (known_current or rt.queue.lease_current(item_id, lease)):
+    """Write ``outcome`` if ``lease`` is current (``lease_current``) and the item still pending, then release the
+    lease; True if this call wrote it. ``write``: a worker's ResultWriter; by default a transaction of its own.
+    ``book``: the node's LeaseBook, which answers the lease check while it vouches for the lease."""
+    if not lease_current(rt, book, item_id, lease):
         return False
     entry = Entry(item_id, batch_id, lease, outcome)
     (written,) = (write or functools.partial(write_outcomes, rt))([entry])
