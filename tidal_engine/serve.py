@@ -49,6 +49,7 @@ class EngineOptions:
     max_model_len: int = 4096
     max_num_seqs: int | None = None
     extra_args: tuple[str, ...] = ()
+    model_in_engine_core: bool = False  # the timed twin: see ``process_env``
 
     def __post_init__(self) -> None:
         if self.async_scheduling and (self.cpu or not self.tidal_scheduler):
@@ -86,6 +87,22 @@ class EngineOptions:
         elif self.tidal_scheduler:
             args += ["--scheduler-cls", SCHEDULER_CLS, "--no-async-scheduling"]
         return args + list(self.extra_args)
+
+    def process_env(self) -> dict[str, str]:
+        """Variables the engine's processes need whoever starts it (the CLI, a test, a benchmark).
+
+        The timed twin (``model_in_engine_core``) runs its model inside the engine-core process. By default the
+        CPU platform runs the model in a separate worker process, and vLLM's shared-memory queue between the two
+        busy-polls (``sched_yield``) for a second after each message: while the twin sleeps out a step the engine
+        core would spin most of a core waiting for the worker's answer. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps
+        ``vllm serve``'s API server and engine-core processes and runs the model inside the engine core (vLLM's
+        ``UniProcExecutor``, as on a single GPU), which then sleeps while the twin waits. One OpenMP thread: the
+        tiny forward has nothing to split, and on a busy machine a parallel region waits at its barrier for
+        whichever thread was descheduled.
+        """
+        if self.model_in_engine_core:
+            return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+        return {}
 
 
 @dataclasses.dataclass
@@ -172,7 +189,7 @@ def start_engine(
 ) -> Engine:
     """Spawn ``vllm serve`` and return once ``/health`` answers 200.
 
-    ``env`` adds variables to the inherited environment (TidalScheduler's
+    The engine's processes inherit the environment plus ``options.process_env()`` and ``env`` (TidalScheduler's
     ``TIDAL_SCHED_*`` settings travel this way into the engine-core process).
     """
     port = options.port or free_port(options.host)
@@ -184,7 +201,7 @@ def start_engine(
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env=child_environ(**OFFLINE_ENV, **(env or {})),
+        env=child_environ(**OFFLINE_ENV, **options.process_env(), **(env or {})),
         start_new_session=True,
         preexec_fn=die_with_parent(),
     )
@@ -279,6 +296,7 @@ def twin_options(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs or spec.max_num_seqs,
         extra_args=("--hf-overrides", json.dumps(overrides), *extra_args),
+        model_in_engine_core=True,
     )
 
 
@@ -308,18 +326,4 @@ def start_twin(
         kv_pool_tokens=kv_pool_tokens,
         extra_args=extra_args,
     )
-    return start_engine(options, log_path=log_path, env=twin_env(settings))
-
-
-def twin_env(settings: Settings) -> dict[str, str]:
-    """The twin's environment: TidalScheduler's settings, and the model in the engine-core process.
-
-    By default the CPU platform runs the model in a separate worker process, and vLLM's shared-memory
-    queues between the two busy-poll (``sched_yield``) for a second after each message: while the twin
-    sleeps out a step both processes would spin a core each. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps
-    ``vllm serve``'s API server and engine-core processes and runs the model inside the engine core
-    (vLLM's ``UniProcExecutor``, as on a single GPU), which then sleeps while the twin waits. One OpenMP
-    thread: the tiny forward has nothing to split, and on a busy machine a parallel region waits at its
-    barrier for whichever thread was descheduled.
-    """
-    return {**scheduler_env(settings), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    return start_engine(options, log_path=log_path, env=scheduler_env(settings))
