@@ -331,17 +331,23 @@ return lost
 
 COMPLETE = """
 -- KEYS[1] = tidal:inflight  KEYS[2] = tidal:node:{node}:inflight  KEYS[3] = tidal:lease
--- KEYS[4] = tidal:item:{item}
--- ARGV[1] = item id  ARGV[2] = lease
--- Forgets the item if ARGV[2] is still its lease; returns 1, or 0 for a stale attempt.
-if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
-  return 0
+-- KEYS[3 + i] = tidal:item:{item i}
+-- ARGV[2i - 1] = item i's id  ARGV[2i] = its lease (a lease of KEYS[2]'s node)
+-- Forgets each item whose lease is still ARGV[2i]; returns {1, or 0 for a stale attempt, ...} in order.
+local out = {}
+for i = 1, #ARGV / 2 do
+  local id = ARGV[2 * i - 1]
+  if redis.call('HGET', KEYS[3], id) == ARGV[2 * i] then
+    redis.call('HDEL', KEYS[3], id)
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('DEL', KEYS[3 + i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
 end
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('DEL', KEYS[4])
-return 1
+return out
 """
 
 RECLAIM = (
@@ -629,13 +635,23 @@ class Queue:
 
     def complete(self, item_id: int, lease: str) -> bool:
         """Forget a settled item if ``lease`` is still its lease; False for a stale attempt."""
-        node, _ = parse_lease(lease)
-        return bool(
-            self._complete(
-                keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.item(item_id)],
-                args=[item_id, lease],
+        return self.complete_all([(item_id, lease)])[0]
+
+    def complete_all(self, attempts: t.Sequence[tuple[int, str]]) -> list[bool]:
+        """``complete`` for each (item id, lease), in one round trip per node of the leases (a worker's are one)."""
+        by_node: dict[str, list[int]] = {}
+        for i, (_item_id, lease) in enumerate(attempts):
+            by_node.setdefault(parse_lease(lease)[0], []).append(i)
+        done = [False] * len(attempts)
+        for node, indexes in by_node.items():
+            items = [attempts[i][0] for i in indexes]
+            flags = self._complete(
+                keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, *map(keys.item, items)],
+                args=[x for i in indexes for x in attempts[i]],
             )
-        )
+            for i, flag in zip(indexes, flags):
+                done[i] = bool(flag)
+        return done
 
     def give_back(self, item_id: int, lease: str, as_phase: str = "") -> Reclaimed | None:
         """Requeue a claim that never reached the engine, if ``lease`` is current (None if not); the item is

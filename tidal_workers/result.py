@@ -121,7 +121,16 @@ def write_outcomes(rt: Runtime, entries: list[Entry]) -> list[bool]:
     return written
 
 
-#: Writes one group of outcomes; ``write_outcomes`` bound to a Runtime, or a ResultWriter's group commit.
+def settle(rt: Runtime, entries: list[Entry]) -> list[bool]:
+    """Write a group of outcomes (``write_outcomes``), then release their leases in one round trip: after the
+    commit, so no lease is gone while its outcome is not yet durable. The leases of attempts that lost the write
+    are released too (their item is settled); stale ones are left to their holder."""
+    written = write_outcomes(rt, entries)
+    rt.queue.complete_all([(e.item_id, e.lease) for e in entries])
+    return written
+
+
+#: Writes and releases one group of outcomes; ``settle`` bound to a Runtime, or a ResultWriter's group commit.
 Write = t.Callable[[list[Entry]], list[bool]]
 
 
@@ -141,22 +150,21 @@ def record(
     book: LeaseBook | None = None,
 ) -> bool:
     """Write ``outcome`` if ``lease`` is current (``lease_current``) and the item still pending, then release the
-    lease; True if this call wrote it. ``write``: a worker's ResultWriter; by default a transaction of its own.
-    ``book``: the node's LeaseBook, which answers the lease check while it vouches for the lease."""
+    lease (``settle``); True if this call wrote it. ``write``: a worker's ResultWriter; by default a transaction of
+    its own. ``book``: the node's LeaseBook, which answers the lease check while it vouches for the lease."""
     if not lease_current(rt, book, item_id, lease):
         return False
-    entry = Entry(item_id, batch_id, lease, outcome)
-    (written,) = (write or functools.partial(write_outcomes, rt))([entry])
-    rt.queue.complete(item_id, lease)
+    (written,) = (write or functools.partial(settle, rt))([Entry(item_id, batch_id, lease, outcome)])
     return written
 
 
 class ResultWriter:
     """Group commit for one worker process, led by its callers: a caller that finds no write under way writes
     at once, on its own thread, every outcome queued (its own first among them); outcomes that arrive while a
-    write is under way wait, and the first of them to wake when it ends writes them all in the next transaction
-    (one commit, one counter UPDATE per batch). Each caller returns once its own outcome is durable. No thread
-    hand-off when the writer is idle: that hand-off was half the release time on two busy cores."""
+    write is under way wait, and the first of them to wake when it ends settles them all (``settle``: one commit,
+    one counter UPDATE per batch, one round trip releasing the group's leases). Each caller returns once its own
+    outcome is durable and its lease released. No thread hand-off when the writer is idle: that hand-off was half
+    the release time on two busy cores."""
 
     def __init__(self, rt: Runtime):
         self.rt = rt
@@ -169,7 +177,7 @@ class ResultWriter:
         futures: list[Future[bool]] = [Future() for _ in entries]
         with self._cond:
             if self._closing:  # a straggler after shutdown began: its own transaction
-                return write_outcomes(self.rt, entries)
+                return settle(self.rt, entries)
             self._queue += zip(entries, futures)
             while self._writing and not all(f.done() for f in futures):
                 self._cond.wait()
@@ -178,7 +186,7 @@ class ResultWriter:
             self._writing = True  # lead: write everything queued so far, ours included
             group, self._queue = self._queue, []
         try:
-            written = write_outcomes(self.rt, [e for e, _ in group])
+            written = settle(self.rt, [e for e, _ in group])
         except BaseException as exc:  # every caller of the group sees the failure, as with its own write
             for _, future in group:
                 future.set_exception(exc)

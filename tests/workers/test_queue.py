@@ -80,6 +80,25 @@ def test_lease_fencing_renew_complete_and_reclaim(rt, make_batch):
     assert rt.queue.inflight_by_node() == {NODE: 1, "other-node": 0}
 
 
+def test_complete_all_releases_a_groups_current_leases_in_order_and_fences_a_stale_one(rt, make_batch):
+    make_batch(4)
+    mine = rt.queue.claim(NODE, 3, 30, MODELS)
+    (theirs,) = rt.queue.claim("other-node", 1, 30, MODELS)
+    stale = (mine[1].item_id, mine[1].lease.rsplit("|", 1)[0] + "|0")  # not the lease the claim gave it
+    attempts = [
+        (mine[0].item_id, mine[0].lease),
+        stale,
+        (theirs.item_id, theirs.lease),
+        (mine[2].item_id, mine[2].lease),
+    ]
+    assert rt.queue.complete_all(attempts) == [True, False, True, True]
+    assert rt.queue.inflight_by_node() == {NODE: 1, "other-node": 0}  # only mine[1], whose lease was not given
+    assert rt.queue.lease_current(mine[1].item_id, mine[1].lease)
+    assert not rt.redis.exists(keys.item(mine[0].item_id), keys.item(mine[2].item_id), keys.item(theirs.item_id))
+    assert rt.redis.exists(keys.item(mine[1].item_id))
+    assert rt.queue.complete_all([]) == []
+
+
 def test_drop_batch_forgets_queued_items_and_abandons_leased_ones(rt, make_batch):
     batch = make_batch(5)
     (leased,) = rt.queue.claim(NODE, 1, 0.2, MODELS)
