@@ -13,9 +13,8 @@ PROFILE = "qwen2.5-7b@a6000"
 
 
 def test_the_benchmarks_twin_runs_its_model_in_the_engine_core_with_no_worker_process(tmp_path):
-    """A separate model worker busy-polls vLLM's shared-memory queue while the twin sleeps out each step: most of
-    a core spent on nothing, taken from the stack measured beside it (the harvest, dispatch and fleet benchmarks on the twin until 2 December).
-    """
+    """A separate model worker would have the engine core busy-poll vLLM's shared-memory queue while the twin
+    sleeps out each step, as the harvest, dispatch and fleet benchmarks' twin did until 2 December."""
     request = EngineRequest("twin", PROFILE, max_num_seqs=4)
     with started(request, load_settings(), plugin=False, log_path=tmp_path / "twin.log") as twin:
         body = {"model": twin.model, "prompt": "x", "max_tokens": 2, "ignore_eos": True}
