@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -183,10 +182,10 @@ def test_children_die_with_a_killed_supervisor(up):
     family = descendants(up.pid)
     up.kill()
     up.wait(GRACE_S)
-    deadline = time.monotonic() + GRACE_S
-    while (left := [pid for pid in family if alive(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert left == [], f"left running {GRACE_S:g} s after the kill: {[_command(pid) for pid in left]}"
+    try:
+        wait_for(lambda: not any(alive(pid) for pid in family), GRACE_S, "every child of the killed `tidal up` to exit")
+    except AssertionError as exc:  # name the survivors, so a repeat can be diagnosed
+        raise AssertionError(f"{exc}; left running: {[_command(pid) for pid in family if alive(pid)]}") from None
     assert set(started) == {"redis", "api", "worker", "ops", "beat"}
 
 
