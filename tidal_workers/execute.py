@@ -31,6 +31,7 @@ import urllib3.exceptions
 from celery import Task
 from celery import shared_task
 from sqlalchemy import Row
+from sqlalchemy import bindparam
 from sqlalchemy import select
 from sqlalchemy import update
 
@@ -92,17 +93,21 @@ def _failure(exc: requests.RequestException) -> Failure:
     return Failure.TIMEOUT if isinstance(exc, requests.Timeout) else Failure.BROKEN
 
 
+# The two reads of every attempt, built once and bound at each execution (as result's writes, and for the same
+# reason: building a statement from the model's attributes costs more than running it).
+_ITEM = select(Item.batch_id, Item.url, Item.body, Item.status, Item.phase).where(Item.id == bindparam("item_id"))
+_BATCH_NOW = select(Batch.status, Batch.priority).where(Batch.id == bindparam("batch_id"))
+
+
 def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str, str] | None:
     with rt.store.core_read() as s:
-        return s.execute(
-            select(Item.batch_id, Item.url, Item.body, Item.status, Item.phase).where(Item.id == item_id)
-        ).one_or_none()
+        return s.execute(_ITEM, {"item_id": item_id}).one_or_none()
 
 
 def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int]:
     """The batch's status and priority as of this submission (escalation and cancel reach queued items)."""
     with rt.store.core_read() as s:
-        return s.execute(select(Batch.status, Batch.priority).where(Batch.id == batch_id)).one()
+        return s.execute(_BATCH_NOW, {"batch_id": batch_id}).one()
 
 
 def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outcome:

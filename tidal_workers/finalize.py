@@ -15,6 +15,7 @@ import time
 import typing as t
 
 from sqlalchemy import Row
+from sqlalchemy import bindparam
 from sqlalchemy import select
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -156,11 +157,13 @@ def expire(rt: Runtime, batch_id: str) -> bool:
     return _settle(rt, batch_id, BatchStatus.in_progress, BatchStatus.expired, ItemStatus.expired)
 
 
+#: Read after every settled item (``finalize_if_due``): built once, bound at each execution.
+_COUNTS = select(Batch.status, Batch.total, Batch.completed, Batch.failed).where(Batch.id == bindparam("batch_id"))
+
+
 def _counts(rt: Runtime, batch_id: str) -> Row[str, int, int, int] | None:
     with rt.store.core_read() as s:
-        return s.execute(
-            select(Batch.status, Batch.total, Batch.completed, Batch.failed).where(Batch.id == batch_id)
-        ).one_or_none()
+        return s.execute(_COUNTS, {"batch_id": batch_id}).one_or_none()
 
 
 def _work_over(row: Row[str, int, int, int]) -> bool:

@@ -39,9 +39,12 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
-def rows_updated(session: Session | Connection, stmt: Update | Delete) -> int:
-    """Run an UPDATE (or DELETE) and return how many rows it changed (a conditional UPDATE's 1 is an election won)."""
-    result = session.execute(stmt)
+def rows_updated(
+    session: Session | Connection, stmt: Update | Delete, params: t.Mapping[str, t.Any] | None = None
+) -> int:
+    """Run an UPDATE (or DELETE), with ``params`` bound if given, and return how many rows it changed (a
+    conditional UPDATE's 1 is an election won)."""
+    result = session.execute(stmt, params)
     assert isinstance(result, CursorResult)  # what an UPDATE returns; Session.execute is typed for SELECTs
     return result.rowcount
 
