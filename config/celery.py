@@ -27,9 +27,19 @@ def _sweep(task: str, period: float) -> dict[str, t.Any]:
     return {"task": task, "schedule": period, "options": {"queue": task_names.OPS_QUEUE, "expires": period}}
 
 
+#: kombu's Redis transport with one client per channel (tidal_workers/broker.py says why), for a Redis broker.
+REDIS_TRANSPORT = "tidal_workers.broker:Transport"
+
+
+def _transport(broker_url: str) -> dict[str, t.Any]:
+    """Tidal's transport for a plain Redis URL; any other broker (Sentinel, AMQP, ...) keeps its own."""
+    return {"broker_transport": REDIS_TRANSPORT} if broker_url.startswith(("redis://", "rediss://")) else {}
+
+
 def celery_config(settings: Settings) -> dict[str, t.Any]:
     return {
         "broker_url": settings.celery_broker_url,
+        **_transport(settings.celery_broker_url),
         "broker_connection_retry_on_startup": True,
         "task_default_queue": task_names.OPS_QUEUE,
         "task_ignore_result": True,
