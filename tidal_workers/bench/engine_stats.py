@@ -12,6 +12,8 @@ import typing as t
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from tidal_workers.scrape import named_totals
+
 
 @dataclasses.dataclass
 class Reading:
@@ -43,22 +45,9 @@ _NAMES = {
 }
 
 
-def sample_sums(text: str, names: t.Collection[str]) -> dict[str, float]:
-    """Each of ``names``' samples summed over its label sets, from a Prometheus text page; the other lines are
-    skipped unparsed. The full parser cost the benchmark a third of a core at the dispatch benchmark's 20
-    readings a second, on the two cores it shares with the system it measures."""
-    values = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        name = line.partition("{")[0].partition(" ")[0]
-        if name in values:  # `name{labels} value [timestamp]` or `name value [timestamp]`
-            rest = line.rpartition("}")[2] if "{" in line else line.partition(" ")[2]
-            values[name] += float(rest.split()[0])
-    return values
-
-
 def read(engine_url: str, timeout: float = 2.0) -> Reading:
     text = requests.get(f"{engine_url}/metrics", timeout=timeout).text
-    values = sample_sums(text, _NAMES.values())
+    values = named_totals(text, _NAMES.values())
     return Reading(at=time.monotonic(), **{field: values[name] for field, name in _NAMES.items()})
 
 
