@@ -89,7 +89,7 @@ def _write_item(s: Connection, e: Entry, now: int) -> bool:
         "error_code": o.error_code,
         "error_message": o.error_message,
         "finished_at": now,
-        **dataclasses.asdict(o.usage),
+        **dataclasses.asdict(o.usage),  # Usage's fields are the items' (and batches') token columns
     }
     return rows_updated(s, _WRITE_ITEM, {"item_id": e.item_id, **outcome}) == 1
 

@@ -98,9 +98,9 @@ class Target(t.Protocol):
 
 class SampledOccupancy:
     """A vLLM engine's requests (running + waiting) from its /metrics, read every ``period`` seconds: the same
-    integral as the fixed engine keeps, stepwise between readings. Five readings a second give a window of 12 s
-    60 of them; at twenty, rendering the page took the twin's API server more time than its chat requests, on
-    the cores it shares with the worker being measured."""
+    integral as the fixed engine keeps, stepwise between readings. Five readings a second (60 in a 12-s window)
+    are plenty for a mean; at twenty, rendering the page took the twin's API server more time than its chat
+    requests, on the cores it shares with the worker being measured."""
 
     def __init__(self, url: str, period: float = 0.2):
         self.sampler = engine_stats.Sampler(url, period)
