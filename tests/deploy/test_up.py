@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from deploy_helpers import ROOT
@@ -191,8 +192,8 @@ def test_children_die_with_a_killed_supervisor(up):
 
 def _command(pid: int) -> str:
     try:
-        return f"{pid} " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return f"{pid} " + " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return f"{pid} (gone)"
 
 
