@@ -68,7 +68,7 @@ class Entry:
 # the release path runs them for every answered item.
 #: The item's conditional UPDATE (the first write wins); its SET clause is the columns given at execution.
 _WRITE_ITEM = update(Item).where(Item.id == bindparam("item_id"), Item.status == ItemStatus.pending.value)
-_COUNTERS = ("completed", "failed", "input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")
+_COUNTERS = ("completed", "failed", *(f.name for f in dataclasses.fields(Usage)))
 #: A group's additions to one batch's request_counts and billed usage, bound as ``add_<column>``.
 _ADD_TO_BATCH = (
     update(Batch)
