@@ -4,6 +4,8 @@ The plugin's per-step accounting, exported from the engine-core process (docs/en
 asserted while online requests run beside batch requests whose prefills are larger than the cap:
 
 - batch work was held to the cap: steps with online traffic in which batch reached X, and no token past it
+  (the session's plugin engine pins X to the static share of τ, 512 tokens, below each batch prompt's ~1,010;
+  tests/conftest.py says why)
   (``tidal_sched_batch_over_cap_tokens``: online prompts here never share a first block, so their reserved
   demand is exact and there is no unused reservation to take);
 - online tokens were never deferred (every online request got all it asked for in every step) nor preempted;
@@ -23,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from config import load_settings
+from tidal_engine.serve import EngineOptions
 from tidal_workers.bench import engine_stats
 
 pytestmark = pytest.mark.engine
@@ -30,6 +34,7 @@ pytestmark = pytest.mark.engine
 LANES = 2  # batch requests in flight: 2 x ~1,010 tokens fill two thirds of the 3,072-token KV pool
 BATCH_MAX_TOKENS = 8  # short outputs: a fresh prefill, larger than the static cap (512), every few steps
 ONLINE_CLIENTS, ONLINE_REQUESTS, ONLINE_MAX_TOKENS = 2, 6, 24
+STATIC_CAP = int(load_settings().sched_static_cap_frac * EngineOptions.max_num_batched_tokens)  # the engine's X
 
 
 def complete(http: requests.Session, url: str, model: str, prompt: str, priority: int, max_tokens: int) -> dict:
@@ -81,6 +86,7 @@ def test_plugin_holds_batch_to_the_cap_and_online_gets_its_whole_demand(tiny_plu
     print(f"plugin accounting over the run: {delta}; batch requests {len(batch_done)}")
 
     assert batch_done and all(u["completion_tokens"] == BATCH_MAX_TOKENS for u in batch_done)
+    assert min(u["prompt_tokens"] for u in batch_done) > STATIC_CAP  # every fresh batch prefill can reach X
     assert all(u["completion_tokens"] == ONLINE_MAX_TOKENS for u in online_usage)
     # The backlog pressed on the cap while online traffic set the budget, and batch work was done beside it.
     assert delta["tidal_sched_capped_steps_total"] > 0 and delta["tidal_sched_batch_tokens_total"] > 0
