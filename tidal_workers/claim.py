@@ -25,6 +25,7 @@ shows. A stopping worker claims no more and hands back what it has not sent."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import typing as t
@@ -55,6 +56,11 @@ from tidal_workers.renewal import Renewal
 
 log = logging.getLogger(__name__)
 
+#: How long a pass's reading of the urgent batches (``tidal:urgent``) serves the next passes: the re-score rebuilds
+#: the set every ``TIDAL_RESCORE_SECONDS`` (5), and a pass runs after every release, so reading it each pass cost
+#: the claim path a round trip per item for a set that had not changed.
+URGENT_READ_SECONDS = 1.0
+
 #: Publishes claims in order as run_item messages; returns those sent (it stops at the first failure).
 Send = t.Callable[[list[Claim]], list[Claim]]
 
@@ -69,6 +75,7 @@ class ClaimLoop:
         self.threads = pool_threads(self.settings)  # one claimed item per pool thread
         self.stopping = threading.Event()
         self.buckets: dict[str, TokenBucket] = {}  # urgent batch -> its floor bucket on this node
+        self.urgent_read_at = -math.inf  # when tidal:urgent was last read (the tick's clock)
         self.served = ctx.served  # only batches of these models are claimed here (renewal re-reads the list)
         self.split = SplitConfig()
 
@@ -77,28 +84,28 @@ class ClaimLoop:
         s, q = self.settings, self.rt.queue
         if s.floor_rate <= 0:  # the floor is off
             return []
-        self.buckets = {b: self.buckets.get(b) or TokenBucket(s.floor_rate) for b in sorted(q.urgent())}
+        if not 0 <= now - self.urgent_read_at < URGENT_READ_SECONDS:  # the re-score rebuilds it every few seconds
+            self.urgent_read_at = now
+            self.buckets = {b: self.buckets.get(b) or TokenBucket(s.floor_rate) for b in sorted(q.urgent())}
         claims: list[Claim] = []
         for batch_id, bucket in self.buckets.items():
             while held + len(claims) < self.threads and bucket.take(now):
                 claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds, models)
         return claims
 
-    def phases(self, target: int, held: int, room: int, models: tuple[str, ...]) -> list[Claim]:
-        """A-P: up to ``room`` split items, decodes first (they finish items), in the phases the node's slack
-        admits for any batch, else those a batch at the split's urgency may run (its priority or below)."""
-        s, q, cfg = self.settings, self.rt.queue, self.split
+    def phases(self, target: int, held: int) -> list[tuple[str, int]]:
+        """A-P: the phases this pass claims split items of, decodes first (they finish items), each with the
+        highest priority it takes: any batch in a phase the node's slack admits, else a batch at the split's
+        urgency (its priority or below) in a phase that urgency admits."""
+        cfg = self.split
         prefill_slack, decode_slack = self.gate.prefill_slack(cfg), target > held
-        claims: list[Claim] = []
+        limits: list[tuple[str, int]] = []
         for phase in (Phase.DECODE, Phase.PREFILL):
             if phase in claimable_phases(prefill_slack, decode_slack, 0.0, cfg):
-                most = PRIORITY_MAX
+                limits.append((phase.value, PRIORITY_MAX))
             elif phase in claimable_phases(prefill_slack, decode_slack, 1.0, cfg):
-                most = priority_for(cfg.decode_urgency)
-            else:
-                continue
-            claims += q.claim_phase(s.node, phase.value, room - len(claims), s.lease_seconds, models, most)
-        return claims
+                limits.append((phase.value, priority_for(cfg.decode_urgency)))
+        return limits
 
     def tick(self, now: float) -> int:
         """Claim up to the target plus the prefetch, less what the node holds; returns how many were claimed."""
@@ -113,8 +120,8 @@ class ClaimLoop:
         urgent = self.floor(now, held, models)
         ahead = s.dispatch_prefetch if target > 0 else 0  # nothing waits on a closed gate
         want = min(target + ahead, self.threads) - held - len(urgent)
-        split = self.phases(target, held + len(urgent), want, models) if want > 0 else []
-        claims = split + q.claim(s.node, want - len(split), s.lease_seconds, models)
+        # One round trip: the split items of the phases the node admits, then whole items for the rest.
+        claims = q.claim(s.node, want, s.lease_seconds, models, self.phases(target, held + len(urgent)))
         # Book leases before publishing: a task can fail and discard its lease before send() returns, and a
         # lease booked after that would be renewed forever. One that failed to publish expires and is reclaimed.
         for c in urgent:

@@ -238,9 +238,10 @@ def execute_item(
     written = record(rt, item_id, row.batch_id, lease, outcome, write, book)
     book.discard(item_id, lease)  # released: the claim loop may fill the room
     RELEASE_SECONDS.observe(time.monotonic() - answered)
-    finalize_if_due(rt, row.batch_id)
-    # "dropped": the lease went stale, or another attempt wrote first.
-    return outcome.status.value if written else "dropped"
+    if written:  # the write asked for the batch's finalize if it was due (result.settle)
+        return outcome.status.value
+    finalize_if_due(rt, row.batch_id)  # "dropped": the lease went stale, or another attempt wrote first
+    return "dropped"
 
 
 @shared_task(name=task_names.RUN_ITEM, bind=True)

@@ -157,8 +157,10 @@ def expire(rt: Runtime, batch_id: str) -> bool:
     return _settle(rt, batch_id, BatchStatus.in_progress, BatchStatus.expired, ItemStatus.expired)
 
 
-#: Read after every settled item (``finalize_if_due``): built once, bound at each execution.
-_COUNTS = select(Batch.status, Batch.total, Batch.completed, Batch.failed).where(Batch.id == bindparam("batch_id"))
+#: The columns that say whether a batch's work is over; the result write's counter UPDATE returns them.
+COUNTS = (Batch.status, Batch.total, Batch.completed, Batch.failed)
+#: Read where no write returned them (``finalize_if_due``): built once, bound at each execution.
+_COUNTS = select(*COUNTS).where(Batch.id == bindparam("batch_id"))
 
 
 def _counts(rt: Runtime, batch_id: str) -> Row[str, int, int, int] | None:
@@ -168,6 +170,12 @@ def _counts(rt: Runtime, batch_id: str) -> Row[str, int, int, int] | None:
 
 def _work_over(row: Row[str, int, int, int]) -> bool:
     return row.status == BatchStatus.in_progress.value and row.completed + row.failed >= row.total
+
+
+def looks_due(row: Row[str, int, int, int] | None) -> bool:
+    """From a batch's ``COUNTS``: its work looks over (every item settled, or the batch cancelling), so the ops
+    worker's ``maybe_finalize`` should look."""
+    return row is not None and (_work_over(row) or row.status == BatchStatus.cancelling.value)
 
 
 def maybe_finalize(rt: Runtime, batch_id: str) -> bool:
@@ -188,12 +196,22 @@ def request_finalize(rt: Runtime, batch_id: str) -> None:
 
 
 def finalize_if_due(rt: Runtime, batch_id: str) -> bool:
-    """After an item settles: one read, and a finalize request if the batch's work looks over; True if sent."""
-    row = _counts(rt, batch_id)
-    due = row is not None and (_work_over(row) or row.status == BatchStatus.cancelling.value)
+    """Where an attempt ends without writing (abandoned, dropped): one read, and a finalize request if the batch's
+    work looks over; True if sent. A result write asks on its own (``result.settle``)."""
+    due = looks_due(_counts(rt, batch_id))
     if due:
         request_finalize(rt, batch_id)
     return due
 
 
-__all__ = ["complete", "expire", "finalize_if_due", "finish_finalizing", "line", "maybe_finalize", "request_finalize"]
+__all__ = [
+    "COUNTS",
+    "complete",
+    "expire",
+    "finalize_if_due",
+    "finish_finalizing",
+    "line",
+    "looks_due",
+    "maybe_finalize",
+    "request_finalize",
+]

@@ -176,17 +176,45 @@ CLAIM = (
 -- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight
 -- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes
 -- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds  ARGV[4] = turn
--- ARGV[5..] = the models the node's engine serves
--- Item by item, as if one at a time: the lowest priority queued for any of those models (models tied there take
--- turns, from `turn`); at that level the tenant of lowest pass, whose pass then grows by 1 / its weight per item;
--- that tenant's earliest-deadline batch; its lowest ordinals. A tenant takes at once the items it would take in a
--- row (all of them when it is alone at the level). Leases each item. Returns {item id, lease, batch id, ...}.
+-- ARGV[5] = 1 to claim whole items after the split ones, 0 for split items only
+-- ARGV[6] = k, the phases to claim split items of  ARGV[7 .. 6 + 2k] = phase, highest batch score, in claim order
+-- ARGV[7 + 2k ..] = the models the node's engine serves
+-- One claim pass in one call. First A-P's split items, phase by phase: the lowest-score batch (priority, then
+-- deadline) of those models with items of that phase queued, at most the phase's highest score, its lowest
+-- ordinals, then the next batch. Then whole items, item by item, as if one at a time: the lowest priority queued
+-- for any of those models (models tied there take turns, from `turn`); at that level the tenant of lowest pass,
+-- whose pass then grows by 1 / its weight per item; that tenant's earliest-deadline batch; its lowest ordinals.
+-- A tenant takes at once the items it would take in a row (all of them when it is alone at the level). Leases
+-- each item. Returns {item id, lease, batch id, ...}, split items first.
 """
     + _PLACEMENT
     + _LEASE
     + """
+local k = tonumber(ARGV[6])
 local models = {}
-for i = 5, #ARGV do models[#models + 1] = ARGV[i] end
+for i = 7 + 2 * k, #ARGV do models[#models + 1] = ARGV[i] end
+local want = tonumber(ARGV[2])
+for j = 0, k - 1 do
+  local ph, highest = ARGV[7 + 2 * j], tonumber(ARGV[8 + 2 * j])
+  while want > 0 do
+    local b, from, best = nil, nil, nil
+    for _, m in ipairs(models) do
+      local top = redis.call('ZRANGE', K.phase_batches(ph, m), 0, 0, 'WITHSCORES')
+      if #top > 0 and tonumber(top[2]) <= highest and (best == nil or tonumber(top[2]) < best) then
+        b, from, best = top[1], m, tonumber(top[2])
+      end
+    end
+    if not b then break end
+    local popped = redis.call('ZPOPMIN', K.phase_ready(b, ph), want)
+    lease(popped, b, K.ITEM)
+    want = want - #popped / 2
+    if redis.call('EXISTS', K.phase_ready(b, ph)) == 0 then
+      redis.call('ZREM', K.phase_batches(ph, from), b)
+      if redis.call('EXISTS', K.ready(b)) == 0 then unindex(b) end
+    end
+  end
+end
+if ARGV[5] ~= '1' then return out end
 local turn = tonumber(ARGV[4])
 local function level()
   local best, tied = nil, {}
@@ -206,7 +234,6 @@ local function level()
   return tied[turn % #tied + 1], best, #tied
 end
 -- Every pass claims items or removes something empty, so the loop ends.
-local want = tonumber(ARGV[2])
 while want > 0 do
   local m, p, tied = level()
   if not m then break end
@@ -272,41 +299,6 @@ for _, set in ipairs({KEYS[6], K.phase_ready(b, 'decode'), K.phase_ready(b, 'pre
 end
 for _, ph in ipairs(PHASES) do link_phase(b, ph) end
 if redis.call('EXISTS', KEYS[6]) == 0 then unlink(b) end
-return out
-"""
-)
-
-CLAIM_PHASE = (
-    """
--- KEYS[1] = tidal:batches  KEYS[2] = tidal:inflight  KEYS[3] = tidal:node:{node}:inflight
--- KEYS[4] = tidal:lease    KEYS[5] = tidal:nodes
--- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds  ARGV[4] = phase (prefill, decode)
--- ARGV[5] = the highest batch score to take  ARGV[6..] = the models the node's engine serves
--- A-P's claim of split items in one phase: the lowest-score batch (priority, then deadline) of those models
--- with items of that phase queued, its lowest ordinals, then the next batch. Leases each item.
--- Returns {item id, lease, batch id, ...}.
-"""
-    + _PLACEMENT
-    + _LEASE
-    + """
-local ph, highest, want = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[2])
-while want > 0 do
-  local b, from, best = nil, nil, nil
-  for i = 6, #ARGV do
-    local top = redis.call('ZRANGE', K.phase_batches(ph, ARGV[i]), 0, 0, 'WITHSCORES')
-    if #top > 0 and tonumber(top[2]) <= highest and (best == nil or tonumber(top[2]) < best) then
-      b, from, best = top[1], ARGV[i], tonumber(top[2])
-    end
-  end
-  if not b then break end
-  local popped = redis.call('ZPOPMIN', K.phase_ready(b, ph), want)
-  lease(popped, b, K.ITEM)
-  want = want - #popped / 2
-  if redis.call('EXISTS', K.phase_ready(b, ph)) == 0 then
-    redis.call('ZREM', K.phase_batches(ph, from), b)
-    if redis.call('EXISTS', K.ready(b)) == 0 then unindex(b) end
-  end
-end
 return out
 """
 )
@@ -533,7 +525,6 @@ class Queue:
         self._enqueue = client.register_script(ENQUEUE)
         self._claim = client.register_script(CLAIM)
         self._claim_batch = client.register_script(CLAIM_BATCH)
-        self._claim_phase = client.register_script(CLAIM_PHASE)
         self._renew = client.register_script(RENEW)
         self._complete = client.register_script(COMPLETE)
         self._reclaim = client.register_script(RECLAIM)
@@ -581,15 +572,28 @@ class Queue:
         return int(self._drop(keys=[keys.batch(batch_id), keys.ready(batch_id)], args=[batch_id]))
 
     # --- consumers -------------------------------------------------------------
-    def claim(self, node: str, n: int, lease_seconds: float, models: t.Collection[str]) -> list[Claim]:
-        """Atomically lease up to ``n`` items of the given models, in claim order: priority, then the tenants'
-        weighted turns, then the tenant's earliest deadline, then prompt-prefix ordinal."""
+    def claim(
+        self,
+        node: str,
+        n: int,
+        lease_seconds: float,
+        models: t.Collection[str],
+        phases: t.Sequence[tuple[str, int]] = (),
+        whole: bool = True,
+    ) -> list[Claim]:
+        """Atomically lease up to ``n`` items of the given models in one call: first A-P's split items of each
+        ``(phase, max priority)`` in ``phases``, in order (batch score order, then ordinal), then, if ``whole``,
+        whole items in claim order: priority, then the tenants' weighted turns, then the tenant's earliest
+        deadline, then prompt-prefix ordinal."""
         if n <= 0 or not models:
             return []
-        turn, self._turn = self._turn, self._turn + n
+        turn = self._turn
+        if whole:
+            self._turn += n
+        limits = [x for phase, most in phases for x in (phase, (most + 1) * PRIORITY_SCALE - 1)]
         flat = self._claim(
             keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.NODES],
-            args=[node, n, lease_seconds, turn, *sorted(models)],
+            args=[node, n, lease_seconds, turn, int(whole), len(phases), *limits, *sorted(models)],
         )
         return [Claim(int(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
 
@@ -616,14 +620,8 @@ class Queue:
         max_priority: int = PRIORITY_MAX,
     ) -> list[Claim]:
         """Atomically lease up to ``n`` split items queued as ``phase`` (A-P), of batches at ``max_priority`` or
-        below, in batch score order (priority, then deadline), then ordinal."""
-        if n <= 0 or not models:
-            return []
-        flat = self._claim_phase(
-            keys=[keys.BATCHES, keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, keys.NODES],
-            args=[node, n, lease_seconds, phase, (max_priority + 1) * PRIORITY_SCALE - 1, *sorted(models)],
-        )
-        return [Claim(int(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+        below, in batch score order (priority, then deadline), then ordinal: ``claim`` of that phase alone."""
+        return self.claim(node, n, lease_seconds, models, phases=[(phase, max_priority)], whole=False)
 
     def renew(self, node: str, leases: t.Iterable[tuple[int, str]], lease_seconds: float) -> list[int]:
         """Extend the given leases of ``node``; returns the item ids whose lease was lost."""

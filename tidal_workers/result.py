@@ -1,4 +1,4 @@
-"""Record each item's outcome in SQL exactly once, then release its lease (finalizing is the caller's to ask for).
+"""Record each item's outcome in SQL exactly once, then release its lease and ask for a finalize if it was the last.
 
 Delivery is at least once (a dead worker's item runs again), so the write is
 idempotent: ``UPDATE items ... WHERE status = 'pending'`` lets the first write
@@ -22,6 +22,7 @@ from sqlalchemy import bindparam
 from sqlalchemy import update
 from sqlalchemy.engine import Connection
 
+from tidal_workers import finalize
 from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.queue import parse_lease
@@ -69,11 +70,13 @@ class Entry:
 #: The item's conditional UPDATE (the first write wins); its SET clause is the columns given at execution.
 _WRITE_ITEM = update(Item).where(Item.id == bindparam("item_id"), Item.status == ItemStatus.pending.value)
 _COUNTERS = ("completed", "failed", *(f.name for f in dataclasses.fields(Usage)))
-#: A group's additions to one batch's request_counts and billed usage, bound as ``add_<column>``.
+#: A group's additions to one batch's request_counts and billed usage, bound as ``add_<column>``; it returns the
+#: counts after them, which say whether the batch's work looks over (no read of the batch after each item).
 _ADD_TO_BATCH = (
     update(Batch)
     .where(Batch.id == bindparam("batch_id"))
     .values({column: getattr(Batch, column) + bindparam(f"add_{column}") for column in _COUNTERS})
+    .returning(*finalize.COUNTS)
 )
 
 
@@ -94,14 +97,16 @@ def _write_item(s: Connection, e: Entry, now: int) -> bool:
     return rows_updated(s, _WRITE_ITEM, {"item_id": e.item_id, **outcome}) == 1
 
 
-def write_outcomes(rt: Runtime, entries: list[Entry]) -> list[bool]:
-    """Write a group of outcomes in one transaction; for each, True if it was the first write of its item.
+def write_outcomes(rt: Runtime, entries: list[Entry]) -> tuple[list[bool], list[str]]:
+    """Write a group of outcomes in one transaction; for each, True if it was the first write of its item, and
+    the batches whose work looks over after it (``finalize.looks_due`` on the counts the counter UPDATE returns).
 
     Items first, then one counter UPDATE per batch (in batch-id order) for the whole group: a batch's row is
     locked once per group and only for the statement before the commit, never while each item is written.
     finalize takes items before its batch too, so the two never deadlock on PostgreSQL.
     """
     now = int(time.time())
+    due: list[str] = []
     with rt.store.core_transaction() as s:
         written = [_write_item(s, e, now) for e in entries]
         counts: dict[str, list[Entry]] = {}
@@ -116,20 +121,26 @@ def write_outcomes(rt: Runtime, entries: list[Entry]) -> list[bool]:
                 "failed": len(counts[batch_id]) - len(done),
                 **dataclasses.asdict(billed),
             }
-            s.execute(_ADD_TO_BATCH, {"batch_id": batch_id, **{f"add_{k}": v for k, v in additions.items()}})
+            after = s.execute(_ADD_TO_BATCH, {"batch_id": batch_id, **{f"add_{k}": v for k, v in additions.items()}})
+            if finalize.looks_due(after.one_or_none()):
+                due.append(batch_id)
     for e, first in zip(entries, written):
         if first and e.outcome.status is ItemStatus.completed:
             HARVESTED.labels("input").inc(e.outcome.usage.input_tokens)
             HARVESTED.labels("output").inc(e.outcome.usage.output_tokens)
-    return written
+    return written, due
 
 
 def settle(rt: Runtime, entries: list[Entry]) -> list[bool]:
     """Write a group of outcomes (``write_outcomes``), then release their leases in one round trip: after the
     commit, so no lease is gone while its outcome is not yet durable. The leases of attempts that lost the write
-    are released too (their item is settled); stale ones are left to their holder."""
-    written = write_outcomes(rt, entries)
+    are released too (their item is settled); stale ones are left to their holder. Last, the ops worker is asked
+    to finalize each batch whose work the write found over (after the release: a cancelled batch waits for its
+    last lease)."""
+    written, due = write_outcomes(rt, entries)
     rt.queue.complete_all([(e.item_id, e.lease) for e in entries])
+    for batch_id in due:
+        finalize.request_finalize(rt, batch_id)
     return written
 
 

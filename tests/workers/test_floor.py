@@ -13,6 +13,7 @@ from workers.worker_helpers import item_ids
 from workers.worker_helpers import queued
 from workers.worker_helpers import settled
 
+from tidal_workers.claim import URGENT_READ_SECONDS
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import WorkerContext
 from tidal_workers.gate import FixedGate
@@ -84,6 +85,20 @@ def test_floor_items_count_as_in_flight(rt, make_batch):
     assert loop.tick(t0 + 0.1) == 0  # the gate is full and the bucket empty
     rt.queue.set_urgent([])
     assert loop.tick(t0 + 10) == 0 and loop.buckets == {}  # no longer urgent: no floor, and the gate is full
+
+
+def test_the_claim_loop_reads_the_urgent_batches_at_most_once_a_second(rt, make_batch):
+    """A pass runs after every release; the set changes only with the re-score, every few seconds."""
+    _calm, urgent = urgent_pair(rt, make_batch)
+    loop = loop_for(rt, 0, [], settle=True)
+    t0 = time.time()
+    loop.tick(t0)
+    assert set(loop.buckets) == {urgent}
+    rt.queue.set_urgent([])
+    loop.tick(t0 + URGENT_READ_SECONDS / 2)
+    assert set(loop.buckets) == {urgent}  # the reading of a second ago still serves
+    loop.tick(t0 + URGENT_READ_SECONDS)
+    assert loop.buckets == {}
 
 
 def test_a_batch_starved_by_online_load_still_makes_its_floor_rate(rt, make_batch, stub, worker):

@@ -29,6 +29,7 @@ from tidal_workers.gate import prefill_per_step
 from tidal_workers.gate import step_counters
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.leases import LeaseBook
+from tidal_workers.policy.laxity import PRIORITY_MAX
 from tidal_workers.policy.phase import SplitConfig
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item
@@ -122,6 +123,26 @@ def test_split_items_are_claimed_by_phase_only_and_requeued_as_their_decode(rt, 
     assert not rt.redis.exists(keys.phase_ready(batch, PREFILL), keys.phase_batches(PREFILL, "m"))
     assert rt.queue.queued_batches() == [] and rt.redis.keys(keys.PHASE_BATCHES_PREFIX + "*") == []
     assert prefilled(rt, second.item_id, second.lease) == "abandoned"
+
+
+def test_one_claim_takes_each_phases_split_items_in_order_then_whole_items(rt, make_batch):
+    """The claim loop's pass is one CLAIM call: the phases it admits, decodes first, then whole items."""
+    whole = make_batch(2)
+    decodes, prefills = make_batch(1, enqueue=False), make_batch(2, enqueue=False)
+    split(rt, decodes, DECODE)
+    split(rt, prefills)
+    both = [(DECODE, PRIORITY_MAX), (PREFILL, PRIORITY_MAX)]
+    got = rt.queue.claim(NODE, 4, 30, MODELS, phases=both)
+    assert [c.item_id for c in got] == item_ids(rt, decodes) + item_ids(rt, prefills) + item_ids(rt, whole)[:1]
+    assert rt.queue.claim(NODE, 10, 30, MODELS, phases=both, whole=False) == []  # no split item is left
+    assert [c.item_id for c in rt.queue.claim(NODE, 10, 30, MODELS, phases=both)] == item_ids(rt, whole)[1:]
+
+
+def test_a_phase_admitted_only_for_urgent_batches_takes_none_of_a_calm_one(rt, make_batch):
+    whole, calm = make_batch(1), make_batch(1, enqueue=False)
+    split(rt, calm)
+    assert [c.batch_id for c in rt.queue.claim(NODE, 2, 30, MODELS, phases=[(PREFILL, 50)])] == [whole]
+    assert waiting(rt, calm, PREFILL) == 1
 
 
 def test_phase_claims_follow_priority_and_a_rescore_and_an_urgency_bound(rt, make_batch):

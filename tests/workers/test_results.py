@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +16,8 @@ from tidal_workers.result import Outcome
 from tidal_workers.result import ResultWriter
 from tidal_workers.result import record
 from tidal_workers.store.models import ItemStatus
+from tidal_workers.task_names import FINALIZE
+from tidal_workers.task_names import OPS_QUEUE
 
 NODE = "test-node"
 
@@ -94,3 +98,28 @@ def test_an_idle_writer_writes_on_the_callers_thread_and_a_busy_one_groups_what_
     assert [n for _, n in groups] == [1, 4]
     assert all(name.startswith("caller") for name, _ in groups)  # no writer thread of its own
     assert rt.queue.inflight(NODE) == 0
+
+
+def finalize_requests(rt) -> list[str]:
+    """Batch ids of the `tidal.finalize` messages waiting in the ops queue (taken out of it)."""
+    ids = []
+    while (raw := rt.redis.rpop(OPS_QUEUE)) is not None:
+        message = json.loads(raw)
+        if message["headers"]["task"] == FINALIZE:
+            ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
+    return ids
+
+
+def test_the_write_of_a_batchs_last_item_asks_for_its_finalize_from_the_counts_it_returned(rt, make_batch):
+    batch = make_batch(3)
+    claims = rt.queue.claim(NODE, 3, 30, ["m"])
+    finalize_requests(rt)
+    assert record(rt, claims[0].item_id, batch, claims[0].lease, done(1))
+    assert finalize_requests(rt) == []  # two items to go
+    writer = ResultWriter(rt)
+    try:  # the last two in one group: one request for the batch
+        assert writer.write([Entry(c.item_id, batch, c.lease, done(1)) for c in claims[1:]]) == [True, True]
+    finally:
+        writer.close()
+    assert finalize_requests(rt) == [batch]
+    assert rt.queue.inflight(NODE) == 0  # released before the request
