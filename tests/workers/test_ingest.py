@@ -3,7 +3,6 @@ retried with backoff, and the batch failed after the last; a `validating` batch 
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 
@@ -12,6 +11,7 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy import func
 from sqlalchemy import select
 from workers.worker_helpers import batch_row
+from workers.worker_helpers import ops_batch_ids
 from workers.worker_helpers import queued
 from workers.worker_helpers import validating_batch
 from workers.worker_helpers import wait_for
@@ -27,7 +27,6 @@ from tidal_workers.store.models import Item
 from tidal_workers.sweeps import expire_due
 from tidal_workers.sweeps import reconcile
 from tidal_workers.task_names import INGEST
-from tidal_workers.task_names import OPS_QUEUE
 
 CHAT = "/v1/chat/completions"
 
@@ -115,12 +114,7 @@ def test_fifty_thousand_lines(rt):
 
 def _ingest_messages(rt) -> list[str]:
     """Batch ids of the `tidal.ingest` messages waiting in the ops queue (taken out of it)."""
-    ids = []
-    while (raw := rt.redis.rpop(OPS_QUEUE)) is not None:
-        message = json.loads(raw)
-        if message["headers"]["task"] == INGEST:
-            ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
-    return ids
+    return ops_batch_ids(rt, INGEST)
 
 
 def _attempted(rt, batch_id, attempts: int, started_at: int) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from workers.worker_helpers import batch_row
+from workers.worker_helpers import ops_batch_ids
 
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Entry
@@ -17,7 +16,6 @@ from tidal_workers.result import ResultWriter
 from tidal_workers.result import record
 from tidal_workers.store.models import ItemStatus
 from tidal_workers.task_names import FINALIZE
-from tidal_workers.task_names import OPS_QUEUE
 
 NODE = "test-node"
 
@@ -102,12 +100,7 @@ def test_an_idle_writer_writes_on_the_callers_thread_and_a_busy_one_groups_what_
 
 def finalize_requests(rt) -> list[str]:
     """Batch ids of the `tidal.finalize` messages waiting in the ops queue (taken out of it)."""
-    ids = []
-    while (raw := rt.redis.rpop(OPS_QUEUE)) is not None:
-        message = json.loads(raw)
-        if message["headers"]["task"] == FINALIZE:
-            ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
-    return ids
+    return ops_batch_ids(rt, FINALIZE)
 
 
 def test_the_write_of_a_batchs_last_item_asks_for_its_finalize_from_the_counts_it_returned(rt, make_batch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import io
 import json
@@ -187,3 +188,15 @@ def booked(claim) -> LeaseBook:
     book.add(claim.item_id, claim.lease)
     book.set_target(1)
     return book
+
+
+def ops_batch_ids(rt, task: str) -> list[str]:
+    """The batch ids (first argument) of the ``task`` messages waiting in the ops queue, taken out of it."""
+    from tidal_workers.task_names import OPS_QUEUE
+
+    ids = []
+    while (raw := rt.redis.rpop(OPS_QUEUE)) is not None:
+        message = json.loads(raw)
+        if message["headers"]["task"] == task:
+            ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
+    return ids
