@@ -482,6 +482,36 @@ def prefix(
 
 
 @bench.command()
+@PROFILE_OPTION
+@click.option("--online-rate", default="8", show_default=True, help="Comma-separated online requests/s.")
+@click.option(
+    "--ceiling", type=float, default=0.0, help="A measured ceiling (batch tokens/s): state the bound as a share."
+)
+@out_option("bound")
+def bound(profile: str, online_rate: str, ceiling: float, out: str) -> None:
+    """The most batch tokens/s the profile computes beside an online load of the harvest workload's lengths, at
+    any latency and for any scheduler (tidal_workers/bench/harvest_bound.py): a calculation, no engine."""
+    from tidal_engine.twin import load_profile
+    from tidal_workers.bench import harvest_bound as hb
+    from tidal_workers.bench.workload import GPU_WORKLOAD
+
+    out_dir, origin = begin("bound", out)
+    spec = load_profile(profile)
+    rows = []
+    for rate in (float(r) for r in online_rate.split(",")):
+        mix = hb.Mix.of(GPU_WORKLOAD, rate)
+        b = hb.compute_bound(spec, mix)
+        row = {"online_rate": rate, **dataclasses.asdict(b), "online_share": round(b.online_share, 4)}
+        if ceiling > 0:
+            row["harvest_bound"] = round(b.harvest(ceiling), 4)
+        rows.append(row)
+    lengths = dataclasses.asdict(hb.Mix.of(GPU_WORKLOAD, 0.0))
+    lengths.pop("online_rate")
+    results = {"profile": spec.name, "mean_lengths": lengths, "ceiling": ceiling or None, "rows": rows}
+    finish("bound", origin, results, out_dir, rows)
+
+
+@bench.command()
 @click.option("--profile", default="qwen2.5-7b@a6000", show_default=True, help="Twin profile to run (MODEL@GPU).")
 @click.option("--reps", default=3, show_default=True, help="Repetitions of the grid and of the CPU load.")
 @click.option("--steps", default=8, show_default=True, help="Steps of each cell's shape per repetition.")
