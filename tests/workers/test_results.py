@@ -116,3 +116,44 @@ def test_the_write_of_a_batchs_last_item_asks_for_its_finalize_from_the_counts_i
         writer.close()
     assert finalize_requests(rt) == [batch]
     assert rt.queue.inflight(NODE) == 0  # released before the request
+
+
+def test_the_next_group_is_written_while_the_last_one_releases_its_leases(rt, make_batch, monkeypatch):
+    """Answers of one step: the second's transaction runs during the first's Redis round trip, not after it, and
+    each group's leases are released only after its own commit."""
+    from tidal_workers import result
+
+    make_batch(2)
+    first, second = rt.queue.claim(NODE, 2, 30, ["m"])
+    order: list[tuple[str, int]] = []
+    first_releasing, second_committed = threading.Event(), threading.Event()
+    real_write, real_release = result.write_outcomes, result.release
+
+    def write_outcomes(rt_, entries):
+        out = real_write(rt_, entries)
+        order.append(("commit", entries[0].item_id))
+        if entries[0].item_id == second.item_id:
+            second_committed.set()
+        return out
+
+    def release(rt_, entries, due):
+        order.append(("release", entries[0].item_id))
+        if entries[0].item_id == first.item_id:
+            first_releasing.set()
+            assert second_committed.wait(30), "the second group's write waited for the first group's release"
+        real_release(rt_, entries, due)
+
+    monkeypatch.setattr(result, "write_outcomes", write_outcomes)
+    monkeypatch.setattr(result, "release", release)
+    writer = ResultWriter(rt)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            one = pool.submit(record, rt, first.item_id, first.batch_id, first.lease, done(1), writer.write)
+            assert first_releasing.wait(30)
+            two = pool.submit(record, rt, second.item_id, second.batch_id, second.lease, done(1), writer.write)
+            assert one.result(30) and two.result(30)
+    finally:
+        writer.close()
+    ids = first.item_id, second.item_id
+    assert order == [("commit", ids[0]), ("release", ids[0]), ("commit", ids[1]), ("release", ids[1])]
+    assert rt.queue.inflight(NODE) == 0
