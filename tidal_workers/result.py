@@ -202,34 +202,29 @@ class ResultWriter:
         with self._cond:
             if self._closing:  # a straggler after shutdown began: its own transaction
                 return settle(self.rt, entries)
-            self._queue += zip(entries, futures)
-            while self._writing and self._queued(futures[0]):
+            queue = self._queue  # ours until a leader takes it as its group and starts a new one
+            queue += zip(entries, futures)
+            while self._writing and queue is self._queue:
                 self._cond.wait()
-            group: list[tuple[Entry, Future[bool]]] = []
-            if self._queued(futures[0]):  # lead: write everything queued so far, ours included
+            leading = queue is self._queue
+            if leading:  # lead: write everything queued so far, ours included
                 self._writing = True
-                group, self._queue = self._queue, []
-        if group:  # else a leader took ours with its group and sets their futures
-            self._lead(group)
+                self._queue = []
+        if leading:  # else a leader took ours with its group and sets their futures
+            self._lead(queue)
         return [f.result() for f in futures]
-
-    def _queued(self, future: Future[bool]) -> bool:
-        return any(f is future for _, f in self._queue)
 
     def _lead(self, group: list[tuple[Entry, Future[bool]]]) -> None:
         """Write the group, free the writer for the next group, then release this one and answer its callers."""
         entries = [e for e, _ in group]
+        committed = False
         try:
             written, due = write_outcomes(self.rt, entries)
-        except BaseException as exc:  # every caller of the group sees the failure, as with its own write
-            self._committed(releasing=0)
-            for _, future in group:
-                future.set_exception(exc)
-            return
-        self._committed(releasing=1)
-        try:
+            with self._cond:
+                self._writing, self._releasing, committed = False, self._releasing + 1, True
+                self._cond.notify_all()
             release(self.rt, entries, due)
-        except BaseException as exc:
+        except BaseException as exc:  # every caller of the group sees the failure, as with its own write
             for _, future in group:
                 future.set_exception(exc)
         else:
@@ -237,14 +232,11 @@ class ResultWriter:
                 future.set_result(first)
         finally:
             with self._cond:
-                self._releasing -= 1
+                if committed:
+                    self._releasing -= 1
+                else:  # the write failed: the writer is still ours to free
+                    self._writing = False
                 self._cond.notify_all()
-
-    def _committed(self, releasing: int) -> None:
-        with self._cond:
-            self._writing = False
-            self._releasing += releasing
-            self._cond.notify_all()
 
     def close(self) -> None:
         """Stragglers from now on write on their own; wait (up to 30 s) for the groups being written or released."""

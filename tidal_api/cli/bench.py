@@ -497,17 +497,16 @@ def bound(profile: str, online_rate: str, ceiling: float, out: str) -> None:
 
     out_dir, origin = begin("bound", out)
     spec = load_profile(profile)
+    lengths = hb.Mix.of(GPU_WORKLOAD, 0.0)  # the means, drawn once
     rows = []
     for rate in (float(r) for r in online_rate.split(",")):
-        mix = hb.Mix.of(GPU_WORKLOAD, rate)
-        b = hb.compute_bound(spec, mix)
+        b = hb.compute_bound(spec, dataclasses.replace(lengths, online_rate=rate))
         row = {"online_rate": rate, **dataclasses.asdict(b), "online_share": round(b.online_share, 4)}
         if ceiling > 0:
             row["harvest_bound"] = round(b.harvest(ceiling), 4)
         rows.append(row)
-    lengths = dataclasses.asdict(hb.Mix.of(GPU_WORKLOAD, 0.0))
-    lengths.pop("online_rate")
-    results = {"profile": spec.name, "mean_lengths": lengths, "ceiling": ceiling or None, "rows": rows}
+    means = {k: v for k, v in dataclasses.asdict(lengths).items() if k != "online_rate"}
+    results = {"profile": spec.name, "mean_lengths": means, "ceiling": ceiling or None, "rows": rows}
     finish("bound", origin, results, out_dir, rows)
 
 
