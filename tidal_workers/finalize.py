@@ -14,7 +14,6 @@ import json
 import time
 import typing as t
 
-from sqlalchemy import Row
 from sqlalchemy import bindparam
 from sqlalchemy import select
 from sqlalchemy import update
@@ -159,20 +158,32 @@ def expire(rt: Runtime, batch_id: str) -> bool:
 
 #: The columns that say whether a batch's work is over; the result write's counter UPDATE returns them.
 COUNTS = (Batch.status, Batch.total, Batch.completed, Batch.failed)
+
+
+class Counts(t.NamedTuple):
+    """A batch's ``COUNTS``, as read (``_counts``) or returned by the result write's counter UPDATE."""
+
+    status: str
+    total: int
+    completed: int
+    failed: int
+
+
 #: Read where no write returned them (``finalize_if_due``): built once, bound at each execution.
 _COUNTS = select(*COUNTS).where(Batch.id == bindparam("batch_id"))
 
 
-def _counts(rt: Runtime, batch_id: str) -> Row[str, int, int, int] | None:
+def _counts(rt: Runtime, batch_id: str) -> Counts | None:
     with rt.store.core_read() as s:
-        return s.execute(_COUNTS, {"batch_id": batch_id}).one_or_none()
+        row = s.execute(_COUNTS, {"batch_id": batch_id}).one_or_none()
+    return Counts(*row) if row is not None else None
 
 
-def _work_over(row: Row[str, int, int, int]) -> bool:
+def _work_over(row: Counts) -> bool:
     return row.status == BatchStatus.in_progress.value and row.completed + row.failed >= row.total
 
 
-def looks_due(row: Row[str, int, int, int] | None) -> bool:
+def looks_due(row: Counts | None) -> bool:
     """From a batch's ``COUNTS``: its work looks over (every item settled, or the batch cancelling), so the ops
     worker's ``maybe_finalize`` should look."""
     return row is not None and (_work_over(row) or row.status == BatchStatus.cancelling.value)
@@ -206,6 +217,7 @@ def finalize_if_due(rt: Runtime, batch_id: str) -> bool:
 
 __all__ = [
     "COUNTS",
+    "Counts",
     "complete",
     "expire",
     "finalize_if_due",

@@ -20,14 +20,12 @@ from concurrent.futures import Future
 import prometheus_client
 from sqlalchemy import bindparam
 from sqlalchemy import update
-from sqlalchemy.engine import Connection
 
 from tidal_workers import finalize
 from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.queue import parse_lease
 from tidal_workers.runtime import Runtime
-from tidal_workers.store.db import rows_updated
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
@@ -64,11 +62,27 @@ class Entry:
     outcome: Outcome
 
 
-# The two statements of a write are built once and bound at each execution: building an UPDATE from the model's
-# attributes costs SQLAlchemy more than SQLite spends running it (two thirds of an idle write's 1.6 ms), and
-# the release path runs them for every answered item.
-#: The item's conditional UPDATE (the first write wins); its SET clause is the columns given at execution.
-_WRITE_ITEM = update(Item).where(Item.id == bindparam("item_id"), Item.status == ItemStatus.pending.value)
+# The two statements of a write are built once and run on the driver's cursor (``Store.driver``): SQLAlchemy's
+# building and executing them cost more than SQLite spends running them, and the release path runs them for every
+# answered item.
+#: The item columns a write sets (``_outcome_columns``).
+_OUTCOME = (
+    "status",
+    "attempts",
+    "response_status",
+    "request_id",
+    "response_body",
+    "error_code",
+    "error_message",
+    "finished_at",
+    *(f.name for f in dataclasses.fields(Usage)),  # Usage's fields are the items' (and batches') token columns
+)
+#: The item's conditional UPDATE (the first write wins), its outcome bound as ``set_<column>``.
+_WRITE_ITEM = (
+    update(Item)
+    .where(Item.id == bindparam("item_id"), Item.status == ItemStatus.pending.value)
+    .values({column: bindparam(f"set_{column}") for column in _OUTCOME})
+)
 _COUNTERS = ("completed", "failed", *(f.name for f in dataclasses.fields(Usage)))
 #: A group's additions to one batch's request_counts and billed usage, bound as ``add_<column>``; it returns the
 #: counts after them, which say whether the batch's work looks over (no read of the batch after each item).
@@ -80,10 +94,10 @@ _ADD_TO_BATCH = (
 )
 
 
-def _write_item(s: Connection, e: Entry, now: int) -> bool:
-    """The item's conditional UPDATE: True if it was still pending, i.e. this write is the first."""
+def _outcome_columns(e: Entry, now: int) -> dict[str, t.Any]:
+    """The item's columns after ``e``'s write, bound as ``set_<column>``."""
     o = e.outcome
-    outcome = {
+    columns = {
         "status": o.status.value,
         "attempts": parse_lease(e.lease)[1],
         "response_status": o.response_status,
@@ -92,9 +106,9 @@ def _write_item(s: Connection, e: Entry, now: int) -> bool:
         "error_code": o.error_code,
         "error_message": o.error_message,
         "finished_at": now,
-        **dataclasses.asdict(o.usage),  # Usage's fields are the items' (and batches') token columns
+        **o.usage.columns(),
     }
-    return rows_updated(s, _WRITE_ITEM, {"item_id": e.item_id, **outcome}) == 1
+    return {f"set_{column}": value for column, value in columns.items()}
 
 
 def write_outcomes(rt: Runtime, entries: list[Entry]) -> tuple[list[bool], list[str]]:
@@ -107,8 +121,11 @@ def write_outcomes(rt: Runtime, entries: list[Entry]) -> tuple[list[bool], list[
     """
     now = int(time.time())
     due: list[str] = []
-    with rt.store.core_transaction() as s:
-        written = [_write_item(s, e, now) for e in entries]
+    write_item, add_to_batch = rt.store.driver(_WRITE_ITEM), rt.store.driver(_ADD_TO_BATCH)
+    with rt.store.driver_transaction() as cursor:
+        written = [
+            write_item.run(cursor, {"item_id": e.item_id, **_outcome_columns(e, now)}).rowcount == 1 for e in entries
+        ]
         counts: dict[str, list[Entry]] = {}
         for e, first in zip(entries, written):
             if first:
@@ -116,13 +133,10 @@ def write_outcomes(rt: Runtime, entries: list[Entry]) -> tuple[list[bool], list[
         for batch_id in sorted(counts):
             done = [e.outcome.usage for e in counts[batch_id] if e.outcome.status is ItemStatus.completed]
             billed = sum(done, Usage())  # only completed items are billed
-            additions = {
-                "completed": len(done),
-                "failed": len(counts[batch_id]) - len(done),
-                **dataclasses.asdict(billed),
-            }
-            after = s.execute(_ADD_TO_BATCH, {"batch_id": batch_id, **{f"add_{k}": v for k, v in additions.items()}})
-            if finalize.looks_due(after.one_or_none()):
+            additions = {"completed": len(done), "failed": len(counts[batch_id]) - len(done), **billed.columns()}
+            after = add_to_batch.run(cursor, {"batch_id": batch_id, **{f"add_{k}": v for k, v in additions.items()}})
+            row = after.fetchone()
+            if finalize.looks_due(finalize.Counts(*row) if row is not None else None):
                 due.append(batch_id)
     for e, first in zip(entries, written):
         if first and e.outcome.status is ItemStatus.completed:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from config import load_settings
@@ -93,3 +95,11 @@ def test_costs_add_up():
     b = cost(Usage(0, 0, 1_000_000, 0), "*", TABLE)
     assert (a + b).online_usd == pytest.approx(2.50 + 0.60)
     assert (a + b).saved_usd == pytest.approx((2.50 + 0.60) / 2)
+
+
+def test_usage_columns_are_its_fields_by_name():
+    """``columns`` is written out by hand for speed (the result write's hot path); it must stay the dataclass's."""
+    u = Usage(1, 2, 3, 4)
+    assert u.columns() == dataclasses.asdict(u)
+    assert list(u.columns()) == [f.name for f in dataclasses.fields(Usage)]
+    assert u + Usage(10, 20, 30, 40) == Usage(11, 22, 33, 44)

@@ -6,14 +6,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from workers.worker_helpers import batch_row
 from workers.worker_helpers import ops_batch_ids
 
+from tidal_workers import result
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Entry
 from tidal_workers.result import Outcome
 from tidal_workers.result import ResultWriter
 from tidal_workers.result import record
+from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
 from tidal_workers.task_names import FINALIZE
 
@@ -157,3 +160,68 @@ def test_the_next_group_is_written_while_the_last_one_releases_its_leases(rt, ma
     ids = first.item_id, second.item_id
     assert order == [("commit", ids[0]), ("release", ids[0]), ("commit", ids[1]), ("release", ids[1])]
     assert rt.queue.inflight(NODE) == 0
+
+
+def test_the_write_puts_every_column_of_the_outcome_on_the_item_row(rt, make_batch):
+    """The write runs on the driver's cursor with its values bound by position (SQLite) or by name (PostgreSQL):
+    each column of the item row holds its own value, and the counters their sums."""
+    batch = make_batch(2)
+    ok, failed = rt.queue.claim(NODE, 2, 30, ["m"])
+    usage = Usage(input_tokens=11, cached_tokens=3, output_tokens=22, reasoning_tokens=5)
+    written = result.settle(
+        rt,
+        [
+            Entry(ok.item_id, batch, ok.lease, Outcome(ItemStatus.completed, 200, "req-1", '{"a": 1}', usage=usage)),
+            Entry(failed.item_id, batch, failed.lease, Outcome(ItemStatus.failed, error_code="x", error_message="y")),
+        ],
+    )
+    assert written == [True, True]
+    with rt.store.read() as s:
+        a, b = s.get(Item, ok.item_id), s.get(Item, failed.item_id)
+        assert (a.status, a.attempts, a.response_status, a.request_id, a.response_body) == (
+            "completed",
+            1,
+            200,
+            "req-1",
+            '{"a": 1}',
+        )
+        assert (a.error_code, a.error_message, a.finished_at is not None) == (None, None, True)
+        assert (a.input_tokens, a.cached_tokens, a.output_tokens, a.reasoning_tokens) == (11, 3, 22, 5)
+        assert (b.status, b.response_status, b.error_code, b.error_message, b.input_tokens) == (
+            "failed",
+            None,
+            "x",
+            "y",
+            0,
+        )
+    row = batch_row(rt, batch)
+    assert (
+        row.completed,
+        row.failed,
+        row.input_tokens,
+        row.cached_tokens,
+        row.output_tokens,
+        row.reasoning_tokens,
+    ) == (
+        1,
+        1,
+        11,
+        3,
+        22,
+        5,
+    )
+    assert rt.queue.inflight(NODE) == 0
+
+
+def test_a_driver_transaction_that_fails_writes_nothing_and_gives_its_connection_back(rt, make_batch):
+    batch = make_batch(1)
+    (claim,) = rt.queue.claim(NODE, 1, 30, ["m"])
+    add = rt.store.driver(result._ADD_TO_BATCH)
+    counters = {f"add_{c}": 1 for c in result._COUNTERS}
+    with pytest.raises(RuntimeError, match="after the UPDATE"), rt.store.driver_transaction() as cursor:
+        assert add.run(cursor, {"batch_id": batch, **counters}).fetchone()[2] == 1  # completed, in the transaction
+        raise RuntimeError("after the UPDATE")
+    assert batch_row(rt, batch).completed == 0  # rolled back
+    assert rt.store.engine.pool.checkedout() == 0
+    assert result.settle(rt, [Entry(claim.item_id, batch, claim.lease, done(1))]) == [True]  # the store still writes
+    assert batch_row(rt, batch).completed == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 import typing as t
 
@@ -12,7 +13,9 @@ from sqlalchemy import Update
 from sqlalchemy import create_engine
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Dialect
 from sqlalchemy.engine import Engine
+from sqlalchemy.engine.interfaces import DBAPICursor
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
 
@@ -49,6 +52,33 @@ def rows_updated(
     return result.rowcount
 
 
+@dataclasses.dataclass(frozen=True)
+class DriverStatement:
+    """A Core statement compiled once for one database, to run on the driver's own cursor (``Store.driver``).
+
+    For the statements run for every answered item: on them SQLAlchemy's execution machinery (the compiled-cache
+    lookup, the execution context, the result object) cost more than SQLite spends running them (measured on a
+    result write: 0.51 ms through a Core connection, 0.20 ms on the driver's cursor). Only for statements whose
+    bound values need no type conversion (plain integers and strings), as nothing converts them here."""
+
+    sql: str
+    names: tuple[str, ...] | None  # a positional driver's (sqlite3's qmark) bound names in order; None: by name
+    constants: t.Mapping[str, t.Any]  # the statement's own literals (``status = 'pending'``), bound as any name
+
+    @classmethod
+    def compile(cls, statement: Update | Delete, dialect: Dialect) -> DriverStatement:
+        compiled = statement.compile(dialect=dialect)
+        constants = {name: bind.value for name, bind in compiled.binds.items() if not bind.required}
+        names = tuple(compiled.positiontup) if compiled.positiontup is not None else None
+        return cls(compiled.string, names, constants)
+
+    def run(self, cursor: DBAPICursor, values: t.Mapping[str, t.Any]) -> DBAPICursor:
+        """Execute with ``values`` bound by name (the statement's own literals added); the cursor, to read from."""
+        bound = {**self.constants, **values}
+        cursor.execute(self.sql, tuple(bound[n] for n in self.names) if self.names is not None else bound)
+        return cursor
+
+
 class Store:
     """The database of one process: an engine, a session factory and start-up helpers."""
 
@@ -60,6 +90,7 @@ class Store:
             Path(settings.home).mkdir(parents=True, exist_ok=True)
         self.engine = make_engine(settings.sqlalchemy_url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._driver_statements: dict[Update | Delete, DriverStatement] = {}
 
     @contextlib.contextmanager
     def read(self) -> t.Iterator[Session]:
@@ -92,6 +123,34 @@ class Store:
         with self.engine.begin() as connection:
             yield connection
 
+    def driver(self, statement: Update | Delete) -> DriverStatement:
+        """``statement`` compiled for this store's database, once per process (``DriverStatement``)."""
+        compiled = self._driver_statements.get(statement)
+        if compiled is None:
+            compiled = self._driver_statements[statement] = DriverStatement.compile(statement, self.engine.dialect)
+        return compiled
+
+    @contextlib.contextmanager
+    def driver_transaction(self) -> t.Iterator[DBAPICursor]:
+        """A driver cursor on a pooled connection, in a transaction, for ``DriverStatement``s: committed on
+        success and rolled back on error (a connection that cannot even roll back is dropped from the pool)."""
+        connection = self.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            try:
+                yield cursor
+            finally:
+                cursor.close()
+            connection.commit()
+        except BaseException:
+            try:
+                connection.rollback()
+            except Exception:
+                connection.invalidate()
+            raise
+        finally:
+            connection.close()  # back to the pool
+
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision."""
         from tidal_workers.store.migrate import upgrade
@@ -114,4 +173,4 @@ class Store:
         self.engine.dispose()
 
 
-__all__ = ["Base", "Store", "make_engine", "rows_updated"]
+__all__ = ["Base", "DriverStatement", "Store", "make_engine", "rows_updated"]
