@@ -51,6 +51,9 @@ class Runtime:
         """The process's one pooled HTTP client (the engine's POSTs and its /metrics): connections are reused,
         and the pool holds one per worker thread so no POST waits for a connection or opens one per request."""
         session = requests.Session()
+        # Settings come from config alone: no proxy, .netrc or CA bundle read from the environment on every request
+        # (requests scanned os.environ twice a POST for them). The engine is co-located, never behind a proxy.
+        session.trust_env = False
         # Connections are opened only as needed: the bound is room for every task thread of a large GPU node.
         adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max(self.settings.worker_threads, 512))
         session.mount("http://", adapter)

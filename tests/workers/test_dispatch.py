@@ -12,8 +12,11 @@ from workers.worker_helpers import item_ids
 from workers.worker_helpers import settled
 from workers.worker_helpers import wait_for
 
+from tidal_engine.serve import free_port
 from tidal_workers import task_names
+from tidal_workers.execute import submit
 from tidal_workers.store.models import Item
+from tidal_workers.store.models import ItemStatus
 
 
 def test_batch_runs_to_completed_with_openai_lines_usage_and_priority(rt, make_batch, worker, stub):
@@ -87,3 +90,15 @@ def test_queue_lost_mid_batch_is_rebuilt_from_sql_and_completes(rt, make_batch, 
         b, out, err = settled(rt, batch)
     assert (b.completed, b.failed, err) == (30, 0, [])
     assert_exactly_once(rt, batch, out, err)
+
+
+def test_the_engine_client_takes_no_proxy_from_the_environment(rt, stub, monkeypatch):
+    """Settings come from config alone: a proxy in the environment (here one that refuses) never carries the POSTs
+    to the co-located engine, and requests does not read the environment on each of them."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, dead)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    assert submit(rt, "/v1/chat/completions", body, 100).status is ItemStatus.completed
