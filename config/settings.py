@@ -109,7 +109,8 @@ class Settings:
     )
     broker_url: str = _setting("", "Celery broker URL. Empty: the same as `TIDAL_REDIS_URL`.")
     vllm_url: str = _setting(
-        "http://127.0.0.1:8000", "The co-located vLLM server this worker feeds (OpenAI API and /metrics)."
+        "http://127.0.0.1:8000",
+        "The co-located vLLM server this worker feeds (OpenAI API and /metrics), reached directly: the worker's client applies no `HTTP_PROXY`/`NO_PROXY`, `.netrc` or `REQUESTS_CA_BUNDLE` from the environment.",
     )
 
     # --- the API -----------------------------------------------------------
