@@ -8,8 +8,6 @@ import signal
 import socket
 import time
 
-from sqlalchemy import func
-from sqlalchemy import select
 from workers.worker_helpers import assert_exactly_once
 from workers.worker_helpers import batch_row
 from workers.worker_helpers import item_ids
@@ -25,16 +23,24 @@ from tidal_workers.task_names import OPS_QUEUE
 def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
     rt, make_batch, worker, stub, settings, children, tmp_path
 ):
-    stub.delay = 2.0  # longer than a lease: node-a must renew, and is surely mid-request when killed
+    """node-a is killed while the engine holds one of its requests unanswered: that item is unsettled by
+    construction, so the survivor must run it again as attempt 2. (Waiting on node-a's lease count instead raced:
+    the leases of items already committed but not yet released count too, and killing then leaves nothing to rerun.)"""
+    stub.delay = 2.0  # longer than a lease: node-a must renew its leases mid-request
+    stub.script("b0-5", "hang")  # the engine never answers node-a's request for this item
     batch = make_batch(24)
     doomed = spawn(
-        settings.replace(node="node-a", request_timeout_seconds=10),
+        settings.replace(node="node-a", request_timeout_seconds=60),
         "worker",
         "--loglevel=warning",
         log=tmp_path / "a.log",
     )
     children.append(doomed)
-    wait_for(lambda: batch_row(rt, batch).completed >= 4, timeout=60, what="the subprocess worker to make progress")
+    wait_for(
+        lambda: stub.seen("b0-5") == 1 and batch_row(rt, batch).completed >= 4,
+        timeout=60,
+        what="node-a to make progress and send the item the engine holds",
+    )
     assert rt.queue.inflight("node-a") > 0
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait(10)
@@ -44,9 +50,10 @@ def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
         b, out, err = settled(rt, batch)
     assert (b.completed, b.failed, err) == (24, 0, [])
     assert_exactly_once(rt, batch, out, err)
+    held = item_ids(rt, batch)[5]
     with rt.store.read() as s:
-        rerun = s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == batch, Item.attempts > 1))
-    assert rerun >= 1  # the killed worker's in-flight items ran again, as attempt 2
+        assert s.get(Item, held).attempts == 2  # the held item ran again, as attempt 2, on the survivor
+    assert stub.seen("b0-5") == 2
     assert rt.queue.inflight("node-a") == 0
 
 
