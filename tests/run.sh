@@ -57,32 +57,57 @@ export PATH="$venv/bin:$PATH"
 # Home for the session-wide tiny model and engine cache (kept between runs).
 export TIDAL_HOME="${TIDAL_HOME:-$HOME/.cache/tidal/test-home}"
 
+# Every pass runs even when an earlier one fails (one flaky test must not hide the rest); each pass's summary
+# line is printed again at the end, and the run exits non-zero if any pass failed. Exit 5 is "no test selected"
+# (a narrower selection in "$@"), which is not a failure.
+logs=$(mktemp -d)
+trap 'kill -TERM "${soak_pid:-}" 2>/dev/null || true; rm -rf "$logs"' EXIT  # an interrupted run leaves no soak behind
+failed=()
+summaries=()
+record() {  # record NAME RC LOG: remember the pass's outcome and its closing line
+  local line
+  line=$(grep -E "(passed|failed|error|errors|no tests ran|deselected)( |,).* in [0-9.]+s|^Contracts: |Success: |Found [0-9]+ error" "$3" | tail -n 1 || true)
+  summaries+=("$1: ${line:-exit $2}")
+  [ "$2" = 0 ] || [ "$2" = 5 ] || failed+=("$1")
+}
+run_pass() {  # run_pass NAME COMMAND...: run it, its output shown as it goes and kept for the summary
+  local name=$1 rc=0
+  shift
+  "$@" 2>&1 | tee "$logs/$name" || rc=$?
+  record "$name" "$rc" "$logs/$name"
+}
+
 # Static checks first: they take seconds, a test run takes many minutes. Caches live under ~/.cache/tidal
 # (mypy's is set in setup.cfg), never in the checkout.
 echo "== ruff, mypy, import contracts"
-ruff check .
-ruff format --check .
-mypy
-lint-imports --cache-dir "$HOME/.cache/tidal/import-linter"
+run_pass ruff-check ruff check .
+run_pass ruff-format ruff format --check .
+run_pass mypy mypy
+run_pass import-contracts lint-imports --cache-dir "$HOME/.cache/tidal/import-linter"
 
 # The soaks (marked `soak`: a 180-s engine outage, the 3-minute chaos run) are minutes of the wall clock spent
 # mostly waiting, so they run in a session of their own beside the SQLite pass, each session on its own Redis DB
-# (tests/conftest.py) and temp dir; their output follows the pass's. Exit 5 is "no test selected" (a narrower
-# selection in "$@").
+# (tests/conftest.py) and temp dir; their output follows the pass's.
 echo "== pytest on SQLite (all but the slow stub-engine fault tests, which run on PostgreSQL below; the soaks beside)"
 soak_dir=$(mktemp -d)
 TIDAL_DATABASE_URL= python -m pytest -q -p no:cacheprovider --basetemp "$soak_dir/tmp" -m soak "$@" \
-  >"$soak_dir/log" 2>&1 &
+  >"$logs/soaks" 2>&1 &
 soak_pid=$!
-trap 'kill -TERM "$soak_pid" 2>/dev/null || true' EXIT  # an interrupted run leaves no soak behind
-main_rc=0
-TIDAL_DATABASE_URL= python -m pytest -q --durations=15 -m "(not slow or engine) and not soak" "$@" || main_rc=$?
+TIDAL_DATABASE_URL= run_pass sqlite python -m pytest -q --durations=15 -m "(not slow or engine) and not soak" "$@"
 soak_rc=0
 wait "$soak_pid" || soak_rc=$?
 echo "== the soaks (run beside the SQLite pass)"
-cat "$soak_dir/log"
+cat "$logs/soaks"
+record soaks "$soak_rc" "$logs/soaks"
 rm -rf "$soak_dir"
-[ "$main_rc" = 0 ] || exit "$main_rc"
-[ "$soak_rc" = 0 ] || [ "$soak_rc" = 5 ] || exit "$soak_rc"
+
 echo "== pytest on PostgreSQL (the tests that touch the store, but not the engine's; the rest ran above)"
-TIDAL_DATABASE_URL=postgresql+psycopg2://postgres@127.0.0.1:5432/test python -m pytest -q -m "not no_sql and not engine" "$@"
+TIDAL_DATABASE_URL=postgresql+psycopg2://postgres@127.0.0.1:5432/test \
+  run_pass postgresql python -m pytest -q -m "not no_sql and not engine" "$@"
+
+echo "== summary"
+printf '%s\n' "${summaries[@]}"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "FAILED passes: ${failed[*]}"
+  exit 1
+fi
