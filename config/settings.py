@@ -68,7 +68,69 @@ class TenantLimits:
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class SchedulerSettings:
+    """The TidalScheduler plugin's settings (``TIDAL_SCHED_*``): all that vLLM's engine-core process reads.
+
+    The plugin loads these alone (:func:`load_scheduler_settings`), so the engine core never parses API keys,
+    prices or tenant limits. :class:`Settings` includes them, for ``tidal engine`` to pass on and ``tidal config``
+    to show.
+    """
+
+    sched_tbt_slo_ms: float = _setting(
+        200.0,
+        "TidalScheduler: online time-between-tokens SLO in ms; the step budget is this times (1 - guard).",
+        gt=0,
+    )
+    sched_guard: float = _setting(
+        0.2, "TidalScheduler: fraction of the TBT SLO kept free as a safety margin.", ge=0, lt=1
+    )
+    sched_r2_min: float = _setting(
+        0.85,
+        "TidalScheduler: R² below which the latency model is not trusted and the static cap applies.",
+        ge=0,
+        le=1,
+    )
+    sched_static_cap_frac: float = _setting(
+        0.25,
+        "TidalScheduler: static batch cap as a fraction of max_num_batched_tokens, used while online traffic is present and the model is untrusted.",
+        ge=0,
+        le=1,
+    )
+    sched_window: int = _setting(
+        4000, "TidalScheduler: steps in the latency model's rolling least-squares window.", ge=1
+    )
+    sched_h_min: float = _setting(0.05, "TidalScheduler: lower clamp of the KV guardband H.", ge=0, le=1)
+    sched_h_max: float = _setting(0.30, "TidalScheduler: upper clamp of the KV guardband H.", ge=0, le=1)
+    sched_h_alpha: float = _setting(
+        0.05,
+        "TidalScheduler: EWMA weight of each step's online KV demand in the guardband H.",
+        gt=0,
+        le=1,
+    )
+    sched_metrics_port: int = _setting(
+        0,
+        "TidalScheduler: port of its Prometheus endpoint in the engine-core process; 0 turns it off.",
+        ge=0,
+        le=65535,
+    )
+    sched_metrics_host: str = _setting(
+        "127.0.0.1",
+        "TidalScheduler: address its Prometheus endpoint binds (`0.0.0.0` where Prometheus runs elsewhere).",
+    )
+
+    @property
+    def sched_budget_seconds(self) -> float:
+        """TidalScheduler's step budget: the TBT SLO less its guard."""
+        return self.sched_tbt_slo_ms / 1000.0 * (1.0 - self.sched_guard)
+
+    def __post_init__(self) -> None:
+        problems = _field_problems(self) + _scheduler_problems(self)
+        if problems:
+            raise SettingsError(problems)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings(SchedulerSettings):
     # --- where things live -------------------------------------------------
     env: str = _setting(
         "prod", "`dev` enables the built-in key `tidal-dev-key` (tenant `dev`); anything else is production."
@@ -321,49 +383,6 @@ class Settings:
         ge=0,
     )
 
-    # --- TidalScheduler (read inside vLLM's engine-core process) ----------
-    sched_tbt_slo_ms: float = _setting(
-        200.0,
-        "TidalScheduler: online time-between-tokens SLO in ms; the step budget is this times (1 - guard).",
-        gt=0,
-    )
-    sched_guard: float = _setting(
-        0.2, "TidalScheduler: fraction of the TBT SLO kept free as a safety margin.", ge=0, lt=1
-    )
-    sched_r2_min: float = _setting(
-        0.85,
-        "TidalScheduler: R² below which the latency model is not trusted and the static cap applies.",
-        ge=0,
-        le=1,
-    )
-    sched_static_cap_frac: float = _setting(
-        0.25,
-        "TidalScheduler: static batch cap as a fraction of max_num_batched_tokens, used while online traffic is present and the model is untrusted.",
-        ge=0,
-        le=1,
-    )
-    sched_window: int = _setting(
-        4000, "TidalScheduler: steps in the latency model's rolling least-squares window.", ge=1
-    )
-    sched_h_min: float = _setting(0.05, "TidalScheduler: lower clamp of the KV guardband H.", ge=0, le=1)
-    sched_h_max: float = _setting(0.30, "TidalScheduler: upper clamp of the KV guardband H.", ge=0, le=1)
-    sched_h_alpha: float = _setting(
-        0.05,
-        "TidalScheduler: EWMA weight of each step's online KV demand in the guardband H.",
-        gt=0,
-        le=1,
-    )
-    sched_metrics_port: int = _setting(
-        0,
-        "TidalScheduler: port of its Prometheus endpoint in the engine-core process; 0 turns it off.",
-        ge=0,
-        le=65535,
-    )
-    sched_metrics_host: str = _setting(
-        "127.0.0.1",
-        "TidalScheduler: address its Prometheus endpoint binds (`0.0.0.0` where Prometheus runs elsewhere).",
-    )
-
     # --- SLA: laxity, escalation, floor ------------------------------------
     escalation_horizon_seconds: float = _setting(
         6 * 3600.0, "H: laxity below this starts raising a batch's priority.", gt=0
@@ -430,11 +449,6 @@ class Settings:
     def celery_broker_url(self) -> str:
         return self.broker_url or self.redis_url
 
-    @property
-    def sched_budget_seconds(self) -> float:
-        """TidalScheduler's step budget: the TBT SLO less its guard."""
-        return self.sched_tbt_slo_ms / 1000.0 * (1.0 - self.sched_guard)
-
     # Parsed once, when the Settings is built (``__post_init__`` checks them), then kept: cached_property
     # writes the instance's __dict__ directly, which a frozen dataclass allows.
     @functools.cached_property
@@ -493,7 +507,7 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     def __post_init__(self) -> None:
-        problems = _field_problems(self) + _cross_problems(self)
+        problems = _field_problems(self) + _scheduler_problems(self) + _cross_problems(self)
         for name in ("_prices", "configured_keys", "_tenant_limits", "gate_metrics_url_map"):
             try:
                 getattr(self, name)  # parse now, and keep the result
@@ -512,7 +526,7 @@ _BOUNDS: dict[str, tuple[str, t.Callable[[float, float], bool]]] = {
 }
 
 
-def _field_problems(s: Settings) -> list[str]:
+def _field_problems(s: SchedulerSettings) -> list[str]:
     """Each field against its own ``ge``/``gt``/``le``/``lt``/``choices`` metadata."""
     problems = []
     for f in dataclasses.fields(s):
@@ -532,6 +546,16 @@ def _field_problems(s: Settings) -> list[str]:
     return problems
 
 
+def _scheduler_problems(s: SchedulerSettings) -> list[str]:
+    problems = []
+    if s.sched_h_min > s.sched_h_max:
+        problems.append(
+            f"TIDAL_SCHED_H_MIN={s.sched_h_min} exceeds TIDAL_SCHED_H_MAX={s.sched_h_max}: the guardband's lower "
+            "clamp must not exceed its upper clamp."
+        )
+    return problems
+
+
 def _cross_problems(s: Settings) -> list[str]:
     """Checks that relate two settings, or need more than a number's bounds."""
     problems = []
@@ -544,11 +568,6 @@ def _cross_problems(s: Settings) -> list[str]:
         problems.append(
             f"TIDAL_MIN_INFLIGHT={s.min_inflight} exceeds TIDAL_MAX_INFLIGHT={s.max_inflight}: the gate's lower "
             "bound must not exceed its upper bound."
-        )
-    if s.sched_h_min > s.sched_h_max:
-        problems.append(
-            f"TIDAL_SCHED_H_MIN={s.sched_h_min} exceeds TIDAL_SCHED_H_MAX={s.sched_h_max}: the guardband's lower "
-            "clamp must not exceed its upper clamp."
         )
     for field_name, schemes, example in (
         ("redis_url", ("redis://", "rediss://", "unix://"), "redis://127.0.0.1:6379/0"),
@@ -734,10 +753,22 @@ def load_settings(environ: t.Mapping[str, str] | None = None, **overrides: t.Any
 
     Raises :class:`SettingsError` listing every bad variable at once (one start-up shows them all).
     """
+    return _load(Settings, environ, overrides)
+
+
+def load_scheduler_settings(environ: t.Mapping[str, str] | None = None) -> SchedulerSettings:
+    """Only the ``TIDAL_SCHED_*`` variables, as the TidalScheduler plugin reads them inside vLLM."""
+    return _load(SchedulerSettings, environ, {})
+
+
+_Loaded = t.TypeVar("_Loaded", bound=SchedulerSettings)
+
+
+def _load(cls: type[_Loaded], environ: t.Mapping[str, str] | None, overrides: dict[str, t.Any]) -> _Loaded:
     environ = os.environ if environ is None else environ
     values: dict[str, t.Any] = {}
     problems = []
-    for f in dataclasses.fields(Settings):
+    for f in dataclasses.fields(cls):
         name = env_name(f.name)
         raw = environ.get(name)
         if raw is not None and raw != "":
@@ -749,17 +780,18 @@ def load_settings(environ: t.Mapping[str, str] | None = None, **overrides: t.Any
     values.update(overrides)
     if problems:
         try:
-            Settings(**values)  # report the others too
+            cls(**values)  # report the others too
         except SettingsError as exc:
             problems += exc.problems
         raise SettingsError(problems)
-    return Settings(**values)
+    return cls(**values)
 
 
 def documented_fields() -> list[tuple[str, str, str, str]]:
     """(variable, default, accepted values, doc) rows for docs/configuration.md."""
     rows = []
-    for f in dataclasses.fields(Settings):
+    plugin = dataclasses.fields(SchedulerSettings)  # listed last, as the plugin's own group
+    for f in [*(f for f in dataclasses.fields(Settings) if f not in plugin), *plugin]:
         default = f.default if f.default is not dataclasses.MISSING else "(computed)"
         rows.append((env_name(f.name), str(default), accepted(f), f.metadata["doc"]))
     return rows

@@ -47,7 +47,7 @@ scheduling on by default, and vLLM only warns that a plugin derived from
 ``AsyncScheduler`` for those engines; only how it times a step differs
 (docs/engine.md, "Which class when").
 
-Settings come from ``config.load_settings()`` (the ``TIDAL_SCHED_*`` variables,
+Settings come from ``config.load_scheduler_settings()`` (the ``TIDAL_SCHED_*`` variables alone,
 inherited by the engine-core process), never from tidal_api or tidal_workers.
 """
 
@@ -68,8 +68,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
-from config import Settings
-from config import load_settings
+from config import SchedulerSettings
+from config import load_scheduler_settings
 from tidal_engine.guardband import Guardband
 from tidal_engine.guardband import Resident
 from tidal_engine.guardband import cheapest
@@ -167,13 +167,13 @@ class SlackFill:
 
 
 class TidalScheduler(Scheduler):
-    def __init__(self, *args: t.Any, settings: Settings | None = None, **kwargs: t.Any) -> None:
+    def __init__(self, *args: t.Any, settings: SchedulerSettings | None = None, **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
         if self.policy != SchedulingPolicy.PRIORITY:
             raise ValueError(
                 "TidalScheduler needs --scheduling-policy priority: it tells online from batch by priority"
             )
-        s = settings or load_settings()
+        s = settings or load_scheduler_settings()
         self.tau: int = self.max_num_scheduled_tokens
         self.budget_s = s.sched_budget_seconds
         self.r2_min = s.sched_r2_min
@@ -409,7 +409,7 @@ class TidalAsyncScheduler(TidalScheduler, AsyncScheduler):
     it is charged to the plan made for that output.
     """
 
-    def __init__(self, *args: t.Any, settings: Settings | None = None, **kwargs: t.Any) -> None:
+    def __init__(self, *args: t.Any, settings: SchedulerSettings | None = None, **kwargs: t.Any) -> None:
         super().__init__(*args, settings=settings, **kwargs)
         if not self.scheduler_config.async_scheduling:
             raise ValueError(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import requests
 
+from config import SchedulerSettings
 from config import Settings
 from config.settings import child_environ
 from config.settings import env_name
@@ -131,13 +132,9 @@ class Engine:
             self.process.wait(timeout_s)
 
 
-def scheduler_env(settings: Settings) -> dict[str, str]:
+def scheduler_env(settings: SchedulerSettings) -> dict[str, str]:
     """TidalScheduler's settings as the ``TIDAL_SCHED_*`` variables its process will read."""
-    return {
-        env_name(f.name): str(getattr(settings, f.name))
-        for f in dataclasses.fields(settings)
-        if f.name.startswith("sched_")
-    }
+    return {env_name(f.name): str(getattr(settings, f.name)) for f in dataclasses.fields(SchedulerSettings)}
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

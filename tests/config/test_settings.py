@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from config import SchedulerSettings
+from config import load_scheduler_settings
 from config import load_settings
 from config.settings import Settings
 from config.settings import SettingsError
@@ -268,3 +270,29 @@ def test_config_show_masks_every_secret_and_every_password_in_a_url():
     assert shown["TIDAL_BROKER_URL"] == "redis://user:***@[::1]:6379/1"
     assert shown["TIDAL_S3_SECRET_ACCESS_KEY"] == shown["TIDAL_API_KEYS"] == "***"
     assert shown["TIDAL_VLLM_URL"] == "http://127.0.0.1:8000"  # nothing to hide, shown as it is
+
+
+def test_the_scheduler_plugin_reads_its_own_variables_alone():
+    """Inside vLLM's engine core the plugin parses TIDAL_SCHED_* only: a bad key, price or tenant limit there is
+    the API's and the workers' business, not a reason for the engine to refuse to start."""
+    environ = {
+        "TIDAL_SCHED_TBT_SLO_MS": "120",
+        "TIDAL_SCHED_H_MAX": "0.4",
+        "TIDAL_API_KEYS": "not a key list",
+        "TIDAL_PRICES": "{not json",
+        "TIDAL_TENANT_LIMITS": "[]",
+    }
+    with pytest.raises(SettingsError):
+        load_settings(environ)
+    s = load_scheduler_settings(environ)
+    assert type(s) is SchedulerSettings
+    assert (s.sched_tbt_slo_ms, s.sched_h_max) == (120.0, 0.4)
+    assert s.sched_budget_seconds == pytest.approx(0.120 * (1 - s.sched_guard))
+    assert not hasattr(s, "api_keys")
+
+
+def test_the_scheduler_settings_are_checked_on_their_own():
+    with pytest.raises(SettingsError, match=r"TIDAL_SCHED_H_MIN=0\.5 exceeds TIDAL_SCHED_H_MAX=0\.3"):
+        load_scheduler_settings({"TIDAL_SCHED_H_MIN": "0.5", "TIDAL_SCHED_H_MAX": "0.3"})
+    with pytest.raises(SettingsError, match="TIDAL_SCHED_GUARD"):
+        load_scheduler_settings({"TIDAL_SCHED_GUARD": "1.5"})
