@@ -372,14 +372,14 @@ class Settings(SchedulerSettings):
         "The /metrics pages of a disaggregated deployment, as `SOURCE=URL` pairs separated by commas, SOURCE one of `prefill`, `decode`, `router`; e.g. `prefill=http://10.0.0.5:8000/metrics,decode=http://10.0.0.6:8000/metrics`. Each source `TIDAL_GATE_SIGNALS` reads must be named.",
     )
 
-    # --- A-P freeze / thaw --------------------------------------------------
+    # --- the phase split: freeze / thaw -----------------------------------
     kv_freeze_dir: str = _setting(
         "",
-        "Folder the engines' TidalFreezeConnector freezes batch KV under (its `shared_storage_path`, one subfolder per batch; mounted on every node). Beat's retention sweep measures and bills each batch's folder and deletes it when the batch ends. Set: ingest may split items (`tidal.phase_split`). Empty: the engines do not freeze, so no item is split and A-P storage is not accounted.",
+        "Folder the engines' TidalFreezeConnector freezes batch KV under (its `shared_storage_path`, one subfolder per batch; mounted on every node). Beat's retention sweep measures and bills each batch's folder and deletes it when the batch ends. Set: ingest may split items (`tidal.phase_split`). Empty: the engines do not freeze, so no item is split and no frozen KV is accounted.",
     )
     kv_storage_usd_per_gib_hour: float = _setting(
         3.2e-5,
-        "Price of holding frozen KV (A-P), USD per GiB-hour, billed in `tidal report` and the batch's `tidal.kv_storage_usd`. Default: S3 Standard's list price, 0.023 USD per GB-month.",
+        "Price of holding split items' frozen KV, USD per GiB-hour, billed in `tidal report` and the batch's `tidal.kv_storage_usd`. Default: S3 Standard's list price, 0.023 USD per GB-month.",
         ge=0,
     )
 

@@ -136,7 +136,7 @@ SCHEMAS: dict[str, t.Any] = {
                 "whether a live worker node's engine serves its model (false: its items wait, "
                 "queued, until one does or the window closes; null otherwise); and the cost in USD of "
                 "its completed items at the batch price, at the online price, and the "
-                "difference saved; its A-P split mode, the frozen KV it holds now in bytes, and "
+                "difference saved; its phase-split mode, the frozen KV it holds now in bytes, and "
                 "what holding frozen KV has cost in USD.",
             ),
         }
@@ -344,7 +344,7 @@ DOCUMENT: dict[str, t.Any] = {
                                         "additionalProperties": False,
                                         "properties": {"phase_split": {"enum": list(SPLIT_MODES), "default": "auto"}},
                                         "description": "Tidal's options. phase_split: run items as a prefill "
-                                        "phase now and a decode phase later (A-P freeze / thaw): always, never, "
+                                        "phase now and a decode phase later (phase-split freeze / thaw): always, never, "
                                         "or auto (the laxity-driven default).",
                                     },
                                 },

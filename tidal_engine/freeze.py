@@ -1,4 +1,4 @@
-"""TidalFreezeConnector: vLLM's example KV connector, narrowed to what A-P freeze / thaw needs.
+"""TidalFreezeConnector: vLLM's example KV connector, narrowed to what phase-split freeze / thaw needs.
 
 vLLM's ``ExampleConnector`` writes every request's prompt KV (online ones too) to one folder per prompt hash, and
 for a prompt longer than τ it stores the first prefill chunk under the whole prompt's name, so thawing it kills

@@ -1,4 +1,4 @@
-"""The GPU-timed twin (issue 16): real ``vllm serve`` on a tiny model whose steps take a named GPU's time.
+"""The GPU-timed twin: real ``vllm serve`` on a tiny model whose steps take a named GPU's time.
 
 ``register`` is the ``vllm.general_plugins`` entry point (setup.cfg): every vLLM process calls it, and it
 names the twin's architecture so that a config.json saying ``TidalTwinForCausalLM`` selects

@@ -10,7 +10,7 @@ gate, the floor admits each urgent batch (``tidal:urgent``, kept by the
 re-score) at up to ``floor_rate`` items/s on this node through a per-batch
 token bucket, so a batch about to miss its window still progresses when the
 gate is closed; those items count as held and at the engine like any other,
-so an open gate simply claims that many fewer. A-P's split items are claimed
+so an open gate simply claims that many fewer. Split items (the phase split) are claimed
 first in each pass's room, by phase, as ``policy.phase.claimable_phases``
 admits: a prefill while the engine has prefill slack (the gate's reading), a
 decode while the gate's target exceeds what the node holds, and either for a
@@ -94,7 +94,7 @@ class ClaimLoop:
         return claims
 
     def phases(self, target: int, held: int) -> list[tuple[str, int]]:
-        """A-P: the phases this pass claims split items of, decodes first (they finish items), each with the
+        """Phase split: the phases this pass claims split items of, decodes first (they finish items), each with the
         highest priority it takes: any batch in a phase the node's slack admits, else a batch at the split's
         urgency (its priority or below) in a phase that urgency admits."""
         cfg = self.split

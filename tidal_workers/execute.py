@@ -11,7 +11,7 @@ thread keeps the lease, and an error line once ``retry_budget`` is spent. A 4xx 
 fault: an error line with the engine's status and body. See docs/architecture.md, "The lease state
 machine".
 
-A-P: an item's run is of the phase SQL holds (``items.phase``). A split item's prefill posts its body cut to one
+Phase split: an item's run is of the phase SQL holds (``items.phase``). A split item's prefill posts its body cut to one
 token and tagged for the freeze connector; once it answers, the item is queued again as its decode (SQL first,
 then the queue) and nothing is recorded: no output line, no usage. The decode posts the item's own body with the
 tag and is recorded as a whole item is, so its usage is billed once (the prompt tokens it thawed show as cached).

@@ -1,4 +1,4 @@
-"""A-P's frozen KV on disk: measured per batch, billed over time, deleted when the batch ends.
+"""The frozen KV of split items on disk: measured per batch, billed over time, deleted when the batch ends.
 
 TidalFreezeConnector (tidal_engine.freeze) writes a batch's frozen KV under ``<TIDAL_KV_FREEZE_DIR>/<batch id>/``,
 a folder every node mounts. Beat's retention sweep calls :func:`sweep`: for each batch folder it sets the batch's

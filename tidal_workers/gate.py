@@ -10,7 +10,7 @@ turns them into an :class:`Observation` and steps the controller. Anything it ca
 error, text that does not parse, a missing series, samples stamped older than
 ``metrics_stale_seconds``) is a failed observation, which closes the gate.
 
-The same scrape tells A-P's claims (``Gate.prefill_slack``) whether the engine has prefill slack: the prompt
+The same scrape tells the claims of split items (``Gate.prefill_slack``) whether the engine has prefill slack: the prompt
 tokens it prefilled per engine step over the last period (``vllm:prompt_tokens_total`` over
 ``vllm:iteration_tokens_total``'s count).
 """
@@ -74,7 +74,7 @@ class Gate(t.Protocol):
         ...
 
     def prefill_slack(self, cfg: SplitConfig) -> bool:
-        """Whether the engine has room for A-P's prefills (few prompt tokens per step)."""
+        """Whether the engine has room for split items' prefills (few prompt tokens per step)."""
         ...
 
 

@@ -5,7 +5,7 @@ engine token within its age, and everything not yet at the engine when the engin
 ``Queue.give_back`` puts the item back in its batch at its ordinal, for any node: the next claim of it is a new
 attempt with its whole retry budget. An item whose batch was dropped meanwhile (cancelled, expired) is abandoned
 instead, and the batch's finalization requested from the ops worker (never run here: the renewal thread and a
-stopping consumer call this too). A-P's answered prefill goes back the same way, as its decode.
+stopping consumer call this too). A split item's answered prefill goes back the same way, as its decode.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from tidal_workers.validate import validate_file
 
 CHUNK_ROWS = 5000
 CHUNK_BYTES = 8 << 20  # request bodies per INSERT: bounds memory when the lines are long
-SPLITTABLE = (CHAT, COMPLETIONS)  # A-P: the endpoints that decode and carry the freeze tag to the engine
+SPLITTABLE = (CHAT, COMPLETIONS)  # Phase split: the endpoints that decode and carry the freeze tag to the engine
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def _ranks(keys: list[tuple[str, int]]) -> array.array:
 
 
 def phase_rule(settings: Settings, endpoint: str, mode: str, laxity_seconds: float) -> t.Callable[[ParsedLine], Phase]:
-    """Each item's first phase (A-P): ``prefill`` for an item ``split_item`` splits, else ``whole``.
+    """Each item's first phase (the phase split): ``prefill`` for an item ``split_item`` splits, else ``whole``.
 
     Nothing is split unless the engines can freeze (``TIDAL_KV_FREEZE_DIR`` names their connector's folder) and
     the endpoint generates: a split item elsewhere would only pay its prefill twice.

@@ -1,7 +1,7 @@
 """Every Redis key Tidal uses is built here, and nowhere else.
 
 Redis holds only what SQL can rebuild (see ``enqueue.rebuild``). Layout version 2 (model, priority, tenant), one DB;
-A-P's phase keys were added to it without a new version: Redis written before them holds no split item and reads
+the keys of the phase split were added to it without a new version: Redis written before them holds no split item and reads
 the same, and a release without them requeues a split item it reclaims as a whole one, which runs correctly.
 
 =================================================  ======  =========================================================
@@ -34,10 +34,10 @@ key                                                type    content
                                                            finalized): its leases are not requeued.
 ``tidal:b:{batch}:ready``                          ZSET    item_id -> ordinal (prompt-prefix order): the
                                                            batch's queued whole items.
-``tidal:b:{batch}:{phase}``                        ZSET    A-P: the batch's queued split items whose next run is
+``tidal:b:{batch}:{phase}``                        ZSET    Phase split: the batch's queued split items whose next run is
                                                            ``phase`` (``prefill`` or ``decode``): item_id ->
                                                            ordinal. Claimed only through ``tidal:qp``.
-``tidal:qp:{phase}:{model}``                       ZSET    A-P: the model's batches with queued items of
+``tidal:qp:{phase}:{model}``                       ZSET    Phase split: the model's batches with queued items of
                                                            ``phase`` -> batch score (as ``tidal:batches``): a
                                                            phase claim takes the lowest, when the node's slack
                                                            (or the batch's urgency) admits that phase.
@@ -72,7 +72,7 @@ key                                                type    content
 =================================================  ======  =========================================================
 
 A claim therefore reads model -> priority -> tenant -> batch -> item: priority first, then the tenants' shares,
-then the tenant's earliest deadline, then prompt-prefix order inside the batch. Split items (A-P) wait outside
+then the tenant's earliest deadline, then prompt-prefix order inside the batch. Split items wait outside
 that walk, by phase: a phase claim reads ``tidal:qp:{phase}:{model}`` (lowest priority, then deadline) and the
 batch's set of that phase, and an item's hash says where it goes back. Items' phases live in SQL
 (``items.phase``), so a rebuild puts each one back in the right set. In every name the free-form parts

@@ -2,7 +2,7 @@
 
 Only completed items are billed, so both views sum completed items' usage;
 a day is the UTC day an item finished. The per-batch view also bills the
-frozen KV a batch held (A-P), as stored byte-seconds at a price per GiB-hour.
+frozen KV a batch held (the phase split), as stored byte-seconds at a price per GiB-hour.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Row:
     items: int
     usage: Usage
     cost: Cost
-    storage_usd: float = 0.0  # holding the batch's frozen KV (A-P); per batch only, 0 in the per-day view
+    storage_usd: float = 0.0  # holding the batch's frozen KV (the phase split); per batch only, 0 in the per-day view
 
     def as_dict(self) -> dict[str, t.Any]:
         return {

@@ -46,7 +46,7 @@ class ParsedLine:
     model: str
     prefix_key: str  # start of the prompt text; equal keys are claimed next to each other
     tokens: int = 0  # estimated prompt tokens plus the output bound (the enqueued-token quota)
-    prompt_tokens: int = 0  # the estimated prompt tokens alone (A-P's split decision)
+    prompt_tokens: int = 0  # the estimated prompt tokens alone (the split decision)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

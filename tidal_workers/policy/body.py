@@ -246,7 +246,7 @@ def _prompt_units(value: t.Any) -> tuple[int, int, int]:
 
 
 def estimate_prompt_tokens(body: t.Mapping[str, t.Any], bounds: Bounds) -> int:
-    """Prompt tokens, estimated as the module's docstring says (A-P's split decision reads this alone)."""
+    """Prompt tokens, estimated as the module's docstring says (the split decision reads this alone)."""
     text = ids = messages = 0
     for name in _PROMPT_FIELDS:
         if name in body:

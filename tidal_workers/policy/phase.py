@@ -1,4 +1,4 @@
-"""A-P, freeze / thaw: whether a batch item runs as a prefill phase now and a decode phase later.
+"""The phase split (freeze / thaw): whether a batch item runs as a prefill phase now and a decode phase later.
 
 A split item's prefill runs while the engine has prefill slack; its KV is frozen through the engine's KV
 connector, and its decode runs later, thawing that KV, when the engine has decode slack or the batch's laxity
@@ -24,7 +24,7 @@ FREEZE_TAG = "tidal_freeze"
 
 
 class Phase(str, enum.Enum):
-    WHOLE = "whole"  # prefill and decode in one request, as without A-P
+    WHOLE = "whole"  # prefill and decode in one request, as without the phase split
     PREFILL = "prefill"  # compute and freeze the prompt's KV (max_tokens 1)
     DECODE = "decode"  # thaw the KV and generate; recomputes the prompt if the KV is gone
 

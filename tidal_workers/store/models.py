@@ -172,7 +172,7 @@ class Batch(Base):
     # quotas and retention
     enqueued_tokens: Mapped[int] = mapped_column(BigInteger, default=0)  # estimate, counted while unfinished
     output_expires_after: Mapped[int | None] = mapped_column(Integer, nullable=True)  # seconds, for its files
-    # A-P freeze / thaw (tidal_workers.policy.phase): the batch's split mode, the frozen KV it holds now, and that
+    # phase-split freeze / thaw (tidal_workers.policy.phase): the batch's split mode, the frozen KV it holds now, and that
     # size integrated over time (what storage_usd bills)
     phase_split: Mapped[str] = mapped_column(String(8), default="auto", server_default="never")
     kv_stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
@@ -200,7 +200,7 @@ class Item(Base):
     url: Mapped[str] = mapped_column(String(64))
     body: Mapped[str] = mapped_column(Text)  # the request body as JSON text
     status: Mapped[str] = mapped_column(String(16), default=ItemStatus.pending.value)
-    # A-P (tidal_workers.policy.phase.Phase): what the item's next run is. `whole`, or `prefill` for an item
+    # The phase split (tidal_workers.policy.phase.Phase): what the item's next run is. `whole`, or `prefill` for an item
     # split at ingest, which becomes `decode` once its prefill has answered.
     phase: Mapped[str] = mapped_column(String(8), default="whole", server_default="whole")
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # attempt whose result was written

@@ -1,4 +1,4 @@
-"""A-P freeze / thaw (issue 21): batches.phase_split, kv_stored_bytes, kv_byte_seconds and kv_accounted_at
+"""The phase split (freeze / thaw): batches.phase_split, kv_stored_bytes, kv_byte_seconds and kv_accounted_at
 
 Revision ID: 0006
 Revises: 0005

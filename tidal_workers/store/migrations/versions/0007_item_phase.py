@@ -1,4 +1,4 @@
-"""A-P claiming by phase (issue 21): items.phase (whole, prefill or decode)
+"""Claiming by phase: items.phase (whole, prefill or decode)
 
 Revision ID: 0007
 Revises: 0006
