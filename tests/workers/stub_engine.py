@@ -40,6 +40,9 @@ class StubEngine:
         self.outage = False  # True: /health and every POST answer 503, as an engine that is down behind a proxy
         self.models = ["m"]  # what GET /v1/models lists: the batches of these models are claimed by its workers
         self._faults: dict[str, list[str]] = {}
+        self._answering = threading.Event()  # cleared by hold_answers(): normal answers wait until it is set
+        self._answering.set()
+        self._held: list[str] = []  # keys of the requests whose answers wait for release_answers()
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -57,8 +60,22 @@ class StubEngine:
         with self._lock:
             return sum(1 for body in self.requests if _key(body) == key)
 
+    def hold_answers(self) -> None:
+        """Answer no request (received now or later) until release_answers(); ``held()`` lists the waiting ones, so
+        a test can act while a chosen request is in flight and cannot settle."""
+        self._answering.clear()
+
+    def held(self) -> set[str]:
+        """The keys of the requests held unanswered now."""
+        with self._lock:
+            return set(self._held)
+
+    def release_answers(self) -> None:
+        self._answering.set()
+
     def close(self) -> None:
         self._closing.set()
+        self._answering.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -122,6 +139,12 @@ class StubEngine:
                         }
                     }
                 else:
+                    if not stub._answering.is_set():
+                        with stub._lock:
+                            stub._held.append(_key(body))
+                        stub._answering.wait(60)
+                        with stub._lock:
+                            stub._held.remove(_key(body))
                     time.sleep(stub.delay)
                     status, payload = 200, _answer(self.path, body)
                 raw = json.dumps(payload).encode()
