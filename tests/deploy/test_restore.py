@@ -25,8 +25,8 @@ from workers.worker_helpers import settings_env
 from workers.worker_helpers import wait_for
 
 from tidal_api import create_app
-from tidal_workers.bench.services import PrivateRedis
-from tidal_workers.bench.services import kill_group
+from tidal_api.cli.services import PrivateRedis
+from tidal_api.cli.services import kill_group
 from tidal_workers.runtime import Runtime
 
 N = 30

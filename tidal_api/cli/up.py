@@ -25,8 +25,8 @@ import requests
 from config import Settings
 from config import load_settings
 from config.settings import child_environ
+from tidal_api.cli.services import cache_redis_command
 from tidal_engine.serve import die_with_parent
-from tidal_workers.bench.services import cache_redis_command
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
