@@ -35,7 +35,11 @@ print(json.dumps({
 """
 
 PLUGIN = '''
+import sys
+
 import click
+
+print("probe plugin imported", file=sys.stderr)
 
 @click.command()
 def hello() -> None:
@@ -96,5 +100,7 @@ def test_plugin_commands_load_and_a_broken_one_is_left_out_with_one_log_line(tmp
     for name, why in (("broken", "ModuleNotFoundError"), ("odd", "not a new click command"), ("up", "not a new")):
         lines = [line for line in listed.stderr.splitlines() if f"{name!r}" in line]
         assert len(lines) == 1 and "left out" in lines[0] and why in lines[0], listed.stderr
+    built_in = tidal("up", "--help")  # a built-in command imports no plugin, and so meets no broken one
+    assert built_in.returncode == 0 and built_in.stderr == "", built_in.stderr
     said = tidal("hello")
     assert said.returncode == 0 and said.stdout == "hello from a plugin\n", said.stderr

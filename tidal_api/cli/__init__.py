@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class _Tidal(click.Group):
-    """The built-in commands, and the plugin commands loaded the first time a command is looked up."""
+    """The built-in commands, and the plugin commands, loaded when the commands are listed or one not built in is
+    asked for."""
 
     plugins_loaded = False
 
@@ -41,7 +42,8 @@ class _Tidal(click.Group):
             raise click.ClickException(str(exc)) from exc
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        self.load_plugins()
+        if cmd_name not in self.commands:  # a built-in one runs without importing any plugin
+            self.load_plugins()
         return super().get_command(ctx, cmd_name)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
