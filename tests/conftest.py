@@ -20,6 +20,7 @@ from werkzeug.serving import make_server
 
 from config import load_settings
 from tidal_workers.runtime import Runtime
+from tidal_workers.store import api_keys
 from tidal_workers.store.models import Base
 
 BASE = load_settings()
@@ -111,7 +112,7 @@ def rt(settings):
         store.migrate()
         if url.startswith("postgresql"):
             _migrated.add(url)
-    store.sync_keys()
+    api_keys.sync(store)
     yield runtime
     runtime.redis.flushdb()
     runtime.close()

@@ -11,6 +11,7 @@ from config import Settings
 from config import load_settings
 from tidal_workers.blobs.sentinel import prepare_storage
 from tidal_workers.runtime import Runtime
+from tidal_workers.store import api_keys
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:
@@ -18,8 +19,9 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     if runtime is None:
         runtime = Runtime(settings or load_settings())
         runtime.store.migrate()
-        runtime.store.sync_keys()
-        prepare_storage(runtime, "api")  # refuses to serve on storage the workers cannot see
+        api_keys.sync(runtime.store)
+        # Refuses to serve on storage the workers cannot see.
+        prepare_storage(runtime.blobs, runtime.redis, "api", runtime.settings.node)
         # gunicorn preloads the app and then forks: no worker may inherit the master's pooled connections.
         runtime.store.engine.dispose()
         del runtime.blobs  # nor its storage client's: each process opens its own

@@ -14,6 +14,7 @@ from flask import request
 
 from tidal_api.context import current_runtime
 from tidal_api.errors import APIError
+from tidal_workers.store import api_keys
 
 DEV_KEY = "tidal-dev-key"
 _MISSING = (
@@ -29,7 +30,7 @@ def authenticate() -> None:
     if scheme.lower() != "bearer" or not key:
         raise APIError(401, _MISSING, code="missing_api_key")
     rt = current_runtime()
-    tenant = rt.store.tenant_for_key(key)
+    tenant = api_keys.tenant_for_key(rt.store, key)
     # The store may be shared with a dev-mode process that wrote the dev key back; production still refuses it.
     # (A plain == is fine here: the dev key is public.)
     if tenant is None or (key == DEV_KEY and rt.settings.env != "dev"):

@@ -55,7 +55,7 @@ class ContextStep(bootsteps.StartStopStep):
         super().__init__(w, **kwargs)
         rt = Runtime(w.app.tidal_settings, celery=w.app)
         # Before anything starts: a worker that cannot see the API's files must not run at all.
-        prepare_storage(rt, "worker")
+        prepare_storage(rt.blobs, rt.redis, "worker", rt.settings.node)
         w.app.tidal_context = WorkerContext(rt, LeaseBook())
 
     def shutdown(self, w: WorkController) -> None:

@@ -1,7 +1,7 @@
 """Prometheus text pages (vLLM's /metrics, TidalScheduler's, a worker's, the API's): one fetch, one walk.
 
-The gate reads vLLM's page through these (``gate.parse_metrics`` adds its own checks), and so do
-the benchmarks' samplers, so fetching a page and summing its series over label sets is written once.
+The gate reads vLLM's page through these (``gate.parse_metrics`` adds its own checks), so fetching a page and
+summing its series over label sets is written once.
 """
 
 from __future__ import annotations
@@ -34,21 +34,3 @@ def totals(text: str, names: t.Container[str] | None = None) -> dict[str, float]
         if names is None or sample.name in names:
             out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
-
-
-def named_totals(text: str, names: t.Collection[str]) -> dict[str, float]:
-    """``totals`` of ``names`` only (0 for one the page lacks), found by each line's name; the other lines are
-    skipped unparsed and nothing is validated. What a benchmark's sampler reads several times a second: the full
-    parse of vLLM's page cost the dispatch benchmark a third of a core on the two it shares with what it measures."""
-    values = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        name = line.partition("{")[0].partition(" ")[0]
-        if name in values:  # `name{labels} value [timestamp]` or `name value [timestamp]`
-            rest = line.rpartition("}")[2] if "{" in line else line.partition(" ")[2]
-            values[name] += float(rest.split()[0])
-    return values
-
-
-def read_totals(url: str, names: t.Container[str] | None = None, timeout: float = 2.0) -> dict[str, float]:
-    """``totals`` of the page at ``url``: what a sampler reads each period."""
-    return totals(fetch(url, timeout), names)

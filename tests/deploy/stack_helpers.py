@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from workers.worker_helpers import settled
 
 from config import Settings
-from tidal_workers.bench.services import pg_bin
+from tidal_api.cli.services import pg_bin
 
 
 @contextlib.contextmanager

@@ -25,9 +25,10 @@ from workers.worker_helpers import settings_env
 from workers.worker_helpers import wait_for
 
 from tidal_api import create_app
-from tidal_workers.bench.services import PrivateRedis
-from tidal_workers.bench.services import kill_group
+from tidal_api.cli.services import PrivateRedis
+from tidal_api.cli.services import kill_group
 from tidal_workers.runtime import Runtime
+from tidal_workers.store import api_keys
 
 N = 30
 
@@ -88,7 +89,7 @@ def test_a_backup_taken_mid_batch_restores_onto_a_fresh_stack(settings, stub, pr
             try:
                 rt.redis.flushdb()
                 rt.store.migrate()
-                rt.store.sync_keys()
+                api_keys.sync(rt.store)
                 batch = _create_batch(rt, "r", N)
                 stub.delay = 0.3
                 procs.append(worker := start_worker(old, "old-node", tmp_path))

@@ -17,12 +17,18 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 import requests
 from deploy_helpers import ROOT
 from deploy_helpers import tidal_env
 from workers.worker_helpers import wait_for
 
+from tidal_api.cli.services import PrivateRedis
+from tidal_api.cli.up import last_error
 from tidal_engine.serve import free_port
+from tidal_workers import keys
+from tidal_workers.blobs.sentinel import SENTINEL_PREFIX
+from tidal_workers.blobs.sentinel import Sentinel
 
 GRACE_S = 20.0  # Supervisor.stop's 15 s, plus the time to exit
 
@@ -54,15 +60,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.fixture
-def up(tmp_path, stub):
-    """`tidal up` with its own Redis on a free port, SQLite under a temp home, the stub as its engine."""
-    bind = f"127.0.0.1:{free_port()}"
-    env = tidal_env(
+def up_env(tmp_path: Path, engine_url: str, redis_url: str, bind: str) -> dict[str, str]:
+    """A production-mode `tidal up` under a temp home (SQLite) on ``redis_url``, in front of ``engine_url``."""
+    return tidal_env(
         home=tmp_path / "home",
         database_url="",
-        redis_url=f"redis://127.0.0.1:{free_port()}/0",
-        vllm_url=stub.url,
+        redis_url=redis_url,
+        vllm_url=engine_url,
         bind=bind,
         api_keys=f"acme:{UP_KEY}",
         env="prod",
@@ -75,6 +79,13 @@ def up(tmp_path, stub):
         worker_metrics_port=0,
         sync_validate_bytes=0,  # every batch is ingested by the ops worker
     )
+
+
+@pytest.fixture
+def up(tmp_path, stub):
+    """`tidal up` with its own Redis on a free port, SQLite under a temp home, the stub as its engine."""
+    bind = f"127.0.0.1:{free_port()}"
+    env = up_env(tmp_path, stub.url, f"redis://127.0.0.1:{free_port()}/0", bind)
     out = open(tmp_path / "up.out", "w+b")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
@@ -205,3 +216,47 @@ def test_up_without_redis_or_redis_server_says_how_to_fix_it(tmp_path):
     )
     assert done.returncode == 1
     assert "no Redis answers" in done.stderr and "install redis-server" in done.stderr, done.stderr
+
+
+def test_a_child_that_exits_during_start_is_named_with_its_last_error_and_the_fix_it_names(tmp_path, stub):
+    """A new user's first `tidal up` on a Redis another Tidal home has used: every process refuses that home's
+    storage sentinel, and `tidal up` says why and how to fix it, not only which child exited."""
+    other_home = PrivateRedis(tmp_path)
+    try:
+        theirs = Sentinel(SENTINEL_PREFIX + "0" * 16, "0" * 32, "api on their-host (pid 1)", "/their/home/blobs", 0.0)
+        redis.Redis.from_url(other_home.url).set(keys.STORAGE_SENTINEL, theirs.to_json())
+        done = subprocess.run(
+            [sys.executable, "-m", "tidal_api.cli", "up"],
+            cwd=ROOT,
+            env=up_env(tmp_path, stub.url, other_home.url, f"127.0.0.1:{free_port()}"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        other_home.stop()
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    why = re.search(r"^Error: (\w+) exited with status 1: StorageNotShared: (.*)$", said, re.M)
+    assert why is not None, said
+    assert f"cannot see the storage sentinel {theirs.name} that {theirs.by}" in why.group(2), said
+    assert "\n  fix: tidal storage check --reset\n" in said, said
+    assert f"its log: {tmp_path / 'home' / 'logs' / why.group(1)}.log" in said, said
+
+
+def test_the_last_error_is_read_from_this_runs_part_of_the_log(tmp_path):
+    log = tmp_path / "worker.log"
+    log.write_text(
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nOSError: an earlier run\'s error\n'
+    )
+    since = log.stat().st_size
+    assert last_error(log) == "OSError: an earlier run's error"
+    assert last_error(log, since) is None  # appended to by each run: an earlier run's error is not this one's
+    with log.open("a") as f:
+        f.write("[12:00:00: ERROR/MainProcess] consumer: Cannot connect to redis\nTraceback (most recent call last):\n")
+        f.write('  File "y.py", line 2\ntidal_workers.blobs.sentinel.StorageNotShared: run `tidal storage check`\n')
+        f.write("worker: Warm shutdown (MainProcess)\n")
+    assert last_error(log, since) == "StorageNotShared: run `tidal storage check`"  # the module path left out
+    log.write_text("starting\n[12:00:00: ERROR/MainProcess] consumer: Cannot connect to redis\nbye\n")
+    assert last_error(log) == "[12:00:00: ERROR/MainProcess] consumer: Cannot connect to redis"
+    assert last_error(tmp_path / "absent.log") is None

@@ -29,7 +29,7 @@ from stack_helpers import scalar
 from workers.worker_helpers import settings_env
 from workers.worker_helpers import wait_for
 
-from tidal_workers.bench.services import kill_group
+from tidal_api.cli.services import kill_group
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.migrate import MIGRATIONS
 from tidal_workers.store.migrate import alembic_config

@@ -2,7 +2,7 @@
 
 The shared Redis (6379) and PostgreSQL (5432) carry other sessions' tests, so
 every restart here happens to a private instance on a free port, torn down
-with the test module (``tidal_workers.bench.services``, which `tidal bench chaos`
+with the test module (``tidal_api.cli.services``, which `tidal bench chaos`
 uses too). Each service restarts on the same port, so clients keep their URL, as
 a real restart would.
 """
@@ -21,10 +21,10 @@ from workers.worker_helpers import ROOT
 from workers.worker_helpers import settings_env
 from workers.worker_helpers import wait_for
 
+from tidal_api.cli.services import kill_group
 from tidal_engine.serve import EngineOptions
 from tidal_engine.serve import free_port
 from tidal_engine.serve import start_engine
-from tidal_workers.bench.services import kill_group
 
 
 def spawn_tidal(settings, *args: str, log: Path, tree: Path = ROOT) -> subprocess.Popen:

@@ -13,6 +13,7 @@ from sqlalchemy import delete
 from sqlalchemy import event
 
 from tidal_api import create_app
+from tidal_workers.store import api_keys
 from tidal_workers.store.models import ApiKey
 from tidal_workers.store.models import Base
 from tidal_workers.store.models import Batch
@@ -167,9 +168,9 @@ def test_key_lookup_sends_only_the_digest_to_the_database(rt):
 
     event.listen(rt.store.engine, "before_cursor_execute", spy)
     try:
-        assert rt.store.tenant_for_key("acme-key") == "acme"  # a read, and last_used_at written (first use)
-        assert rt.store.tenant_for_key("acme-key") == "acme"  # a read only: last use is kept to the minute
-        assert rt.store.tenant_for_key("acme-kex") is None
+        assert api_keys.tenant_for_key(rt.store, "acme-key") == "acme"  # a read, and last_used_at written (first use)
+        assert api_keys.tenant_for_key(rt.store, "acme-key") == "acme"  # a read only: last use is kept to the minute
+        assert api_keys.tenant_for_key(rt.store, "acme-kex") is None
     finally:
         event.remove(rt.store.engine, "before_cursor_execute", spy)
     statements = [statement.split()[0] for statement, _ in sent]
@@ -191,7 +192,7 @@ def test_dev_key_works_only_in_dev_mode(rt, live_api):
         assert r.status_code == 401 and error_code(r) == "invalid_api_key"
         assert call(prod.url, "GET", "/v1/files", strong).status_code == 200
         # a dev-mode process that starts later on the same store writes the dev key back; production still refuses it
-        rt.store.sync_keys()
+        api_keys.sync(rt.store)
         r = call(prod.url, "GET", "/v1/files", "tidal-dev-key")
         assert r.status_code == 401 and error_code(r) == "invalid_api_key"
     finally:

@@ -27,11 +27,11 @@ from reliability.fault_helpers import SlowUpload
 from reliability.fault_helpers import TinyVllm
 from reliability.fault_helpers import start_api
 from reliability.fault_helpers import start_worker
+from tidal_api.cli.services import PrivatePostgres
+from tidal_api.cli.services import PrivateRedis
+from tidal_api.cli.services import kill_group
 from tidal_engine.serve import free_port
 from tidal_workers import keys
-from tidal_workers.bench.services import PrivatePostgres
-from tidal_workers.bench.services import PrivateRedis
-from tidal_workers.bench.services import kill_group
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import LeaseBook
 from tidal_workers.context import WorkerContext

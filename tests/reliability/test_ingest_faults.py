@@ -25,7 +25,7 @@ from workers.worker_helpers import wait_for
 
 from reliability.fault_helpers import spawn_tidal
 from reliability.fault_helpers import start_worker
-from tidal_workers.bench.services import kill_group
+from tidal_api.cli.services import kill_group
 from tidal_workers.blobs import Written
 from tidal_workers.ingest import request_ingest
 

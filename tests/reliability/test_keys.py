@@ -81,8 +81,8 @@ def test_the_example_env_file_holds_no_working_key():
 def test_configured_keys_are_the_truth_for_the_keys_they_manage(rt, live_api):
     one, two = strong(), strong()
     configured = Store(rt.settings.replace(api_keys=f"acme:{one},globex:{two}"))
-    configured.sync_keys()
-    assert (configured.tenant_for_key(one), configured.tenant_for_key(two)) == ("acme", "globex")
+    api_keys.sync(configured)
+    assert (api_keys.tenant_for_key(configured, one), api_keys.tenant_for_key(configured, two)) == ("acme", "globex")
     _row, made = api_keys.create(rt.store, "initech", "ci")  # a CLI key: no setting manages it
 
     # next start: `two` moved to acme, `one` and the test's own acme-key/globex-key left the setting
@@ -90,16 +90,16 @@ def test_configured_keys_are_the_truth_for_the_keys_they_manage(rt, live_api):
     report = api_keys.sync(moved)
     assert (report.added, report.moved, report.revoked) == (0, 1, 1)  # `one` (acme-key went at the sync above)
     assert api_keys.sync(moved) == api_keys.SyncReport(0, 0, 0, 0)  # the next start changes nothing
-    assert moved.tenant_for_key(two) == "acme"
-    assert moved.tenant_for_key(one) is None and moved.tenant_for_key("acme-key") is None
-    assert moved.tenant_for_key(made) == "initech"
+    assert api_keys.tenant_for_key(moved, two) == "acme"
+    assert api_keys.tenant_for_key(moved, one) is None and api_keys.tenant_for_key(moved, "acme-key") is None
+    assert api_keys.tenant_for_key(moved, made) == "initech"
     assert get_files(live_api.url, one) == 401 and get_files(live_api.url, two) == 200
     assert get_files(live_api.url, made) == 200
 
     # a revoked key stays revoked, even if the setting names it again
     back = Store(rt.settings.replace(api_keys=f"acme:{two},acme:{one}"))
     assert api_keys.sync(back).kept_revoked == 1
-    assert back.tenant_for_key(one) is None
+    assert api_keys.tenant_for_key(back, one) is None
     for store in (configured, moved, back):
         store.dispose()
 

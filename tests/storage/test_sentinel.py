@@ -43,24 +43,33 @@ def runtimes():
         runtime.close()
 
 
+def prepare(rt: Runtime, role: str) -> Sentinel:
+    """What a process playing ``role`` runs at start, on its runtime's storage and Redis."""
+    return prepare_storage(rt.blobs, rt.redis, role, rt.settings.node)
+
+
+def reset(rt: Runtime, role: str) -> Sentinel:
+    return reset_sentinel(rt.blobs, rt.redis, role, rt.settings.node)
+
+
 def sentinels(rt: Runtime) -> list[str]:
     return [name for name in everything(rt.blobs) if name.rsplit("/", 1)[-1].startswith(SENTINEL_PREFIX)]
 
 
 def test_processes_sharing_a_directory_agree_on_one_sentinel(rt, settings, runtimes):
-    first = prepare_storage(rt, "api")
+    first = prepare(rt, "api")
     assert Sentinel.from_json(rt.redis.get(keys.STORAGE_SENTINEL)) == first
-    again = prepare_storage(runtimes(settings), "worker")
+    again = prepare(runtimes(settings), "worker")
     assert again == first  # the second process saw the first one's sentinel
     assert sentinels(rt) == [first.name]  # its own probe was removed
     assert list(rt.blobs.names()) == []  # sentinels are not blobs
 
 
 def test_a_process_on_another_directory_refuses_and_says_why(rt, settings, runtimes, tmp_path):
-    first = prepare_storage(rt, "api")
+    first = prepare(rt, "api")
     other = runtimes(settings.replace(blob_dir=str(tmp_path / "elsewhere")))
     with pytest.raises(StorageNotShared) as refused:
-        prepare_storage(other, "worker")
+        prepare(other, "worker")
     message = str(refused.value)
     assert first.name in message and first.by in message
     assert str(rt.settings.blob_path) in message and str(tmp_path / "elsewhere") in message
@@ -71,8 +80,8 @@ def test_a_process_on_another_directory_refuses_and_says_why(rt, settings, runti
 
 def test_s3_bucket_and_prefix_must_match(rt, settings, runtimes, s3_endpoint, bucket, s3_client):
     on_s3 = with_s3(settings, s3_endpoint, bucket)
-    first = prepare_storage(runtimes(on_s3), "api")
-    assert prepare_storage(runtimes(on_s3), "worker") == first
+    first = prepare(runtimes(on_s3), "api")
+    assert prepare(runtimes(on_s3), "worker") == first
     s3_client.create_bucket(Bucket=bucket + "-b")
     for elsewhere in (
         with_s3(settings, s3_endpoint, bucket, prefix="other/"),
@@ -80,20 +89,20 @@ def test_s3_bucket_and_prefix_must_match(rt, settings, runtimes, s3_endpoint, bu
         settings,  # a local directory
     ):
         with pytest.raises(StorageNotShared, match=REFUSAL):
-            prepare_storage(runtimes(elsewhere), "worker")
+            prepare(runtimes(elsewhere), "worker")
 
 
 def test_reset_records_the_new_storage(rt, settings, runtimes, tmp_path):
-    prepare_storage(rt, "api")
+    prepare(rt, "api")
     moved = settings.replace(blob_dir=str(tmp_path / "moved"))
-    new = reset_sentinel(runtimes(moved), "operator")
-    assert prepare_storage(runtimes(moved), "worker") == new
+    new = reset(runtimes(moved), "operator")
+    assert prepare(runtimes(moved), "worker") == new
     with pytest.raises(StorageNotShared, match=REFUSAL):
-        prepare_storage(runtimes(settings), "api")  # the old directory is no longer the fleet's
+        prepare(runtimes(settings), "api")  # the old directory is no longer the fleet's
 
 
 def test_the_api_refuses_to_start_on_other_storage(rt, settings, tmp_path):
-    prepare_storage(rt, "worker")
+    prepare(rt, "worker")
     with pytest.raises(StorageNotShared, match=REFUSAL):
         create_app(settings.replace(blob_dir=str(tmp_path / "elsewhere")))
     create_app(settings)  # on the fleet's storage it starts
@@ -101,7 +110,7 @@ def test_the_api_refuses_to_start_on_other_storage(rt, settings, tmp_path):
 
 @pytest.mark.parametrize("command", ["worker", "beat"])
 def test_worker_and_beat_processes_refuse_to_run_on_other_storage(rt, settings, children, tmp_path, command):
-    prepare_storage(rt, "api")
+    prepare(rt, "api")
     log = tmp_path / f"{command}.log"
     proc = spawn(settings.replace(blob_dir=str(tmp_path / "elsewhere")), command, log=log)
     children.append(proc)
@@ -111,7 +120,7 @@ def test_worker_and_beat_processes_refuse_to_run_on_other_storage(rt, settings, 
 
 
 def test_a_worker_on_the_fleets_storage_runs(rt, settings, children, tmp_path):
-    prepare_storage(rt, "api")
+    prepare(rt, "api")
     port = free_port()
     log = tmp_path / "worker.log"
     children.append(proc := spawn(settings.replace(worker_metrics_port=port), "worker", log=log))
@@ -128,7 +137,7 @@ def test_a_worker_on_the_fleets_storage_runs(rt, settings, children, tmp_path):
 
 
 def test_storage_check_command(rt, settings, tmp_path):
-    prepare_storage(rt, "api")
+    prepare(rt, "api")
     ok = CliRunner().invoke(main, ["storage", "check"], env=settings_env(settings))
     assert ok.exit_code == 0 and "is visible here" in ok.output, ok.output
     moved = settings_env(settings.replace(blob_dir=str(tmp_path / "moved")))

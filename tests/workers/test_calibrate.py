@@ -7,10 +7,10 @@ import tomllib
 
 from click.testing import CliRunner
 
-from tidal_api.cli.bench import calibrate
 from tidal_engine.step_time import Profile
 from tidal_engine.twin import profile_tables
 from tidal_workers.bench.calibrate import TINY_GRID
+from tidal_workers.bench.cli.engine_runs import calibrate
 
 
 def test_calibrate_times_every_cell_and_writes_a_loadable_profile(tmp_path):

@@ -126,7 +126,7 @@ def test_upgrade_with_data_present(url, tmp_path):
     store = Store(
         Settings(home=str(tmp_path / "home"), database_url=url, env="dev", api_keys="acme:old-configured-key")
     )
-    assert store.tenant_for_key("old-configured-key") == "acme"  # still valid, now under lifecycle rules
+    assert api_keys.tenant_for_key(store, "old-configured-key") == "acme"  # still valid, now under lifecycle rules
     with store.transaction() as s:  # new rows number after the old ones; an input file's row may go
         s.execute(sa.text("DELETE FROM files WHERE id = 'file-a'"))
     with store.transaction() as s:

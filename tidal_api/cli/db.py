@@ -14,10 +14,11 @@ def db() -> None:
 def upgrade() -> None:
     """Migrate the schema to the newest revision and sync configured API keys."""
     from tidal_workers.store import Store
+    from tidal_workers.store import api_keys
 
     store = Store(load_settings())
     store.migrate()
-    store.sync_keys()
+    api_keys.sync(store)
     click.echo(f"store ready: {store.engine.url.render_as_string(hide_password=True)}")
 
 

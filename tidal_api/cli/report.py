@@ -38,11 +38,12 @@ def report(
     """Per-batch or per-day cost of completed items, and the savings against the online price."""
     from tidal_workers import report as rep
     from tidal_workers.store import Store
+    from tidal_workers.store import api_keys
 
     settings = load_settings()
     store = Store(settings)
     if key:
-        tenant = store.tenant_for_key(key)
+        tenant = api_keys.tenant_for_key(store, key)
         if tenant is None:
             raise click.BadParameter("unknown API key", param_hint="--key")
     filters = rep.Filters(tenant=tenant, model=model, since=since, until=until)

@@ -22,7 +22,9 @@ def check(reset: bool) -> None:
 
     rt = Runtime(load_settings())
     try:
-        sentinel = (reset_sentinel if reset else prepare_storage)(rt, "tidal storage check")
+        sentinel = (reset_sentinel if reset else prepare_storage)(
+            rt.blobs, rt.redis, "tidal storage check", rt.settings.node
+        )
         location = rt.blobs.location
     except (StorageNotShared, StorageUnavailable) as exc:
         raise click.ClickException(str(exc)) from None

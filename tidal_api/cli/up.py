@@ -10,6 +10,8 @@ each child SIGTERM (``PR_SET_PDEATHSIG``), and each shuts its own children down.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,10 +27,12 @@ import requests
 from config import Settings
 from config import load_settings
 from config.settings import child_environ
+from tidal_api.cli.services import cache_redis_command
 from tidal_engine.serve import die_with_parent
-from tidal_workers.bench.services import cache_redis_command
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+LOG_TAIL_BYTES = 64 * 1024  # where a child's last error is looked for: its traceback, if any, ends in there
+FIX = re.compile(r"`(tidal [^`]+)`")  # a command an error message names as its fix, e.g. `tidal storage check --reset`
 
 
 class Stop(Exception):
@@ -49,9 +53,11 @@ class Supervisor:
         self.env = env
         self.log_dir = log_dir
         self.children: list[tuple[str, subprocess.Popen]] = []
+        self.log_starts: dict[str, int] = {}  # each child's log is appended to: where this run's part begins
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")
+        self.log_starts[name] = log.seek(0, os.SEEK_END)
         proc = subprocess.Popen(
             argv,
             env=self.env,
@@ -70,6 +76,16 @@ class Supervisor:
                 return name, proc.returncode
         return None
 
+    def why_exited(self, name: str, status: int) -> str:
+        """What `tidal up` says of a child that exited: its status, its log's last error, the fix that names."""
+        log = self.log_dir / f"{name}.log"
+        error = last_error(log, self.log_starts.get(name, 0))
+        lines = [f"{name} exited with status {status}" + (f": {error}" if error else "")]
+        if error and (fix := FIX.search(error)):
+            lines.append(f"  fix: {fix.group(1)}")
+        lines.append(f"  its log: {log}")
+        return "\n".join(lines)
+
     def stop(self, grace: float = 15.0) -> None:
         for _name, proc in reversed(self.children):
             if proc.poll() is None:
@@ -82,6 +98,24 @@ class Supervisor:
                 click.echo(f"  {name} did not stop in {grace:.0f} s: killed")
                 proc.kill()
                 proc.wait()
+
+
+def last_error(log: Path, since: int = 0) -> str | None:
+    """The error a log ends with, after byte ``since``: the exception line of its last traceback (the exception's
+    module path left out), else its last line that says error; None if it holds neither."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(since, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if starts:
+        raised = next((line for line in lines[starts[-1] + 1 :] if line and not line[0].isspace()), None)
+        if raised:
+            kind, colon, message = raised.partition(":")
+            return kind.rpartition(".")[2] + colon + message
+    return next((line.strip() for line in reversed(lines) if "error" in line.lower()), None)
 
 
 def ensure_redis(settings: Settings, sup: Supervisor) -> None:
@@ -116,7 +150,7 @@ def wait_for_api(base_url: str, sup: Supervisor, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (exited := sup.first_exited()) is not None:
-            raise click.ClickException(f"{exited[0]} exited with status {exited[1]}; see its log")
+            raise click.ClickException(sup.why_exited(*exited))
         try:
             if requests.get(base_url + "/openapi.json", timeout=2).status_code == 200:
                 return
@@ -170,7 +204,7 @@ def up(flower: bool, demo: bool) -> None:
             run_demo(base_url, "tidal-dev-key" if dev else settings.configured_keys[0][1])
         while (exited := sup.first_exited()) is None:
             time.sleep(0.5)
-        click.echo(f"{exited[0]} exited with status {exited[1]}: stopping the rest")
+        click.echo(f"{sup.why_exited(*exited)}\nstopping the rest")
         raise SystemExit(1)
     except Stop as stop:
         click.echo(f"\n{stop}: stopping ...")

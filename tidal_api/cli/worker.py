@@ -67,7 +67,8 @@ def beat(loglevel: str) -> None:
     settings = load_settings()
     rt = Runtime(settings)
     try:
-        prepare_storage(rt, "beat")  # like every Tidal process: only on the fleet's storage
+        # Like every Tidal process: only on the fleet's storage.
+        prepare_storage(rt.blobs, rt.redis, "beat", settings.node)
     finally:
         rt.close()
     sending_app(settings).start(["beat", "--scheduler=redbeat.RedBeatScheduler", f"--loglevel={loglevel}"])

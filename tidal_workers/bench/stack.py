@@ -32,6 +32,7 @@ from tidal_workers.gate import pool_threads
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import Item
 from tidal_workers.store import ItemStatus
+from tidal_workers.store import api_keys
 
 BENCH_REDIS_DB = 14
 
@@ -69,7 +70,7 @@ class TidalStack:
         self.rt = Runtime(self.settings)
         self.rt.redis.flushdb()
         self.rt.store.migrate()
-        self.rt.store.sync_keys()
+        api_keys.sync(self.rt.store)
         from tidal_api import create_app
 
         self.client = create_app(runtime=self.rt).test_client()

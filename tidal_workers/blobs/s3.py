@@ -13,14 +13,14 @@ import datetime
 import typing as t
 
 from config import Settings
-from tidal_workers.blobs import CHUNK
-from tidal_workers.blobs import PART_MAX_AGE_SECONDS
-from tidal_workers.blobs import BlobNotFound
-from tidal_workers.blobs import Blobs
-from tidal_workers.blobs import LineCounter
-from tidal_workers.blobs import StorageUnavailable
-from tidal_workers.blobs import Written
-from tidal_workers.blobs import new_name
+from tidal_workers.blobs.base import CHUNK
+from tidal_workers.blobs.base import PART_MAX_AGE_SECONDS
+from tidal_workers.blobs.base import BlobNotFound
+from tidal_workers.blobs.base import Blobs
+from tidal_workers.blobs.base import LineCounter
+from tidal_workers.blobs.base import StorageUnavailable
+from tidal_workers.blobs.base import Written
+from tidal_workers.blobs.base import new_name
 
 MIN_PART_BYTES = 5 * 1024 * 1024  # S3's smallest part but the last
 

@@ -19,15 +19,13 @@ import logging
 import os
 import secrets
 import time
-import typing as t
+
+import redis
 
 from tidal_workers import keys
 from tidal_workers.blobs import BlobNotFound
 from tidal_workers.blobs import Blobs
 from tidal_workers.blobs import StorageUnavailable
-
-if t.TYPE_CHECKING:  # the Runtime holds the blobs: a run-time import would be a loop
-    from tidal_workers.runtime import Runtime
 
 SENTINEL_PREFIX = ".sentinel-"
 
@@ -76,18 +74,18 @@ def _visible(blobs: Blobs, sentinel: Sentinel) -> bool:
         return False
 
 
-def prepare_storage(rt: Runtime, role: str) -> Sentinel:
-    """Discard abandoned writes, then check this process shares the fleet's storage; returns the fleet's sentinel.
+def prepare_storage(blobs: Blobs, client: redis.Redis, role: str, node: str) -> Sentinel:
+    """Discard abandoned writes, then check this process (``role`` on ``node``) shares the fleet's storage, whose
+    sentinel ``client``'s Redis records; returns the fleet's sentinel.
 
     Raises StorageNotShared (another storage than the fleet's) or StorageUnavailable (no working storage).
     """
-    blobs = rt.blobs
     swept = blobs.sweep_parts()
     if swept:
         log.info("storage %s: discarded %d abandoned writes", blobs.location, swept)
-    mine = _write_probe(blobs, f"{role} on {rt.settings.node} (pid {os.getpid()})")
-    while not rt.redis.set(keys.STORAGE_SENTINEL, mine.to_json(), nx=True):
-        raw = rt.redis.get(keys.STORAGE_SENTINEL)
+    mine = _write_probe(blobs, f"{role} on {node} (pid {os.getpid()})")
+    while not client.set(keys.STORAGE_SENTINEL, mine.to_json(), nx=True):
+        raw = client.get(keys.STORAGE_SENTINEL)
         if raw is None:  # deleted between the two calls (a reset): try to be first again
             continue
         fleet = Sentinel.from_json(raw)
@@ -106,7 +104,7 @@ def prepare_storage(rt: Runtime, role: str) -> Sentinel:
     return mine
 
 
-def reset_sentinel(rt: Runtime, role: str) -> Sentinel:
+def reset_sentinel(blobs: Blobs, client: redis.Redis, role: str, node: str) -> Sentinel:
     """Forget the fleet's sentinel and record this process's: after the fleet's storage moved on purpose."""
-    rt.redis.delete(keys.STORAGE_SENTINEL)
-    return prepare_storage(rt, role)
+    client.delete(keys.STORAGE_SENTINEL)
+    return prepare_storage(blobs, client, role, node)

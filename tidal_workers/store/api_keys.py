@@ -20,19 +20,16 @@ import hashlib
 import logging
 import secrets
 import time
-import typing as t
 
 from sqlalchemy import select
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from config.settings import DEV_KEY
+from tidal_workers.store.db import Store
 from tidal_workers.store.models import ApiKey
 from tidal_workers.store.models import KeySource
 from tidal_workers.store.models import Tenant
-
-if t.TYPE_CHECKING:  # the Store calls in here: a run-time import would be a loop
-    from tidal_workers.store.db import Store
 
 LAST_USED_RESOLUTION = 60  # seconds: last_used_at is written at most this often per key
 KEY_PREFIX = "sk-tidal-"

@@ -157,18 +157,6 @@ class Store:
 
         upgrade(self.engine)
 
-    def sync_keys(self) -> None:
-        """Store the configured keys (hashed) and their tenants; revoke configured keys no longer configured."""
-        from tidal_workers.store import api_keys
-
-        api_keys.sync(self)
-
-    def tenant_for_key(self, key: str) -> str | None:
-        """The tenant of a live key, or None (unknown or revoked)."""
-        from tidal_workers.store import api_keys
-
-        return api_keys.tenant_for_key(self, key)
-
     def dispose(self) -> None:
         self.engine.dispose()
 

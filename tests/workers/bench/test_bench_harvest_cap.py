@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tidal_api.cli.bench import deployment_ceiling
+from tidal_workers.bench.cli.common import deployment_ceiling
 
 
 def test_the_cap_is_the_smaller_of_slots_and_kv_requests_less_the_headroom():

@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tidal_api.cli import main
 from tidal_engine.twin import load_profile
+from tidal_workers.bench.cli import bench
 from tidal_workers.bench.harvest_bound import Mix
 from tidal_workers.bench.harvest_bound import compute_bound
 
@@ -35,9 +35,7 @@ def test_an_online_load_past_the_compute_leaves_batch_nothing():
 
 
 def test_the_command_writes_each_rates_bound_and_its_share_of_a_measured_ceiling(tmp_path):
-    result = CliRunner().invoke(
-        main, ["bench", "bound", "--online-rate", "8,20", "--ceiling", "2630", "--out", str(tmp_path)]
-    )
+    result = CliRunner().invoke(bench, ["bound", "--online-rate", "8,20", "--ceiling", "2630", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     saved = json.loads((tmp_path / "bound.json").read_text())
     eight, twenty = saved["rows"]

@@ -1,8 +1,9 @@
-"""Private services a fault run may break: a redis-server without persistence and a throw-away PostgreSQL cluster.
+"""Processes the `tidal` command starts beside itself: the cache redis-server `tidal up` runs, and private services a
+fault run may break (a redis-server without persistence, a throw-away PostgreSQL cluster).
 
-Each runs on a free port of its own, so restarting it disturbs nobody else's Redis or database, and restarts on the
-same port, so clients keep their URL as they would across a real restart. Shared by the fault tests
-(tests/reliability) and `tidal bench chaos`.
+Each private service runs on a free port of its own, so restarting it disturbs nobody else's Redis or database, and
+restarts on the same port, so clients keep their URL as they would across a real restart. Shared by `tidal up`, the
+fault and deployment tests (tests/reliability, tests/deploy) and `tidal bench chaos`.
 """
 
 from __future__ import annotations
