@@ -1,1 +1,2 @@
-"""`tidal bench`: measurements, not tests. Results go to docs/benchmarks.md with command, machine and date."""
+"""`tidal bench`: measurements, not tests. Each result's report (command, machine,
+commit, date, raw JSON) goes to a dated folder under docs/results/, its headline to docs/benchmarks.md."""

@@ -171,7 +171,7 @@ def _num(fmt: str) -> t.Callable[[Interval], str]:
 
 
 def table(arms: list[dict], replicas: int = 2) -> str:
-    """The report as docs/benchmarks.md carries it (Markdown), the design's figures in the last column."""
+    """The report as a docs/results report carries it (Markdown), the design's figures in the last column."""
     figures = per_rep(arms)
     ran = arms_run(arms)
     lines = ["| figure | placement | static split | pinning (replica 0) | design |", "|---|---|---|---|---|"]

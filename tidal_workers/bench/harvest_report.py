@@ -72,7 +72,7 @@ def _ms(iv: Interval) -> str:
 
 
 def table(phases: Phases) -> str:
-    """The report as docs/benchmarks.md carries it (Markdown), beside the seed's figures."""
+    """The report as a docs/results report carries it (Markdown), beside the seed's figures."""
     figures = per_rep(phases)
     columns = [(tech, trace) for tech in sorted(figures) for trace in ("flat", "diurnal") if trace in figures[tech]]
     header = "| figure | " + " | ".join(f"{tech}, {trace}" for tech, trace in columns) + " | seed |"

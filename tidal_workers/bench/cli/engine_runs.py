@@ -363,7 +363,7 @@ def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: 
 @click.option("--reps", default=5, show_default=True, help="Prompts per length in the thaw timing.")
 @out_option("kv-probe")
 def kv_probe(connectors: str, thaw: bool, reps: int, out: str) -> None:
-    """KV connectors on this engine build: freeze, restart, thaw (docs/engine.md); thawed TTFT (docs/benchmarks.md)."""
+    """KV connectors on this engine build: freeze, restart, thaw (docs/engine.md); thawed TTFT (docs/results/2026-12-01-kv-thaw)."""
     from tidal_engine.tiny import build_tiny
     from tidal_workers.bench import kv_probe as kp
 
@@ -386,7 +386,7 @@ def kv_probe(connectors: str, thaw: bool, reps: int, out: str) -> None:
 @out_option("disagg")
 def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, out: str) -> None:
     """A-D: prefill engine + decode engine + KV through TidalFreezeConnector + a router, against the same two engines
-    run unified; batch admitted by the gate through the `disagg` signal map (docs/benchmarks.md)."""
+    run unified; batch admitted by the gate through the `disagg` signal map (docs/results/2026-12-01-disagg)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tidal_engine.serve import EngineOptions
