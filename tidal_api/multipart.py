@@ -58,7 +58,11 @@ class Body:
         self._stream = stream
         if not boundary:
             raise Malformed("the Content-Type names no boundary")
-        self._events = self._decode(MultipartDecoder(boundary.encode("latin-1"), max_parts=MAX_PARTS))
+        if (
+            not boundary.isascii()
+        ):  # RFC 2231 can name any character (boundary*=UTF-8''%E2%82%AC); RFC 2046 allows ASCII
+            raise Malformed("the boundary is not ASCII")
+        self._events = self._decode(MultipartDecoder(boundary.encode("ascii"), max_parts=MAX_PARTS))
 
     def _decode(self, decoder: MultipartDecoder) -> t.Iterator[Field | File | Data]:
         while True:

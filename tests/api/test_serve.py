@@ -209,6 +209,19 @@ def test_a_10_mb_json_body_is_refused_before_it_is_read(served):
     assert all(g < 5 * 1024 * 1024 for g in growth.values()), f"peak RSS growth by worker (bytes): {growth}"
 
 
+def test_requests_gunicorn_refuses_before_the_app_answer_in_the_api_envelope(served):
+    """A request line past gunicorn's limit_request_line, or a header past limit_request_field_size, is refused by
+    gunicorn itself, before the app runs: the answer is still JSON in OpenAI's envelope, not an HTML page."""
+    auth = {"Authorization": f"Bearer {STRONG_KEY}"}
+    long_id = httpx.get(served.url + "/v1/batches/batch_" + "x" * 5000, headers=auth)
+    huge_header = httpx.get(served.url + "/v1/files", headers={**auth, "X-Pad": "p" * 10_000})
+    for r, status, code in ((long_id, 414, "request_line_too_long"), (huge_header, 431, "request_header_too_large")):
+        assert r.status_code == status, r.text[:300]
+        assert r.headers["content-type"] == "application/json", r.headers
+        assert r.json()["error"]["code"] == code and r.json()["error"]["type"] == "invalid_request_error", r.text
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
 BAD_PRICES = '{"tiny": [1, 2]'  # one brace short
 
 

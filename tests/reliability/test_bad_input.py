@@ -230,6 +230,17 @@ CASES = [
         400,
         "missing_required_parameter",
     ),
+    request(  # RFC 2231: the boundary parses to a non-ASCII character, which cannot delimit bytes
+        "upload_multipart_rfc2231_boundary",
+        lambda c: c.send(
+            "POST",
+            "/v1/files",
+            data=b"--x\r\n",
+            headers={"Content-Type": "multipart/form-data; boundary*=UTF-8''%E2%82%AC"},
+        ),
+        400,
+        "missing_required_parameter",
+    ),
     request(
         "upload_multipart_truncated",
         lambda c: c.send(
@@ -272,6 +283,11 @@ CASES = [
     ingest("truncated_json_line", jsonl(line("r1"), json.dumps(line("r2"))[:30]), "invalid_json_line"),
     ingest("single_quoted_json", jsonl("{'custom_id': 'r1'}"), "invalid_json_line"),
     ingest("json_array_line", jsonl("[1, 2]"), "invalid_json_line"),
+    ingest(
+        "number_out_of_range",
+        jsonl(json.dumps(line("r1", temperature=1.0)).replace("1.0", "1e400")),
+        "invalid_json_line",
+    ),
     ingest("nan_in_body", jsonl(json.dumps(line("r1")).replace('"hi"', "NaN")), "invalid_json_line"),
     ingest("two_objects_on_one_line", jsonl(json.dumps(line("r1")) + json.dumps(line("r2"))), "invalid_json_line"),
     ingest("non_utf8_bytes", jsonl(line("r1"), b'{"custom_id": "\xff\xfe"}'), "invalid_encoding"),
@@ -381,6 +397,29 @@ CASES = [
         400,
         "invalid_value",
     ),
+    request(  # PostgreSQL refuses a lone surrogate in a text parameter
+        "batch_input_file_id_lone_surrogate",
+        lambda c: c.send(
+            "POST",
+            "/v1/batches",
+            data=b'{"input_file_id": "\\ud800", "endpoint": "/v1/chat/completions", "completion_window": "24h"}',
+            headers={"Content-Type": "application/json"},
+        ),
+        400,
+        "invalid_json",
+    ),
+    request(
+        "metadata_lone_surrogate",
+        lambda c: c.send(
+            "POST",
+            "/v1/batches",
+            data=b'{"input_file_id": "%s", "endpoint": "/v1/chat/completions", "completion_window": "24h", '
+            b'"metadata": {"k": "\\udfff"}}' % c.upload(GOOD).encode(),
+            headers={"Content-Type": "application/json"},
+        ),
+        400,
+        "invalid_json",
+    ),
     request("metadata_17_pairs", metadata({f"k{i}": "v" for i in range(17)}), 400, "invalid_value"),
     request("metadata_long_key", metadata({"k" * 65: "v"}), 400, "invalid_value"),
     request("metadata_long_value", metadata({"k": "v" * 513}), 400, "invalid_value"),
@@ -427,6 +466,13 @@ CASES = [
     request("upload_expires_after_too_long", expires_after("created_at", "2592001"), 400, "invalid_value"),
     request("upload_expires_after_wrong_anchor", expires_after("last_active_at", "3600"), 400, "invalid_value"),
     request("upload_expires_after_not_a_number", expires_after("created_at", "soon"), 400, "invalid_type"),
+    request("upload_expires_after_superscript_digit", expires_after("created_at", "\u00b2"), 400, "invalid_type"),
+    request(  # Arabic-Indic 3600: int() reads it as 3600, but it is not a number in the API's sense
+        "upload_expires_after_arabic_indic_digits",
+        expires_after("created_at", "\u0663\u0666\u0660\u0660"),
+        400,
+        "invalid_type",
+    ),
     request("upload_expires_after_without_anchor", expires_after(None, "3600"), 400, "missing_required_parameter"),
     request(
         "batch_output_expires_after_too_short",
@@ -462,6 +508,12 @@ CASES = [
     ),
     request(
         "files_limit_not_a_number", lambda c: c.send("GET", "/v1/files", params={"limit": "ten"}), 400, "invalid_type"
+    ),
+    request(
+        "files_limit_non_ascii_digits",
+        lambda c: c.send("GET", "/v1/files", params={"limit": "\u0661\u0660"}),
+        400,
+        "invalid_type",
     ),
     request(
         "files_order_unknown", lambda c: c.send("GET", "/v1/files", params={"order": "random"}), 400, "invalid_value"
