@@ -186,6 +186,7 @@ def output_expires_after(value: object) -> t.Callable[[Client], requests.Respons
     return lambda c: c.create(input_file_id=c.upload(GOOD), output_expires_after=value)
 
 
+MULTIPART_X = {"Content-Type": "multipart/form-data; boundary=x"}
 TRAVERSAL, SQL = "../../../etc/passwd", "file-x' OR '1'='1' --"
 BOM = b"\xef\xbb\xbf"
 
@@ -237,6 +238,23 @@ CASES = [
             "/v1/files",
             data=b"--x\r\n",
             headers={"Content-Type": "multipart/form-data; boundary*=UTF-8''%E2%82%AC"},
+        ),
+        400,
+        "missing_required_parameter",
+    ),
+    request(  # junk where the first boundary should be: the decoder's buffer stops at MAX_BUFFER_BYTES
+        "upload_multipart_preamble_past_the_buffer_bound",
+        lambda c: c.send("POST", "/v1/files", data=b"j" * 600_000, headers=MULTIPART_X),
+        400,
+        "missing_required_parameter",
+    ),
+    request(  # a part's headers that never end (no blank line): bounded the same way
+        "upload_multipart_part_headers_past_the_buffer_bound",
+        lambda c: c.send(
+            "POST",
+            "/v1/files",
+            data=b'--x\r\nContent-Disposition: form-data; name="file"; filename="a"\r\nX-Pad: ' + b"p" * 600_000,
+            headers=MULTIPART_X,
         ),
         400,
         "missing_required_parameter",
