@@ -26,6 +26,7 @@ from tidal_workers.policy.body import Bounds
 from tidal_workers.policy.body import check as check_body
 from tidal_workers.policy.body import estimate_prompt_tokens
 from tidal_workers.policy.body import estimate_tokens
+from tidal_workers.policy.body import for_engine
 
 MAX_REPORTED_ERRORS = 1000
 MAX_JSON_DEPTH = 32  # nested arrays and objects, the line's own object counting 1
@@ -218,7 +219,7 @@ def parse_line(number: int, text: str, endpoint: str, bounds: Bounds = DEFAULT_B
         number,
         custom_id,
         url,
-        _dumps(body),
+        _dumps(for_engine(endpoint, body)),
         model,
         prefix_key(body),
         estimate_tokens(endpoint, body, bounds),

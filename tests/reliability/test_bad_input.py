@@ -30,6 +30,7 @@ from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
 
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 MAX_FILE_BYTES, MAX_UPLOAD_BYTES, MAX_FILE_LINES = 400_000, 800_000, 5
 MAX_LINE_BYTES, MAX_OUTPUT_TOKENS = 250_000, 1000
 #: globex runs at tiny quotas, so a case can reach each one in a request or two (acme keeps the defaults,
@@ -164,6 +165,12 @@ def completion_line(**body) -> bytes:
     )
 
 
+def responses_line(**body) -> bytes:
+    return jsonl(
+        {"custom_id": "r1", "method": "POST", "url": RESPONSES, "body": {"model": "tiny", "input": "hi", **body}}
+    )
+
+
 def nested(depth: int) -> object:
     value: object = "deep"
     for _ in range(depth):
@@ -187,6 +194,8 @@ def output_expires_after(value: object) -> t.Callable[[Client], requests.Respons
 
 
 MULTIPART_X = {"Content-Type": "multipart/form-data; boundary=x"}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+META = "http://169.254.169.254/latest/meta-data/"  # what a media fetch from the GPU node could reach
 TRAVERSAL, SQL = "../../../etc/passwd", "file-x' OR '1'='1' --"
 BOM = b"\xef\xbb\xbf"
 
@@ -347,6 +356,62 @@ CASES = [
     ingest("max_tokens_zero", jsonl(line("r1", max_tokens=0)), "invalid_value"),
     ingest("max_completion_tokens_as_text", jsonl(line("r1", max_completion_tokens="100")), "invalid_value"),
     ingest("top_logprobs_above_20", jsonl(line("r1", logprobs=True, top_logprobs=21)), "invalid_value"),
+    # --- the body policy: allowed fields that would reach what it keeps away (issue 37, M1)
+    ingest(
+        "echo_with_logprobs",
+        completion_line(echo=True, logprobs=1),
+        "unsupported_parameter",
+        endpoint="/v1/completions",
+    ),
+    ingest(
+        "response_format_json_schema",
+        jsonl(line("r1", response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "response_format_structural_tag",
+        jsonl(line("r1", response_format={"type": "structural_tag", "format": {}})),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "tool_choice_required",
+        jsonl(line("r1", tools=[TOOL], tool_choice="required")),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "tool_choice_named",
+        jsonl(line("r1", tools=[TOOL], tool_choice={"type": "function", "function": {"name": "f"}})),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "chat_template_kwargs_documents",
+        jsonl(line("r1", chat_template_kwargs={"documents": [{"title": "t", "text": "x"}]})),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "image_by_url",
+        jsonl(line("r1", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": META}}]}])),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "responses_input_image_by_url",
+        responses_line(input=[{"role": "user", "content": [{"type": "input_image", "image_url": META}]}]),
+        "unsupported_parameter",
+        endpoint=RESPONSES,
+    ),
+    ingest(
+        "responses_text_format_json_schema",
+        responses_line(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}),
+        "unsupported_parameter",
+        endpoint=RESPONSES,
+    ),
+    ingest(
+        "responses_previous_response_id",
+        responses_line(previous_response_id="resp_abc"),
+        "unsupported_parameter",
+        endpoint=RESPONSES,
+    ),
+    ingest("responses_store_true", responses_line(store=True), "unsupported_parameter", endpoint=RESPONSES),
     ingest("chat_logprobs_not_a_boolean", jsonl(line("r1", logprobs=3)), "invalid_type"),
     # --- lines bounded before they cost memory
     ingest("line_over_the_size_limit", jsonl(line("r1", user="x" * MAX_LINE_BYTES)), "line_too_large"),
