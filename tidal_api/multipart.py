@@ -64,9 +64,8 @@ class Body:
         self._stream = stream
         if not boundary:
             raise Malformed("the Content-Type names no boundary")
-        if (
-            not boundary.isascii()
-        ):  # RFC 2231 can name any character (boundary*=UTF-8''%E2%82%AC); RFC 2046 allows ASCII
+        # RFC 2231 can name any character (boundary*=UTF-8''%E2%82%AC); RFC 2046 allows only ASCII ones
+        if not boundary.isascii():
             raise Malformed("the boundary is not ASCII")
         decoder = MultipartDecoder(boundary.encode("ascii"), max_form_memory_size=MAX_BUFFER_BYTES, max_parts=MAX_PARTS)
         self._events = self._decode(decoder)
