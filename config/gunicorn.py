@@ -22,6 +22,13 @@ timeout = 120  # a large upload is still one request
 accesslog = "-"
 
 
+def on_starting(server: Arbiter) -> None:
+    """Refusals gunicorn writes itself (a request line or header past its limits) answer JSON, as the app does."""
+    from tidal_api.gunicorn_errors import install
+
+    install()
+
+
 def child_exit(server: Arbiter, worker: Worker) -> None:
     """Fold a dead worker's /metrics samples away (prometheus_client multiprocess mode)."""
     from tidal_api.metrics import multiprocess_mode

@@ -178,7 +178,7 @@ class Settings(SchedulerSettings):
     # --- the API -----------------------------------------------------------
     api_keys: str = _setting(
         "",
-        "Configured API keys as `tenant:key` pairs separated by commas. Stored hashed (SHA-256) at start-up; a configured key removed from here is revoked at the next start. Outside dev mode each key must be at least 32 characters with 128 bits of entropy by its character set (`tidal keys create` makes such keys).",
+        "Configured API keys as `tenant:key` pairs separated by commas. Stored hashed (SHA-256) at start-up; a configured key removed from here stays live until `tidal keys sync --prune` revokes it. Outside dev mode each key must be at least 32 characters with 128 bits of entropy by its character set (`tidal keys create` makes such keys).",
         secret=True,
     )
     bind: str = _setting("127.0.0.1:8080", "Address gunicorn binds for `tidal serve`.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import typing as t
 
@@ -72,6 +73,14 @@ def _json_body() -> dict[str, t.Any]:
             "We could not parse the JSON body of your request. The body must be a JSON object.",
             code="invalid_json",
         )
+    try:  # a lone surrogate (``"\\ud800"``) is valid JSON but no UTF-8 string: PostgreSQL refuses it
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(
+            400,
+            "The JSON body holds a lone UTF-16 surrogate escape (such as \\ud800): strings must be valid Unicode.",
+            code="invalid_json",
+        ) from None
     return body
 
 

@@ -13,6 +13,7 @@ import typing as t
 from tidal_api.errors import invalid_type
 from tidal_api.errors import invalid_value
 from tidal_api.errors import missing
+from tidal_api.numbers import ascii_int
 
 ANCHORS = ("created_at",)
 MIN_SECONDS, MAX_SECONDS = 3600, 30 * 86_400
@@ -55,5 +56,5 @@ def from_form(form: t.Mapping[str, str], param: str) -> int | None:
     anchor, seconds = form.get(f"{param}[anchor]"), form.get(f"{param}[seconds]")
     if anchor is None and seconds is None:
         return None
-    number: t.Any = int(seconds) if seconds is not None and seconds.strip().isdigit() else seconds
-    return seconds_after(anchor, number, param)
+    number = ascii_int(seconds) if seconds is not None else None
+    return seconds_after(anchor, seconds if number is None else number, param)

@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import typing as t
 
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.sansio.multipart import Data
 from werkzeug.sansio.multipart import Epilogue
 from werkzeug.sansio.multipart import Field
 from werkzeug.sansio.multipart import File
 from werkzeug.sansio.multipart import MultipartDecoder
 from werkzeug.sansio.multipart import NeedData
+from werkzeug.sansio.multipart import State
 
 from tidal_api.errors import APIError
 
 READ_BYTES = 256 * 1024
 MAX_PARTS = 64
 MAX_FIELD_BYTES = 64 * 1024  # a form field (`purpose`) is short; a file is a file part
+#: What the decoder may hold: it drains its buffer only inside a part's data, so while it looks for the first
+#: boundary or for the end of a part's headers, junk would pile up to the whole body. One read past a part's
+#: headers (at most a field's size) is plenty for any real form.
+MAX_BUFFER_BYTES = READ_BYTES + MAX_FIELD_BYTES
 
 
 class Malformed(Exception):
@@ -58,12 +64,21 @@ class Body:
         self._stream = stream
         if not boundary:
             raise Malformed("the Content-Type names no boundary")
-        self._events = self._decode(MultipartDecoder(boundary.encode("latin-1"), max_parts=MAX_PARTS))
+        # RFC 2231 can name any character (boundary*=UTF-8''%E2%82%AC); RFC 2046 allows only ASCII ones
+        if not boundary.isascii():
+            raise Malformed("the boundary is not ASCII")
+        decoder = MultipartDecoder(boundary.encode("ascii"), max_form_memory_size=MAX_BUFFER_BYTES, max_parts=MAX_PARTS)
+        self._events = self._decode(decoder)
 
     def _decode(self, decoder: MultipartDecoder) -> t.Iterator[Field | File | Data]:
         while True:
             chunk = self._stream.read(READ_BYTES)
-            decoder.receive_data(chunk or None)
+            try:
+                decoder.receive_data(chunk or None)
+            except RequestEntityTooLarge:
+                raise Malformed(
+                    f"no boundary, or no end of a part's headers, within {MAX_BUFFER_BYTES} bytes"
+                ) from None
             try:
                 while not isinstance(event := decoder.next_event(), NeedData):
                     if isinstance(event, Epilogue):
@@ -72,6 +87,8 @@ class Body:
                         yield event
             except ValueError as exc:  # the decoder's word for a body it cannot parse, or one cut short
                 raise Malformed(str(exc)) from None
+            if decoder.state is State.EPILOGUE:  # past the closing boundary: what follows is drained, not kept
+                return
 
     def parts(self) -> t.Iterator[Part]:
         for event in self._events:

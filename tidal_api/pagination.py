@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from tidal_api.errors import APIError
 from tidal_api.errors import invalid_type
 from tidal_api.errors import invalid_value
+from tidal_api.numbers import ascii_int
 
 
 def can_name_a_row(value: str) -> bool:
@@ -32,10 +33,9 @@ def int_arg(args: t.Mapping[str, str], name: str, default: int, low: int, high: 
     raw = args.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise invalid_type(name, "an integer") from None
+    value = ascii_int(raw)
+    if value is None:
+        raise invalid_type(name, "an integer")
     if not low <= value <= high:
         raise invalid_value(name, f"Invalid '{name}': must be between {low} and {high}, got {value}.")
     return value

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing as t
 
 from config import Settings
@@ -25,6 +26,7 @@ from tidal_workers.policy.body import Bounds
 from tidal_workers.policy.body import check as check_body
 from tidal_workers.policy.body import estimate_prompt_tokens
 from tidal_workers.policy.body import estimate_tokens
+from tidal_workers.policy.body import for_engine
 
 MAX_REPORTED_ERRORS = 1000
 MAX_JSON_DEPTH = 32  # nested arrays and objects, the line's own object counting 1
@@ -73,7 +75,18 @@ def _reject_constant(name: str) -> t.NoReturn:
     raise ValueError(f"{name} is not JSON")  # NaN/Infinity would reach vLLM as invalid JSON
 
 
-_loads = json.JSONDecoder(parse_constant=_reject_constant).decode
+class NumberOutOfRange(ValueError):
+    """A JSON number past a double's range (``1e400``): it would parse to infinity, which is not JSON."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise NumberOutOfRange(text[:32])
+    return value
+
+
+_loads = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float).decode
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode  # ASCII: no lone surrogate reaches SQL
 
 
@@ -158,6 +171,13 @@ def parse_line(number: int, text: str, endpoint: str, bounds: Bounds = DEFAULT_B
         )
     try:
         obj = _loads(text)
+    except NumberOutOfRange as exc:
+        return LineError(
+            "invalid_json_line",
+            number,
+            f"This line holds a number out of range ({exc}); JSON numbers must be finite.",
+            None,
+        )
     except (ValueError, RecursionError):
         obj = None
     if not isinstance(obj, dict):
@@ -199,7 +219,7 @@ def parse_line(number: int, text: str, endpoint: str, bounds: Bounds = DEFAULT_B
         number,
         custom_id,
         url,
-        _dumps(body),
+        _dumps(for_engine(endpoint, body)),
         model,
         prefix_key(body),
         estimate_tokens(endpoint, body, bounds),

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing as t
 from pathlib import Path
 
 import httpx
@@ -63,7 +64,13 @@ class Served:
 
 
 @pytest.fixture
-def served(settings, rt, tmp_path):  # rt: an empty store
+def serve_overrides() -> dict[str, object]:
+    """Settings a test changes for its `tidal serve` (parametrize this name to set them)."""
+    return {}
+
+
+@pytest.fixture
+def served(settings, rt, tmp_path, serve_overrides):  # rt: an empty store
     port, metrics_port = free_port(), free_port()
     overrides = {
         "home": settings.home,
@@ -75,6 +82,7 @@ def served(settings, rt, tmp_path):  # rt: an empty store
         "metrics_bind": f"127.0.0.1:{metrics_port}",
         "api_workers": 2,
         "api_threads": 2,
+        **serve_overrides,
     }
     env = {**os.environ, **{env_name(k): str(v) for k, v in overrides.items()}}
     log_path = tmp_path / "serve.log"
@@ -207,6 +215,89 @@ def test_a_10_mb_json_body_is_refused_before_it_is_read(served):
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text[:300]
     growth = {pid: _peak_rss(pid) - rss for pid, rss in before.items()}
     assert all(g < 5 * 1024 * 1024 for g in growth.values()), f"peak RSS growth by worker (bytes): {growth}"
+
+
+def test_requests_gunicorn_refuses_before_the_app_answer_in_the_api_envelope(served):
+    """A request line past gunicorn's limit_request_line, or a header past limit_request_field_size, is refused by
+    gunicorn itself, before the app runs: the answer is still JSON in OpenAI's envelope, not an HTML page."""
+    auth = {"Authorization": f"Bearer {STRONG_KEY}"}
+    long_id = httpx.get(served.url + "/v1/batches/batch_" + "x" * 5000, headers=auth)
+    huge_header = httpx.get(served.url + "/v1/files", headers={**auth, "X-Pad": "p" * 10_000})
+    for r, status, code in ((long_id, 414, "request_line_too_long"), (huge_header, 431, "request_header_too_large")):
+        assert r.status_code == status, r.text[:300]
+        assert r.headers["content-type"] == "application/json", r.headers
+        assert r.json()["error"]["code"] == code and r.json()["error"]["type"] == "invalid_request_error", r.text
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+JUNK_MB = 64  # per upload; see the test's docstring
+JUNK_BODIES = {
+    "no boundary": b"",  # all preamble: the decoder looks for the first boundary
+    "headers that never end": b'--x\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n',
+}
+
+
+def _junk(head: bytes, size: int) -> t.Iterator[bytes]:
+    """``head``, then junk to ``size`` bytes, made as it is sent: no CR, no LF, no boundary."""
+    yield head
+    chunk = b"j" * (1024 * 1024)
+    left = size - len(head)
+    while left > 0:
+        yield chunk[:left]
+        left -= len(chunk)
+
+
+@pytest.mark.parametrize("serve_overrides", [{"api_threads": 4}])  # compose's 2 workers x 4 threads
+def test_concurrent_junk_uploads_cost_the_api_a_bounded_buffer(served):
+    """8 uploads at once (every thread of both workers) of junk under a valid multipart Content-Type: the decoder
+    holds at most 320 KB per request outside a part's data, so the API's peak RSS grows by less than 32 MB.
+
+    The bound does not depend on the body's size (werkzeug's decoder grows its buffer with the junk it is given;
+    Tidal refuses past READ_BYTES + MAX_FIELD_BYTES), so 64 MB bodies prove what 512 MB ones would, in an eighth of
+    the time on a shared 2-core machine: unbounded, 8 x 64 MB would grow the API by hundreds of MB, past 32 MB
+    many times over.
+    """
+    _junk_uploads(served, 1)  # warm-up: every thread and its allocator arena, connection pools, lazy imports
+    workers = served.workers()
+    for w in workers:
+        Path(f"/proc/{w.pid}/clear_refs").write_text("5")  # reset each worker's peak RSS to its RSS now
+    before = sum(w.memory_info().rss for w in workers)
+    _junk_uploads(served, JUNK_MB)
+    growth = sum(_peak_rss(w.pid) for w in workers) - before
+    assert growth < 32 * 1024 * 1024, f"the API's peak RSS grew by {growth / 2**20:.0f} MB"
+
+
+def _junk_uploads(served: Served, megabytes: int) -> None:
+    """8 junk uploads of ``megabytes`` each, sent at once; each must answer 400 in the envelope."""
+    size = megabytes * 1024 * 1024
+    heads = list(JUNK_BODIES.values()) * 4
+    answers: list[httpx.Response | BaseException] = [RuntimeError("no answer")] * len(heads)
+    go = threading.Barrier(len(heads))
+
+    def upload(n: int) -> None:
+        go.wait()
+        try:
+            answers[n] = httpx.post(
+                served.url + "/v1/files",
+                content=_junk(heads[n], size),
+                headers={
+                    "Authorization": f"Bearer {STRONG_KEY}",
+                    "Content-Type": "multipart/form-data; boundary=x",
+                    "Content-Length": str(size),
+                },
+                timeout=300,
+            )
+        except httpx.HTTPError as exc:
+            answers[n] = exc
+
+    threads = [threading.Thread(target=upload, args=(n,)) for n in range(len(heads))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for r in answers:
+        assert isinstance(r, httpx.Response), repr(r)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "missing_required_parameter", r.text[:300]
 
 
 BAD_PRICES = '{"tiny": [1, 2]'  # one brace short

@@ -99,3 +99,18 @@ def test_a_form_field_is_short(raw, rt):
     r = raw(("purpose", None, b"b" * (64 * 1024 + 1)), ("file", "a.jsonl", b"{}\n"))
     assert r.status_code == 400 and (error_of(r)["code"], error_of(r)["param"]) == ("invalid_value", "purpose")
     assert _blobs(rt) == []
+
+
+def test_what_follows_the_closing_boundary_is_drained_not_kept(live_api, rt):
+    """The decoder's buffer is bounded (multipart.MAX_BUFFER_BYTES) outside a part's data; an epilogue after the
+    closing boundary (RFC 2046 allows one) is read out, not buffered, so the upload stands whatever follows it."""
+    body, headers = _parts(("purpose", None, b"batch"), ("file", "a.jsonl", b"{}\n"))
+    epilogue = b"ignored epilogue " * (2 << 16)  # 2 MiB, far past the buffer bound
+    r = httpx.post(
+        live_api.url + "/v1/files",
+        content=body + epilogue,
+        headers={**headers, "Authorization": "Bearer acme-key"},
+        timeout=30,
+    )
+    assert r.status_code == 200 and r.json()["bytes"] == 3, r.text
+    assert len(_blobs(rt)) == 1

@@ -30,6 +30,7 @@ from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
 
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 MAX_FILE_BYTES, MAX_UPLOAD_BYTES, MAX_FILE_LINES = 400_000, 800_000, 5
 MAX_LINE_BYTES, MAX_OUTPUT_TOKENS = 250_000, 1000
 #: globex runs at tiny quotas, so a case can reach each one in a request or two (acme keeps the defaults,
@@ -164,6 +165,12 @@ def completion_line(**body) -> bytes:
     )
 
 
+def responses_line(**body) -> bytes:
+    return jsonl(
+        {"custom_id": "r1", "method": "POST", "url": RESPONSES, "body": {"model": "tiny", "input": "hi", **body}}
+    )
+
+
 def nested(depth: int) -> object:
     value: object = "deep"
     for _ in range(depth):
@@ -186,6 +193,9 @@ def output_expires_after(value: object) -> t.Callable[[Client], requests.Respons
     return lambda c: c.create(input_file_id=c.upload(GOOD), output_expires_after=value)
 
 
+MULTIPART_X = {"Content-Type": "multipart/form-data; boundary=x"}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+META = "http://169.254.169.254/latest/meta-data/"  # what a media fetch from the GPU node could reach
 TRAVERSAL, SQL = "../../../etc/passwd", "file-x' OR '1'='1' --"
 BOM = b"\xef\xbb\xbf"
 
@@ -227,6 +237,34 @@ CASES = [
     request(
         "upload_multipart_without_boundary",
         lambda c: c.send("POST", "/v1/files", data=b"garbage", headers={"Content-Type": "multipart/form-data"}),
+        400,
+        "missing_required_parameter",
+    ),
+    request(  # RFC 2231: the boundary parses to a non-ASCII character, which cannot delimit bytes
+        "upload_multipart_rfc2231_boundary",
+        lambda c: c.send(
+            "POST",
+            "/v1/files",
+            data=b"--x\r\n",
+            headers={"Content-Type": "multipart/form-data; boundary*=UTF-8''%E2%82%AC"},
+        ),
+        400,
+        "missing_required_parameter",
+    ),
+    request(  # junk where the first boundary should be: the decoder's buffer stops at MAX_BUFFER_BYTES
+        "upload_multipart_preamble_past_the_buffer_bound",
+        lambda c: c.send("POST", "/v1/files", data=b"j" * 600_000, headers=MULTIPART_X),
+        400,
+        "missing_required_parameter",
+    ),
+    request(  # a part's headers that never end (no blank line): bounded the same way
+        "upload_multipart_part_headers_past_the_buffer_bound",
+        lambda c: c.send(
+            "POST",
+            "/v1/files",
+            data=b'--x\r\nContent-Disposition: form-data; name="file"; filename="a"\r\nX-Pad: ' + b"p" * 600_000,
+            headers=MULTIPART_X,
+        ),
         400,
         "missing_required_parameter",
     ),
@@ -272,6 +310,11 @@ CASES = [
     ingest("truncated_json_line", jsonl(line("r1"), json.dumps(line("r2"))[:30]), "invalid_json_line"),
     ingest("single_quoted_json", jsonl("{'custom_id': 'r1'}"), "invalid_json_line"),
     ingest("json_array_line", jsonl("[1, 2]"), "invalid_json_line"),
+    ingest(
+        "number_out_of_range",
+        jsonl(json.dumps(line("r1", temperature=1.0)).replace("1.0", "1e400")),
+        "invalid_json_line",
+    ),
     ingest("nan_in_body", jsonl(json.dumps(line("r1")).replace('"hi"', "NaN")), "invalid_json_line"),
     ingest("two_objects_on_one_line", jsonl(json.dumps(line("r1")) + json.dumps(line("r2"))), "invalid_json_line"),
     ingest("non_utf8_bytes", jsonl(line("r1"), b'{"custom_id": "\xff\xfe"}'), "invalid_encoding"),
@@ -313,6 +356,62 @@ CASES = [
     ingest("max_tokens_zero", jsonl(line("r1", max_tokens=0)), "invalid_value"),
     ingest("max_completion_tokens_as_text", jsonl(line("r1", max_completion_tokens="100")), "invalid_value"),
     ingest("top_logprobs_above_20", jsonl(line("r1", logprobs=True, top_logprobs=21)), "invalid_value"),
+    # --- the body policy: allowed fields that would reach what it keeps away (issue 37, M1)
+    ingest(
+        "echo_with_logprobs",
+        completion_line(echo=True, logprobs=1),
+        "unsupported_parameter",
+        endpoint="/v1/completions",
+    ),
+    ingest(
+        "response_format_json_schema",
+        jsonl(line("r1", response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "response_format_structural_tag",
+        jsonl(line("r1", response_format={"type": "structural_tag", "format": {}})),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "tool_choice_required",
+        jsonl(line("r1", tools=[TOOL], tool_choice="required")),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "tool_choice_named",
+        jsonl(line("r1", tools=[TOOL], tool_choice={"type": "function", "function": {"name": "f"}})),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "chat_template_kwargs_documents",
+        jsonl(line("r1", chat_template_kwargs={"documents": [{"title": "t", "text": "x"}]})),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "image_by_url",
+        jsonl(line("r1", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": META}}]}])),
+        "unsupported_parameter",
+    ),
+    ingest(
+        "responses_input_image_by_url",
+        responses_line(input=[{"role": "user", "content": [{"type": "input_image", "image_url": META}]}]),
+        "unsupported_parameter",
+        endpoint=RESPONSES,
+    ),
+    ingest(
+        "responses_text_format_json_schema",
+        responses_line(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}),
+        "unsupported_parameter",
+        endpoint=RESPONSES,
+    ),
+    ingest(
+        "responses_previous_response_id",
+        responses_line(previous_response_id="resp_abc"),
+        "unsupported_parameter",
+        endpoint=RESPONSES,
+    ),
+    ingest("responses_store_true", responses_line(store=True), "unsupported_parameter", endpoint=RESPONSES),
     ingest("chat_logprobs_not_a_boolean", jsonl(line("r1", logprobs=3)), "invalid_type"),
     # --- lines bounded before they cost memory
     ingest("line_over_the_size_limit", jsonl(line("r1", user="x" * MAX_LINE_BYTES)), "line_too_large"),
@@ -381,6 +480,29 @@ CASES = [
         400,
         "invalid_value",
     ),
+    request(  # PostgreSQL refuses a lone surrogate in a text parameter
+        "batch_input_file_id_lone_surrogate",
+        lambda c: c.send(
+            "POST",
+            "/v1/batches",
+            data=b'{"input_file_id": "\\ud800", "endpoint": "/v1/chat/completions", "completion_window": "24h"}',
+            headers={"Content-Type": "application/json"},
+        ),
+        400,
+        "invalid_json",
+    ),
+    request(
+        "metadata_lone_surrogate",
+        lambda c: c.send(
+            "POST",
+            "/v1/batches",
+            data=b'{"input_file_id": "%s", "endpoint": "/v1/chat/completions", "completion_window": "24h", '
+            b'"metadata": {"k": "\\udfff"}}' % c.upload(GOOD).encode(),
+            headers={"Content-Type": "application/json"},
+        ),
+        400,
+        "invalid_json",
+    ),
     request("metadata_17_pairs", metadata({f"k{i}": "v" for i in range(17)}), 400, "invalid_value"),
     request("metadata_long_key", metadata({"k" * 65: "v"}), 400, "invalid_value"),
     request("metadata_long_value", metadata({"k": "v" * 513}), 400, "invalid_value"),
@@ -427,6 +549,13 @@ CASES = [
     request("upload_expires_after_too_long", expires_after("created_at", "2592001"), 400, "invalid_value"),
     request("upload_expires_after_wrong_anchor", expires_after("last_active_at", "3600"), 400, "invalid_value"),
     request("upload_expires_after_not_a_number", expires_after("created_at", "soon"), 400, "invalid_type"),
+    request("upload_expires_after_superscript_digit", expires_after("created_at", "\u00b2"), 400, "invalid_type"),
+    request(  # Arabic-Indic 3600: int() reads it as 3600, but it is not a number in the API's sense
+        "upload_expires_after_arabic_indic_digits",
+        expires_after("created_at", "\u0663\u0666\u0660\u0660"),
+        400,
+        "invalid_type",
+    ),
     request("upload_expires_after_without_anchor", expires_after(None, "3600"), 400, "missing_required_parameter"),
     request(
         "batch_output_expires_after_too_short",
@@ -462,6 +591,12 @@ CASES = [
     ),
     request(
         "files_limit_not_a_number", lambda c: c.send("GET", "/v1/files", params={"limit": "ten"}), 400, "invalid_type"
+    ),
+    request(
+        "files_limit_non_ascii_digits",
+        lambda c: c.send("GET", "/v1/files", params={"limit": "\u0661\u0660"}),
+        400,
+        "invalid_type",
     ),
     request(
         "files_order_unknown", lambda c: c.send("GET", "/v1/files", params={"order": "random"}), 400, "invalid_value"

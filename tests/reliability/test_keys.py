@@ -24,12 +24,17 @@ def strong() -> str:
     return "sk-" + secrets.token_urlsafe(32)
 
 
+def tidal_cli(rt, *args: str, api_keys: str = "", code: int = 0) -> tuple[str, str]:
+    """Run `tidal ...` on the test's store with TIDAL_API_KEYS = ``api_keys``; (stdout, stderr)."""
+    env = {"TIDAL_HOME": rt.settings.home, "TIDAL_DATABASE_URL": rt.settings.database_url, "TIDAL_API_KEYS": api_keys}
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    assert result.exit_code == code, result.output + result.stderr
+    return result.stdout, result.stderr
+
+
 def keys_cli(rt, *args: str) -> tuple[str, str]:
     """Run `tidal keys ...` on the test's store; (stdout, stderr)."""
-    env = {"TIDAL_HOME": rt.settings.home, "TIDAL_DATABASE_URL": rt.settings.database_url, "TIDAL_API_KEYS": ""}
-    result = CliRunner().invoke(main, ["keys", *args], env=env, catch_exceptions=False)
-    assert result.exit_code == 0, result.output + result.stderr
-    return result.stdout, result.stderr
+    return tidal_cli(rt, "keys", *args)
 
 
 def get_files(url: str, key: str) -> int:
@@ -78,23 +83,29 @@ def test_the_example_env_file_holds_no_working_key():
     assert load_settings(environ).configured_keys == ()
 
 
-def test_configured_keys_are_the_truth_for_the_keys_they_manage(rt, live_api):
+def test_configured_keys_are_added_and_moved_and_revoked_only_with_prune(rt, live_api, caplog):
     one, two = strong(), strong()
     configured = Store(rt.settings.replace(api_keys=f"acme:{one},globex:{two}"))
     api_keys.sync(configured)
     assert (api_keys.tenant_for_key(configured, one), api_keys.tenant_for_key(configured, two)) == ("acme", "globex")
     _row, made = api_keys.create(rt.store, "initech", "ci")  # a CLI key: no setting manages it
 
-    # next start: `two` moved to acme, `one` and the test's own acme-key/globex-key left the setting
+    # next start: `two` moved to acme; `one` and the test's own acme-key/globex-key left the setting but stay live
     moved = Store(rt.settings.replace(api_keys=f"acme:{two}"))
     report = api_keys.sync(moved)
-    assert (report.added, report.moved, report.revoked) == (0, 1, 1)  # `one` (acme-key went at the sync above)
-    assert api_keys.sync(moved) == api_keys.SyncReport(0, 0, 0, 0)  # the next start changes nothing
-    assert api_keys.tenant_for_key(moved, two) == "acme"
+    assert (report.added, report.moved, report.revoked, report.unlisted) == (0, 1, 0, 3)
+    assert "left TIDAL_API_KEYS: still live until `tidal keys sync --prune`" in caplog.text
+    assert api_keys.tenant_for_key(moved, two) == "acme" and api_keys.tenant_for_key(moved, one) == "acme"
+    assert get_files(live_api.url, one) == 200 and get_files(live_api.url, two) == 200
+
+    # an explicit prune revokes them, each one logged; a CLI key is no business of the setting's
+    caplog.clear()
+    assert api_keys.sync(moved, prune=True) == api_keys.SyncReport(0, 0, 3, 0, 0)
+    assert caplog.text.count("left TIDAL_API_KEYS: revoked (--prune)") == 3
+    assert api_keys.sync(moved, prune=True) == api_keys.SyncReport(0, 0, 0, 0, 0)  # nothing more to do
     assert api_keys.tenant_for_key(moved, one) is None and api_keys.tenant_for_key(moved, "acme-key") is None
     assert api_keys.tenant_for_key(moved, made) == "initech"
-    assert get_files(live_api.url, one) == 401 and get_files(live_api.url, two) == 200
-    assert get_files(live_api.url, made) == 200
+    assert get_files(live_api.url, one) == 401 and get_files(live_api.url, made) == 200
 
     # a revoked key stays revoked, even if the setting names it again
     back = Store(rt.settings.replace(api_keys=f"acme:{two},acme:{one}"))
@@ -102,6 +113,27 @@ def test_configured_keys_are_the_truth_for_the_keys_they_manage(rt, live_api):
     assert api_keys.tenant_for_key(back, one) is None
     for store in (configured, moved, back):
         store.dispose()
+
+
+def test_db_upgrade_without_the_setting_keeps_configured_keys(rt, live_api):
+    """The documented maintenance path: `tidal db upgrade` from a shell where TIDAL_API_KEYS is unset."""
+    key = strong()
+    api_keys.sync(Store(rt.settings.replace(api_keys=f"acme:{key}")))
+    tidal_cli(rt, "db", "upgrade", api_keys="")
+    assert get_files(live_api.url, key) == 200 and get_files(live_api.url, "acme-key") == 200
+    assert all(row.revoked_at is None for row in api_keys.listed(rt.store))
+
+
+def test_keys_sync_prunes_only_when_asked_and_never_with_an_empty_setting(rt, live_api):
+    key, dropped = strong(), strong()
+    tidal_cli(rt, "keys", "sync", api_keys=f"acme:{key},globex:{dropped}")
+    out, _ = tidal_cli(rt, "keys", "sync", api_keys=f"acme:{key}")
+    assert "revoked 0" in out and get_files(live_api.url, dropped) == 200
+    _, err = tidal_cli(rt, "keys", "sync", "--prune", code=1)  # a shell without the setting must not revoke all
+    assert "TIDAL_API_KEYS names no key" in err and get_files(live_api.url, dropped) == 200
+    out, _ = tidal_cli(rt, "keys", "sync", "--prune", api_keys=f"acme:{key}")
+    assert "revoked 3" in out  # `dropped`, and the test's acme-key and globex-key
+    assert get_files(live_api.url, dropped) == 401 and get_files(live_api.url, key) == 200
 
 
 def test_cli_creates_lists_and_revokes_keys(rt, live_api):

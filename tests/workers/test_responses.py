@@ -35,6 +35,7 @@ def test_a_responses_line_is_parsed_with_its_prompt_prefix():
     )
     assert not isinstance(parsed, LineError)
     assert (parsed.url, parsed.model, parsed.prefix_key) == (RESPONSES, "tiny", "Be brief. Hi")
+    assert json.loads(parsed.body)["store"] is False  # what the engine is sent: never kept in its memory
     plain = parse_line(1, json.dumps(line("s", input=[{"role": "user", "content": "Hello"}])), RESPONSES)
     assert plain.prefix_key == "Hello"
 
@@ -62,7 +63,7 @@ def test_a_responses_batch_runs_on_the_real_engine(rt, live_api, worker, tiny_en
             input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
             max_output_tokens=5,
         ),
-        line("unknown-previous", input="x", max_output_tokens=4, previous_response_id="resp_nothing"),
+        line("bad-temperature", input="x", max_output_tokens=4, temperature=-1.0),
     ]
     client = openai.OpenAI(base_url=live_api.url + "/v1", api_key="acme-key", max_retries=0)
     data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
@@ -91,8 +92,8 @@ def test_a_responses_batch_runs_on_the_real_engine(rt, live_api, worker, tiny_en
 
     # The engine's 4xx is the request's own fault: an error-file line with the engine's status and body.
     (failed,) = err
-    assert failed["custom_id"] == "unknown-previous" and failed["response"]["status_code"] == 404
-    assert "resp_nothing" in failed["response"]["body"]["error"]["message"]
+    assert failed["custom_id"] == "bad-temperature" and failed["response"]["status_code"] == 400
+    assert "temperature" in failed["response"]["body"]["error"]["message"]
 
     # The batch's usage is OpenAI's batch usage object, summed from the responses' usage.
     done = client.batches.retrieve(batch.id)

@@ -12,7 +12,7 @@ def db() -> None:
 
 @db.command()
 def upgrade() -> None:
-    """Migrate the schema to the newest revision and sync configured API keys."""
+    """Migrate the schema to the newest revision and store the configured API keys (adds and moves; never revokes)."""
     from tidal_workers.store import Store
     from tidal_workers.store import api_keys
 

@@ -97,4 +97,26 @@ def revoke(key_id: str) -> None:
     click.echo(f"revoked {row.id} (tenant {row.tenant_id}) at {_when(row.revoked_at)}")
 
 
+@keys.command()
+@click.option("--prune", is_flag=True, help="Also revoke the configured keys TIDAL_API_KEYS no longer names.")
+def sync(prune: bool) -> None:
+    """Store the keys TIDAL_API_KEYS names (added, or moved to the tenant it names); every API start does this too.
+
+    A configured key the setting no longer names stays live until a sync with --prune revokes it (each revocation
+    is logged); --prune is refused when the setting names no key, as in a shell that lacks it.
+    """
+    from tidal_workers.store import api_keys
+
+    store = _store()
+    if prune and not store.settings.configured_keys:
+        raise click.ClickException(
+            "TIDAL_API_KEYS names no key: --prune would revoke every configured key (revoke one with `tidal keys revoke`)"
+        )
+    report = api_keys.sync(store, prune=prune)
+    click.echo(
+        f"added {report.added}, moved {report.moved}, revoked {report.revoked}, kept revoked {report.kept_revoked}, "
+        f"left live though unlisted {report.unlisted}"
+    )
+
+
 COMMANDS = [keys]

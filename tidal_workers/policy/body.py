@@ -4,8 +4,22 @@ The engine that runs batch work also serves live traffic, so a line may carry on
 allows (OpenAI's, plus vLLM sampling options that cost nothing extra), within bounds: one choice per request
 (``n`` and ``best_of`` at most 1), ``max_tokens`` within the served model's limit, a bounded number of logprobs,
 and none of the engine's own fields (``priority``, ``kv_transfer_params``, ``request_id``, guided-decoding
-grammars ...). A line that breaks a rule is rejected with an error naming the field; no request is ever changed
-silently.
+grammars ...). A line that breaks a rule is rejected with an error naming the field.
+
+Allowed fields must not reach the same engine features under another name (``policy_problem``):
+
+- no prompt logprobs: completions' ``echo`` with ``logprobs`` is vLLM's ``prompt_logprobs``;
+- one response's logprobs are bounded: (``top_logprobs`` + 1) x the output bound at most ``MAX_LOGPROB_ENTRIES``;
+- no tenant grammar: ``response_format`` (chat) and ``text.format`` (Responses) are ``text`` or ``json_object``,
+  ``tool_choice`` is ``auto`` or ``none`` (``required`` and named tools compile the tools' schemas into a grammar);
+  and since some engines' tool parsers compile the declared tools even under ``auto``, ``tools`` is bounded in
+  size and depth;
+- ``chat_template_kwargs`` carries only ``CHAT_TEMPLATE_KWARGS`` (HF's template call would take ``documents`` or
+  ``tools`` from it);
+- no media by URL in ``messages`` or ``input``: the engine would fetch it from the GPU node's network (``data:``
+  URLs carry the media inline and are allowed);
+- no Responses state: ``previous_response_id`` is refused and ``store`` may only be false; ``for_engine`` sets it
+  false when a line leaves it out (vLLM's default is true), and docs/api.md says so.
 
 The enqueued-token quota counts each line as its estimated prompt tokens plus its output bound: UTF-8 bytes of
 the prompt text over ``prompt_bytes_per_token``, one token per token id, four per message (the chat template's
@@ -16,12 +30,21 @@ and the ingest task estimate the same way whatever engine serves the model.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import typing as t
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on chat's and Responses' top_logprobs
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on completions' logprobs
 TOKENS_PER_MESSAGE = 4
+#: logprob entries one response may carry (one per output token, plus one per alternative): about 88 bytes each in
+#: vLLM's chat format, so about 11 MB at most
+MAX_LOGPROB_ENTRIES = 131_072
+MAX_TOOLS_BYTES = 32 * 1024  # the tools a line declares, as compact JSON
+MAX_TOOLS_DEPTH = 16  # nesting inside ``tools`` (a function's JSON schema)
+CHAT_TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking"})
+OUTPUT_FORMATS = ("text", "json_object")
+TOOL_CHOICES = ("auto", "none")
 
 CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES = (
     "/v1/chat/completions",
@@ -220,10 +243,129 @@ def check(endpoint: str, body: t.Mapping[str, t.Any], bounds: Bounds) -> BodyPro
             return problem
     logprobs = body.get("logprobs")
     if endpoint == COMPLETIONS:
-        return _bounded(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, "at most 5 alternatives per token")
-    if logprobs is not None and not isinstance(logprobs, bool):
+        if problem := _bounded(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, "at most 5 alternatives per token"):
+            return problem
+    elif logprobs is not None and not isinstance(logprobs, bool):
         return BodyProblem("invalid_type", "body.logprobs", "Invalid type for 'body.logprobs': expected a boolean.")
+    return policy_problem(endpoint, body, bounds)
+
+
+def _unsupported(param: str, why: str) -> BodyProblem:
+    return BodyProblem("unsupported_parameter", param, f"Unsupported value for '{param}': {why}.")
+
+
+def _logprob_entries(endpoint: str, body: t.Mapping[str, t.Any], bounds: Bounds) -> tuple[str, int, int] | None:
+    """(the field, entries per token, output bound) of a line that asks for logprobs; None if it asks for none."""
+    if endpoint == COMPLETIONS:
+        alternatives, name = body.get("logprobs"), "logprobs"
+        if alternatives is None:
+            return None
+    else:
+        alternatives, name = body.get("top_logprobs") or 0, "top_logprobs"
+        if body.get("logprobs") is not True and not alternatives:
+            return None
+    asked = [body[n] for n in OUTPUT_LIMIT_FIELDS if _int(body.get(n))]
+    return name, alternatives + 1, min(asked) if asked else bounds.max_output_tokens
+
+
+def _depth(value: t.Any) -> int:
+    """Nesting of arrays and objects (iterative; the line's own shape was bounded before)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _media_url(value: t.Any) -> bool:
+    """A content part anywhere in ``value`` names media by URL (``image_url``, ``audio_url``, ``input_image``'s
+    ``image_url``, any ``url``), not inline as a ``data:`` URL."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if (key == "url" or key.endswith("_url")) and isinstance(child, str):
+                    if child[:5].lower() != "data:":
+                        return True
+                else:
+                    stack.append(child)
+    return False
+
+
+def _allowed_template_kwargs(kwargs: t.Any) -> bool:
+    if kwargs is None:
+        return True
+    return isinstance(kwargs, dict) and all(
+        key in CHAT_TEMPLATE_KWARGS and isinstance(value, bool) for key, value in kwargs.items()
+    )
+
+
+def _format_type(value: t.Any) -> t.Any:
+    return value.get("type") if isinstance(value, dict) else value
+
+
+def policy_problem(endpoint: str, body: t.Mapping[str, t.Any], bounds: Bounds) -> BodyProblem | None:
+    """The first way an allowed field would reach a feature the policy keeps from batch lines (module docstring)."""
+    if endpoint == COMPLETIONS and body.get("echo") is True and body.get("logprobs") is not None:
+        return _unsupported("body.echo", "'echo' with 'logprobs' returns logprobs of every prompt token")
+    if entries := _logprob_entries(endpoint, body, bounds):
+        name, per_token, output = entries
+        if per_token * output > MAX_LOGPROB_ENTRIES:
+            return BodyProblem(
+                "invalid_value",
+                f"body.{name}",
+                f"Invalid 'body.{name}': ({name} + 1) x the output bound may be at most {MAX_LOGPROB_ENTRIES} "
+                f"logprob entries per response; with {name} {per_token - 1}, max_tokens at most "
+                f"{MAX_LOGPROB_ENTRIES // per_token}.",
+            )
+    response_format = body.get("response_format")
+    if response_format is not None and _format_type(response_format) not in OUTPUT_FORMATS:
+        return _unsupported("body.response_format", "batch requests may ask for 'text' or 'json_object' only")
+    text = body.get("text")
+    text_format = text.get("format") if endpoint == RESPONSES and isinstance(text, dict) else None
+    if text_format is not None and _format_type(text_format) not in OUTPUT_FORMATS:
+        return _unsupported("body.text.format", "batch requests may ask for 'text' or 'json_object' only")
+    for name in ("tool_choice", "function_call"):
+        if body.get(name) is not None and body[name] not in TOOL_CHOICES:
+            return _unsupported(f"body.{name}", "batch requests may use 'auto' or 'none' (no forced tool calls)")
+    for name in ("tools", "functions"):
+        if body.get(name) is None:
+            continue
+        if len(json.dumps(body[name], separators=(",", ":"))) > MAX_TOOLS_BYTES or _depth(body[name]) > MAX_TOOLS_DEPTH:
+            return BodyProblem(
+                "invalid_value",
+                f"body.{name}",
+                f"Invalid 'body.{name}': at most {MAX_TOOLS_BYTES} bytes of JSON nested at most {MAX_TOOLS_DEPTH} "
+                "deep in a batch request.",
+            )
+    if not _allowed_template_kwargs(body.get("chat_template_kwargs")):
+        return _unsupported(
+            "body.chat_template_kwargs",
+            f"batch requests may set only {', '.join(sorted(CHAT_TEMPLATE_KWARGS))}, each true or false",
+        )
+    for name in ("messages", "input"):
+        if _media_url(body.get(name)):
+            return _unsupported(
+                f"body.{name}", "media by URL is not fetched for batch requests; send it inline as a data: URL"
+            )
+    if endpoint == RESPONSES:
+        if body.get("previous_response_id") is not None:
+            return _unsupported("body.previous_response_id", "batch responses are not stored, so none can follow one")
+        if body.get("store") not in (None, False):
+            return _unsupported("body.store", "batch responses are not stored; 'store' may only be false")
     return None
+
+
+def for_engine(endpoint: str, body: dict[str, t.Any]) -> dict[str, t.Any]:
+    """The body the engine is sent: the line's, with Responses' ``store`` false (vLLM's default is true)."""
+    if endpoint == RESPONSES and "store" not in body:
+        return {**body, "store": False}
+    return body
 
 
 def _prompt_units(value: t.Any) -> tuple[int, int, int]:

@@ -2,9 +2,10 @@
 
 Only SHA-256 digests are stored; a key is shown once, when ``create`` makes it. Three sources:
 
-- ``config``: ``TIDAL_API_KEYS``, the truth for the keys it manages: ``sync`` (every API start and
-  ``tidal db upgrade``) adds what it names, moves a key to the tenant it now names, and revokes the configured keys it
-  no longer names;
+- ``config``: ``TIDAL_API_KEYS``: ``sync`` (every API start and ``tidal db upgrade``) adds what it names and moves a
+  key to the tenant it now names. A configured key the setting no longer names stays live, with a warning at each
+  sync, until ``tidal keys sync --prune`` (or ``tidal keys revoke``): a maintenance shell or a staging process that
+  lacks the setting must not revoke every tenant's key;
 - ``cli``: ``tidal keys create``; lives until ``tidal keys revoke``;
 - ``dev``: the public dev key, present only while a dev-mode process keeps writing it back.
 
@@ -55,8 +56,9 @@ def generate_key() -> str:
 class SyncReport:
     added: int
     moved: int
-    revoked: int
-    kept_revoked: int
+    revoked: int  # configured keys the setting no longer names, revoked by a prune
+    kept_revoked: int  # keys the setting names that were revoked before: they stay revoked
+    unlisted: int  # configured keys the setting no longer names, left live (no prune)
 
 
 def _ensure_tenant(session: Session, tenant: str, now: int) -> None:
@@ -65,8 +67,9 @@ def _ensure_tenant(session: Session, tenant: str, now: int) -> None:
         session.flush()
 
 
-def sync(store: Store) -> SyncReport:
-    """Make the stored configured keys match ``TIDAL_API_KEYS`` (and the dev key match dev mode)."""
+def sync(store: Store, prune: bool = False) -> SyncReport:
+    """Store the keys ``TIDAL_API_KEYS`` names (and the dev key as dev mode says); with ``prune``, revoke the
+    configured keys it no longer names (each logged), else only warn of them."""
     settings = store.settings
     now = int(time.time())
     added = moved = kept_revoked = 0
@@ -100,19 +103,28 @@ def sync(store: Store) -> SyncReport:
                 log.warning("key %s moves from tenant %s to %s (TIDAL_API_KEYS)", row.id, row.tenant_id, tenant)
                 moved += 1
             row.tenant_id, row.source, row.revoked_at = tenant, source.value, None
-        gone = s.scalars(
+        live = s.scalars(
             select(ApiKey).where(ApiKey.source == KeySource.config.value, ApiKey.revoked_at.is_(None))
         ).all()
-        revoked = 0
-        for row in gone:
-            if row.key_hash not in configured:
+        unlisted = [row for row in live if row.key_hash not in configured]
+        for row in unlisted:
+            if prune:
                 row.revoked_at = now
-                revoked += 1
-                log.warning("key %s of tenant %s left TIDAL_API_KEYS: revoked", row.id, row.tenant_id)
+                log.warning("key %s of tenant %s left TIDAL_API_KEYS: revoked (--prune)", row.id, row.tenant_id)
+            else:
+                log.warning(
+                    "key %s of tenant %s left TIDAL_API_KEYS: still live until `tidal keys sync --prune` "
+                    "(or `tidal keys revoke %s`)",
+                    row.id,
+                    row.tenant_id,
+                    row.id,
+                )
         if settings.env != "dev":  # the dev key is public: it must not outlive dev mode
             for row in s.scalars(select(ApiKey).where(ApiKey.source == KeySource.dev.value)):
                 s.delete(row)
-    return SyncReport(added, moved, revoked, kept_revoked)
+    if prune:
+        return SyncReport(added, moved, len(unlisted), kept_revoked, 0)
+    return SyncReport(added, moved, 0, kept_revoked, len(unlisted))
 
 
 def tenant_for_key(store: Store, key: str) -> str | None:
