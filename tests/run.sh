@@ -66,7 +66,7 @@ failed=()
 summaries=()
 record() {  # record NAME RC LOG: remember the pass's outcome and its closing line
   local line
-  line=$(grep -E "(passed|failed|error|errors|no tests ran|deselected)( |,).* in [0-9.]+s|^Contracts: |Success: |Found [0-9]+ error" "$3" | tail -n 1 || true)
+  line=$(grep -E "^[0-9]+ (passed|failed|errors?|deselected|skipped)|^no tests ran|^All checks passed|already formatted|would reformat|^Found [0-9]+ error|^Success: |^Contracts: " "$3" | tail -n 1 || true)
   summaries+=("$1: ${line:-exit $2}")
   [ "$2" = 0 ] || [ "$2" = 5 ] || failed+=("$1")
 }

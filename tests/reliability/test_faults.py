@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlalchemy import select
 from workers.worker_helpers import assert_exactly_once
 from workers.worker_helpers import batch_row
+from workers.worker_helpers import held_from
 from workers.worker_helpers import settled
 from workers.worker_helpers import upload_batch
 from workers.worker_helpers import wait_for
@@ -31,7 +32,6 @@ from tidal_api.cli.services import PrivatePostgres
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.services import kill_group
 from tidal_engine.serve import free_port
-from tidal_workers import keys
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import LeaseBook
 from tidal_workers.context import WorkerContext
@@ -95,13 +95,6 @@ def procs():
 def reruns(rt, batch_id: str) -> int:
     with rt.store.read() as s:
         return s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == batch_id, Item.attempts > 1))
-
-
-def held_from(rt, stub, node: str) -> bool:
-    """Whether the stub holds, unanswered, a request of an item leased to ``node``."""
-    leased = {int(i) for i in rt.redis.zrange(keys.node_inflight(node), 0, -1)}
-    with rt.store.read() as s:
-        return any(s.scalars(select(Item.id).where(Item.id.in_(leased), Item.custom_id.in_(stub.held()))))
 
 
 def assert_complete(rt, batch_id: str, n: int, timeout: float = SETTLE_S):

@@ -200,3 +200,10 @@ def ops_batch_ids(rt, task: str) -> list[str]:
         if message["headers"]["task"] == task:
             ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
     return ids
+
+
+def held_from(rt, stub, node: str) -> bool:
+    """Whether the stub holds, unanswered, a request of an item leased to ``node``."""
+    leased = {int(i) for i in rt.redis.zrange(keys.node_inflight(node), 0, -1)}
+    with rt.store.read() as s:
+        return any(s.scalars(select(Item.id).where(Item.id.in_(leased), Item.custom_id.in_(stub.held()))))
