@@ -382,6 +382,10 @@ class Settings(SchedulerSettings):
         "Price of holding split items' frozen KV, USD per GiB-hour, billed in `tidal report` and the batch's `tidal.kv_storage_usd`. Default: S3 Standard's list price, 0.023 USD per GB-month.",
         ge=0,
     )
+    phase_split_always: bool = _setting(
+        False,
+        "Whether a tenant may create a batch with `tidal.phase_split: always` (split every item the engines can freeze, whatever its laxity, each writing its prompt's KV to the shared freeze folder). Off: `always` is refused with a 400 and only `auto` and `never` are accepted. Frozen KV counts against the tenant's stored bytes (`TIDAL_LIMIT_STORED_BYTES`) either way, and a tenant at that limit has no item split.",
+    )
 
     # --- SLA: laxity, escalation, floor ------------------------------------
     escalation_horizon_seconds: float = _setting(

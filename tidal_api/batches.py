@@ -35,7 +35,9 @@ from tidal_api.pagination import list_body
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
+from tidal_workers.policy.phase import ALWAYS
 from tidal_workers.policy.phase import AUTO
+from tidal_workers.policy.phase import NEVER
 from tidal_workers.policy.phase import SPLIT_MODES
 from tidal_workers.quotas import lock_tenant
 from tidal_workers.quotas import open_batch_message
@@ -112,8 +114,11 @@ def _metadata(value: object) -> dict[str, str] | None:
     return value
 
 
-def _extension(value: object) -> dict[str, str]:
-    """Tidal's own create options, under ``tidal`` (OpenAI's SDKs send it as ``extra_body``)."""
+def _extension(value: object, always_allowed: bool) -> dict[str, str]:
+    """Tidal's own create options, under ``tidal`` (OpenAI's SDKs send it as ``extra_body``).
+
+    ``phase_split: always`` makes every item freeze its prompt's KV on shared storage, so the operator allows it
+    (``TIDAL_PHASE_SPLIT_ALWAYS``), not the tenant."""
     if value is None:
         return {"phase_split": AUTO}
     if not isinstance(value, dict):
@@ -127,6 +132,12 @@ def _extension(value: object) -> dict[str, str]:
         raise invalid_value(
             "tidal.phase_split",
             f"Invalid value for 'tidal.phase_split': '{mode[:64]}'. Supported values are: {', '.join(SPLIT_MODES)}.",
+        )
+    if mode == ALWAYS and not always_allowed:
+        raise invalid_value(
+            "tidal.phase_split",
+            "Invalid value for 'tidal.phase_split': 'always' is not enabled on this deployment "
+            f"(TIDAL_PHASE_SPLIT_ALWAYS). Supported values are: {AUTO}, {NEVER}.",
         )
     return {"phase_split": mode}
 
@@ -163,9 +174,8 @@ def create() -> Response:
         )
     metadata = _metadata(body.get("metadata"))
     output_expires_after = expiry.from_json(body.get("output_expires_after"), "output_expires_after")
-    options = _extension(body.get("tidal"))
-
     rt, tenant = current_runtime(), current_tenant()
+    options = _extension(body.get("tidal"), rt.settings.phase_split_always)
     asked = idempotency.digest(body)
     if key is not None:
         with rt.store.read() as s:

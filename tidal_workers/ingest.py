@@ -41,6 +41,7 @@ from tidal_workers.policy.phase import Phase
 from tidal_workers.policy.phase import SplitConfig
 from tidal_workers.policy.phase import split_item
 from tidal_workers.quotas import lock_tenant
+from tidal_workers.quotas import stored_bytes
 from tidal_workers.quotas import token_limit_message
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.db import rows_updated
@@ -173,13 +174,16 @@ def _ranks(keys: list[tuple[str, int]]) -> array.array:
     return ranks
 
 
-def phase_rule(settings: Settings, endpoint: str, mode: str, laxity_seconds: float) -> t.Callable[[ParsedLine], Phase]:
+def phase_rule(
+    settings: Settings, endpoint: str, mode: str, laxity_seconds: float, room: bool
+) -> t.Callable[[ParsedLine], Phase]:
     """Each item's first phase (the phase split): ``prefill`` for an item ``split_item`` splits, else ``whole``.
 
     Nothing is split unless the engines can freeze (``TIDAL_KV_FREEZE_DIR`` names their connector's folder) and
-    the endpoint generates: a split item elsewhere would only pay its prefill twice.
+    the endpoint generates: a split item elsewhere would only pay its prefill twice. Nor while the tenant has no
+    ``room`` under its stored-bytes limit, which its frozen KV counts against.
     """
-    if not settings.kv_freeze_dir or endpoint not in SPLITTABLE:
+    if not (settings.kv_freeze_dir and room) or endpoint not in SPLITTABLE:
         return lambda p: Phase.WHOLE
     cfg = SplitConfig()
     return lambda p: Phase.PREFILL if split_item(mode, p.prompt_tokens, laxity_seconds, cfg) else Phase.WHOLE
@@ -272,7 +276,8 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
         ):
             return
         # No rate yet, so the drain counts 0 (policy.laxity): the batch's laxity is its whole window.
-        phase_of = phase_rule(rt.settings, endpoint, begun.phase_split, begun.expires_at - now)
+        room = stored_bytes(s, tenant) < rt.settings.limits_for(tenant).stored_bytes
+        phase_of = phase_rule(rt.settings, endpoint, begun.phase_split, begun.expires_at - now, room)
         inserter = _Inserter(s, batch_id, ranks, phase_of)
         with rt.blobs.open(blob) as f:
             second = validate_file(f, endpoint, rt.settings, inserter.add)

@@ -8,7 +8,8 @@ How each is answered, as OpenAI answers its own:
 
 - enqueued tokens: the batch fails validation with ``token_limit_exceeded``, its message naming the limit;
 - open batches: ``POST /v1/batches`` answers 429 ``batch_limit_exceeded``;
-- stored bytes: ``POST /v1/files`` answers 400 ``storage_limit_exceeded``.
+- stored bytes (files and frozen KV): ``POST /v1/files`` answers 400 ``storage_limit_exceeded``, and ingest splits
+  no item of a tenant at the limit (no more KV frozen).
 """
 
 from __future__ import annotations
@@ -47,12 +48,11 @@ def open_batches(session: Session, tenant: str) -> int:
 
 
 def stored_bytes(session: Session, tenant: str) -> int:
-    return (
-        session.scalar(
-            select(func.coalesce(func.sum(File.bytes), 0)).where(File.tenant_id == tenant, File.deleted.is_(False))
-        )
-        or 0
-    )
+    """The tenant's files and the frozen KV its batches hold (the phase split's, as beat's retention sweep last
+    measured it): both are bytes the tenant keeps on the deployment's storage."""
+    files = select(func.coalesce(func.sum(File.bytes), 0)).where(File.tenant_id == tenant, File.deleted.is_(False))
+    frozen = select(func.coalesce(func.sum(Batch.kv_stored_bytes), 0)).where(Batch.tenant_id == tenant)
+    return (session.scalar(files) or 0) + (session.scalar(frozen) or 0)
 
 
 def enqueued_tokens(session: Session, tenant: str, model: str) -> int:

@@ -291,8 +291,19 @@ def test_phase_split_option_is_validated_stored_and_shown(acme, batch_file, rt):
         assert (e.value.code, e.value.param) == (code, param), tidal
 
 
+def test_phase_split_always_is_the_operators_to_allow(acme, batch_file, rt):
+    fid = batch_file([request_line("1")])
+    with pytest.raises(openai.BadRequestError) as e:
+        _create(acme, fid, extra_body={"tidal": {"phase_split": "always"}})
+    assert (e.value.code, e.value.param) == ("invalid_value", "tidal.phase_split")
+    assert "TIDAL_PHASE_SPLIT_ALWAYS" in e.value.message
+    rt.settings = rt.settings.replace(phase_split_always=True)
+    b = _create(acme, fid, extra_body={"tidal": {"phase_split": "always"}})
+    assert acme.batches.retrieve(b.id).model_extra["tidal"]["phase_split"] == "always"
+
+
 def test_storage_cost_follows_the_frozen_byte_seconds(acme, batch_file, rt):
-    b = _create(acme, batch_file([request_line("1")]), extra_body={"tidal": {"phase_split": "always"}})
+    b = _create(acme, batch_file([request_line("1")]))
     gib_hours = 2.5
     with rt.store.transaction() as s:
         s.execute(

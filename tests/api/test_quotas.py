@@ -90,6 +90,20 @@ def test_lines_without_max_tokens_count_at_the_model_limit(rt):
     assert estimate_tokens("/v1/embeddings", embedding, bounds) == 3 + 1
 
 
+def test_frozen_kv_counts_against_the_stored_bytes(http, rt):
+    """A batch's frozen KV (the phase split, as beat last measured it) fills the quota as files do."""
+    first = _upload(http, _lines())
+    assert first.status_code == 200
+    batch = _create(http, first.json()["id"]).json()["id"]
+    with rt.store.transaction() as s:
+        s.get(Batch, batch).kv_stored_bytes = 8_000
+    r = _upload(http, b"y" * 3_000)
+    assert r.status_code == 400 and error_of(r)["code"] == "storage_limit_exceeded", r.text
+    with rt.store.transaction() as s:
+        s.get(Batch, batch).kv_stored_bytes = 0  # the batch ended: its folder was deleted
+    assert _upload(http, b"y" * 3_000).status_code == 200
+
+
 def test_stored_bytes_refuse_an_upload_past_the_quota_and_keep_nothing(http, rt):
     first = _upload(http, b"x" * 6_000)  # a batch file's content is checked later, at batch create
     assert first.status_code == 200

@@ -100,6 +100,20 @@ def test_ingest_splits_nothing_unless_the_engines_freeze(rt, settings):
     assert phases(rt, batch) == ["whole"] * 3 and queued(rt, batch) == 3
 
 
+def test_ingest_splits_nothing_for_a_tenant_whose_frozen_kv_fills_its_stored_bytes(freezing):
+    """Frozen KV counts against the tenant's stored bytes: at the limit, no item freezes more."""
+    rt = freezing
+    held = validating_batch(rt, LINES)
+    limit = rt.settings.limits_for("acme").stored_bytes
+    with rt.store.transaction() as s:
+        s.get(Batch, held).kv_stored_bytes = limit  # as beat's retention sweep measured an earlier batch's folder
+    batch = validating_batch(rt, LINES)
+    with rt.store.transaction() as s:
+        s.get(Batch, batch).phase_split = "always"
+    ingest_batch(rt, batch)
+    assert phases(rt, batch) == ["whole"] * 3 and queued(rt, batch) == 3
+
+
 def test_split_items_are_claimed_by_phase_only_and_requeued_as_their_decode(rt, make_batch):
     whole = make_batch(2)
     batch = make_batch(3, enqueue=False)
