@@ -15,6 +15,7 @@ import time
 import typing as t
 
 from sqlalchemy import bindparam
+from sqlalchemy import func
 from sqlalchemy import select
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -28,7 +29,10 @@ from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
 
-ROWS = 2000
+ROWS = 2000  # most item rows one fetch holds
+#: Most response-body characters one fetch holds: an answer can be tens of MB (logprobs), so rows are fetched in
+#: groups bounded by their bodies' length as well as their number.
+FETCH_CHARS = 32 * 2**20
 
 PENDING_ERRORS = {
     ItemStatus.cancelled: ("batch_cancelled", "This request was not executed because the batch was cancelled."),
@@ -37,21 +41,37 @@ PENDING_ERRORS = {
 
 
 def line(item: Item) -> bytes:
-    """One line of an output or error file, in OpenAI's format."""
-    response = None
+    """One line of an output or error file, in OpenAI's format.
+
+    The engine's body is spliced in as the JSON text it was recorded as (``submit`` checked it parses), never parsed
+    again: a body can be tens of MB. JSON holds no raw line break inside a string, so any there is whitespace, and
+    becomes a space to keep the line one line.
+    """
+    response = "null"
     if item.response_status is not None:
-        response = {
-            "status_code": item.response_status,
-            "request_id": item.request_id or "",
-            "body": json.loads(item.response_body) if item.response_body else None,
-        }
-    error = None
+        body = (item.response_body or "null").replace("\r", " ").replace("\n", " ")
+        request_id = json.dumps(item.request_id or "")
+        response = f'{{"status_code": {int(item.response_status)}, "request_id": {request_id}, "body": {body}}}'
+    error = "null"
     if item.error_code is not None:
-        error = {"code": item.error_code, "message": item.error_message or ""}
-    return (
-        json.dumps({"id": f"batch_req_{item.id}", "custom_id": item.custom_id, "response": response, "error": error})
-        + "\n"
-    ).encode()
+        error = json.dumps({"code": item.error_code, "message": item.error_message or ""})
+    custom_id = json.dumps(item.custom_id)
+    return f'{{"id": "batch_req_{item.id}", "custom_id": {custom_id}, "response": {response}, "error": {error}}}\n'.encode()
+
+
+def fetch_groups(sizes: t.Iterable[tuple[int, int]], max_chars: int, max_rows: int) -> t.Iterator[list[int]]:
+    """The ids of ``(id, body length)`` pairs, in order, in groups of at most ``max_rows`` whose bodies sum to at most
+    ``max_chars`` (a body longer than that alone is a group of one)."""
+    group: list[int] = []
+    held = 0
+    for item_id, chars in sizes:
+        if group and (held + chars > max_chars or len(group) == max_rows):
+            yield group
+            group, held = [], 0
+        group.append(item_id)
+        held += chars
+    if group:
+        yield group
 
 
 def _move(session: Session, batch_id: str, frm: BatchStatus, to: BatchStatus, now: int) -> bool:
@@ -94,11 +114,16 @@ def _write_file(
     return f
 
 
-def _items(session: Session, batch_id: str, completed: bool) -> t.Iterable[Item]:
+def _items(session: Session, batch_id: str, completed: bool) -> t.Iterator[Item]:
+    """The batch's items of one file, in line order, fetched in groups bounded in rows and in body length."""
     status = Item.status == ItemStatus.completed.value if completed else Item.status != ItemStatus.completed.value
-    return session.scalars(
-        select(Item).where(Item.batch_id == batch_id, status).order_by(Item.line).execution_options(yield_per=ROWS)
-    )
+    sizes = session.execute(  # ids and lengths only: small, so held whole while the groups are fetched
+        select(Item.id, func.coalesce(func.length(Item.response_body), 0))
+        .where(Item.batch_id == batch_id, status)
+        .order_by(Item.line)
+    ).tuples().all()
+    for ids in fetch_groups(sizes, FETCH_CHARS, ROWS):
+        yield from session.scalars(select(Item).where(Item.id.in_(ids)).order_by(Item.line))
 
 
 def _settle(
