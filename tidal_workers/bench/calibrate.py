@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import time
 import typing as t
 
@@ -169,32 +170,112 @@ def time_step(run: t.Callable[[], t.Any], device: torch.device, reps: int) -> li
     return samples
 
 
-def cell_pairs(cell: Cell) -> tuple[int, int, int]:
-    """(P, C, attention pairs) of a grid cell."""
-    if cell.kind == "decode":
-        return cell.tokens, cell.tokens * cell.context, cell.tokens * sequence_pairs(1, cell.context)
-    return cell.tokens, cell.context, sequence_pairs(cell.tokens, cell.context)
+# A step of exactly 192 tokens ran slow wherever the H200 stack ran one beside decodes (128 + 64, 64 + 128):
+# slower than the same step with more tokens (gpu-calibration-h200.md). A kernel-selection artefact of the stack.
+ANOMALOUS_TOKENS = 192
 
 
-def fit(profile: Profile, measured: dict[Cell, float]) -> dict[str, float]:
-    """Bandwidth and compute efficiency and fixed step time that best fit the measured steps (relative error)."""
-    efficiencies = np.round(np.arange(0.02, 1.0001, 0.02), 2)
-    overheads = np.round(np.arange(0.0, 0.0050001, 0.0005), 4)
-    cells = list(measured)
-    best: tuple[float, dict[str, float]] | None = None
-    for bw, fl, ov in itertools.product(efficiencies, efficiencies, overheads):
+# Knee sharpness s of the coarse search: s = 1 adds the two terms; at s = MAX_SHARPNESS the knee is as good as hard
+# (2^(1/s) - 1 = 2 % at the knee itself).
+MAX_SHARPNESS = 35.0
+SHARPNESS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 20.0, MAX_SHARPNESS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A measured step's shape: ``decodes`` requests of ``decode_context`` cached tokens, one token each, beside one
+    prefill chunk of ``prefill`` tokens after ``prefill_context`` of its own cached (either part may be empty)."""
+
+    decodes: int
+    decode_context: int
+    prefill: int
+    prefill_context: int
+
+    @classmethod
+    def of(cls, cell: Cell) -> Step:
+        if cell.kind == "decode":
+            return cls(cell.tokens, cell.context, 0, 0)
+        return cls(0, 0, cell.tokens, cell.context)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(P, C, attention pairs) of the step, as ``step_seconds`` takes them."""
+        pairs = self.decodes * sequence_pairs(1, self.decode_context)
+        if self.prefill:
+            pairs += sequence_pairs(self.prefill, self.prefill_context)
+        return self.decodes + self.prefill, self.decodes * self.decode_context + self.prefill_context, pairs
+
+    @property
+    def not_fitted(self) -> str:
+        """Why the fit leaves this step out ("" when it does not): the stack's own artefacts, not the GPU's."""
+        if self.prefill and self.prefill_context:
+            return "prefill after cached context: the stack's masked attention, slower than vLLM's kernels"
+        if self.decodes and self.prefill and self.decodes + self.prefill == ANOMALOUS_TOKENS:
+            return f"a mixed step of {ANOMALOUS_TOKENS} tokens: a matrix-shape slowdown of the stack's kernels"
+        return ""
+
+
+CELL_LABEL = re.compile(r"(decode|prefill)\((?:n|P)=(\d+), (?:c|C)=(\d+)\)")
+
+
+def recorded_steps(report: t.Mapping[str, t.Any]) -> list[tuple[Step, float]]:
+    """The measured steps of a recorded run: a calibrate.json's ``table`` (cells by label) or a mixed-step run's
+    ``rows`` (``n`` decodes at ``c`` cached each beside a chunk of ``P`` after ``C``)."""
+    steps = []
+    for row in report.get("table", ()):
+        match = CELL_LABEL.fullmatch(row["cell"])
+        if match is None:
+            raise ValueError(f"not a grid cell: {row['cell']!r}")
+        steps.append((Step.of(Cell(match[1], int(match[2]), int(match[3]))), float(row["measured_s"])))
+    steps.extend((Step(r["n"], r["c"], r["P"], r["C"]), float(r["measured_s"])) for r in report.get("rows", ()))
+    return steps
+
+
+def fit(profile: Profile, measured: t.Sequence[tuple[Step, float]]) -> dict[str, float]:
+    """Bandwidth and compute efficiency, knee sharpness and fixed step time that best fit the measured steps.
+
+    Least squares on relative error over the steps that are not ``not_fitted``: the fixed time in closed form
+    for each candidate (0.1 ms resolution), the rest over a coarse grid and then a fine one around its best
+    (efficiencies to 0.01, sharpness to 0.05 between 1 and ``MAX_SHARPNESS``; the largest stands for a hard knee).
+    """
+    steps = [s for s, _ in measured if not s.not_fitted]
+    seconds = np.array([m for s, m in measured if not s.not_fitted])
+
+    def evaluate(bw: float, fl: float, sharpness: float) -> tuple[float, dict[str, float]]:
         candidate = dataclasses.replace(
-            profile, bandwidth_efficiency=float(bw), compute_efficiency=float(fl), step_overhead_s=float(ov)
+            profile,
+            bandwidth_efficiency=bw,
+            compute_efficiency=fl,
+            knee_sharpness=sharpness,
+            step_overhead_s=0.0,
         )
-        errors = [step_seconds(candidate, *cell_pairs(c)) / measured[c] - 1.0 for c in cells]
-        loss = float(np.mean(np.square(errors)))
-        if best is None or loss < best[0]:
-            best = (
-                loss,
-                {"bandwidth_efficiency": float(bw), "compute_efficiency": float(fl), "step_overhead_s": float(ov)},
-            )
-    assert best is not None
-    return {**best[1], "rms_relative_error": float(np.sqrt(best[0]))}
+        base = np.array([step_seconds(candidate, *s.shape) for s in steps])
+        # (base + overhead) / seconds - 1 is linear in the overhead: its least-squares value, kept >= 0.
+        overhead = max(0.0, float(np.sum((1.0 - base / seconds) / seconds) / np.sum(seconds**-2.0)))
+        overhead = round(overhead, 4)
+        loss = float(np.mean(np.square((base + overhead) / seconds - 1.0)))
+        values = {
+            "bandwidth_efficiency": float(bw),
+            "compute_efficiency": float(fl),
+            "knee_sharpness": float(sharpness),
+            "step_overhead_s": overhead,
+        }
+        return loss, values
+
+    def search(bws: t.Iterable[float], fls: t.Iterable[float], sharps: t.Iterable[float]) -> dict[str, float]:
+        grid = itertools.product(bws, fls, sharps)
+        loss, values = min((evaluate(*point) for point in grid), key=lambda lv: lv[0])
+        return {**values, "rms_relative_error": float(np.sqrt(loss))}
+
+    def around(value: float, step: float, count: int, low: float, high: float) -> list[float]:
+        return sorted({round(min(high, max(low, value + i * step)), 2) for i in range(-count, count + 1)})
+
+    coarse = search(np.round(np.arange(0.1, 1.0001, 0.05), 2), np.round(np.arange(0.1, 1.0001, 0.05), 2), SHARPNESS)
+    return search(
+        around(coarse["bandwidth_efficiency"], 0.01, 6, 0.01, 1.0),
+        around(coarse["compute_efficiency"], 0.01, 6, 0.01, 1.0),
+        around(coarse["knee_sharpness"], 0.05, 10, 1.0, MAX_SHARPNESS),
+    )
 
 
 def run(
@@ -222,7 +303,7 @@ def run(
         if device.type == "cuda":
             torch.cuda.empty_cache()
     medians = {c: float(np.median(samples[c.label])) for c in grid if c.label in samples}
-    fitted = fit(profile, medians) if medians else {}
+    fitted = fit(profile, [(Step.of(c), m) for c, m in medians.items()]) if medians else {}
     return {
         "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "dtype": str(dtype),
@@ -234,12 +315,35 @@ def run(
             {
                 "cell": c.label,
                 "measured_s": medians[c],
-                "derived_s": step_seconds(profile, *cell_pairs(c)),
+                "derived_s": step_seconds(profile, *Step.of(c).shape),
             }
             for c in medians
         ],
         "fit": fitted,
     }
+
+
+def refit(profile: Profile, steps: t.Sequence[tuple[Step, float]]) -> dict[str, t.Any]:
+    """The fit of recorded steps, and each step measured against the fitted form, with why the fit leaves it out."""
+    fitted = fit(profile, steps)
+    measured = dataclasses.replace(
+        profile,
+        bandwidth_efficiency=fitted["bandwidth_efficiency"],
+        compute_efficiency=fitted["compute_efficiency"],
+        knee_sharpness=fitted["knee_sharpness"],
+        step_overhead_s=fitted["step_overhead_s"],
+    )
+    table = [
+        {
+            **dataclasses.asdict(step),
+            "measured_s": seconds,
+            "fitted_s": step_seconds(measured, *step.shape),
+            "error": step_seconds(measured, *step.shape) / seconds - 1.0,
+            "not_fitted": step.not_fitted,
+        }
+        for step, seconds in steps
+    ]
+    return {"table": table, "fit": fitted}
 
 
 def measured_toml(gpu: str, gpu_table: t.Mapping[str, t.Any], fitted: t.Mapping[str, float]) -> str:

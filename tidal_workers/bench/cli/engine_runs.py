@@ -327,13 +327,22 @@ def twin(
 @click.option("--tiny", is_flag=True, help="A two-layer stack over small cells: checks the script (CPU tests).")
 @click.option("--reps", default=10, show_default=True, help="Timed steps per cell.")
 @click.option("--budget-seconds", default=480.0, show_default=True, help="Cells not started by then are skipped.")
+@click.option(
+    "--refit",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Fit recorded runs (a calibrate.json, or a mixed-step run's rows) instead of timing; repeatable.",
+)
 @out_option("calibrate")
-def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: float, out: str) -> None:
+def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: float, refit: tuple, out: str) -> None:
     """Time a 7B-class transformer stack (random weights, PyTorch only) over the twin's grid; fit a measured profile.
 
     Writes calibrate.json (samples, derived against measured per cell, the fit) and profile-measured.toml
     (a [gpus."GPU-measured"] table to put beside the derived one in tidal_engine/twin_profiles.toml).
+    With --refit, no GPU: the fit of the recorded steps, each with its error under it and why a step is left out.
     """
+    import json
+
     from tidal_engine.twin import load_profile
     from tidal_engine.twin import profile_tables
     from tidal_workers.bench import calibrate as cb
@@ -341,15 +350,20 @@ def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: 
 
     spec = load_profile(profile)
     model, _, gpu = profile.partition("@")
-    shape = cb.TINY if tiny else cb.StackShape.of(spec, cb.INTERMEDIATE[model])
     out_dir, origin = begin("calibrate", out)
-    measured = cb.run(spec, shape, cb.TINY_GRID if tiny else GRID, device, reps, budget_seconds)
+    if refit:
+        steps = [step for path in refit for step in cb.recorded_steps(json.loads(Path(path).read_text()))]
+        measured = cb.refit(spec, steps)
+    else:
+        shape = cb.TINY if tiny else cb.StackShape.of(spec, cb.INTERMEDIATE[model])
+        measured = cb.run(spec, shape, cb.TINY_GRID if tiny else GRID, device, reps, budget_seconds)
     files: list[Path] = []
     if measured["fit"]:
         files.append(out_dir / "profile-measured.toml")
         files[0].write_text(cb.measured_toml(gpu, profile_tables()["gpus"][gpu], measured["fit"]))
-    headline = {k: measured[k] for k in ("device", "seconds", "table", "fit", "skipped")}
-    finish("calibrate", origin, {"profile": profile, "tiny": tiny, **measured}, out_dir, headline, files)
+    headline = {k: measured[k] for k in ("device", "seconds", "table", "fit", "skipped") if k in measured}
+    results = {"profile": profile, "tiny": tiny, "refit": list(refit), **measured}
+    finish("calibrate", origin, results, out_dir, headline, files)
 
 
 @click.command("kv-probe")
