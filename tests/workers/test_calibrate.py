@@ -29,6 +29,7 @@ def test_calibrate_times_every_cell_and_writes_a_loadable_profile(tmp_path):
     report = json.loads((tmp_path / "calibrate.json").read_text())
     assert [row["cell"] for row in report["table"]] == [c.label for c in TINY_GRID]
     assert all(len(report["samples_s"][c.label]) == 2 and min(report["samples_s"][c.label]) > 0 for c in TINY_GRID)
+    assert [step for step, _ in recorded_steps(report)] == list(TINY_GRID)  # a mixed step's label reads back
     assert report["shape"]["num_layers"] == 2 and report["git_commit"] and report["argv"]
     fit = report["fit"]
     assert 0 < fit["bandwidth_efficiency"] <= 1 and 0 < fit["compute_efficiency"] <= 1

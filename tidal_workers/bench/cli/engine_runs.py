@@ -396,7 +396,6 @@ def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: 
     from tidal_engine.twin import load_profile
     from tidal_engine.twin import profile_tables
     from tidal_workers.bench import calibrate as cb
-    from tidal_workers.bench.twin import GRID
 
     spec = load_profile(profile)
     model, _, gpu = profile.partition("@")
@@ -406,7 +405,7 @@ def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: 
         measured = cb.refit(spec, steps)
     else:
         shape = cb.TINY if tiny else cb.StackShape.of(spec, cb.INTERMEDIATE[model])
-        measured = cb.run(spec, shape, cb.TINY_GRID if tiny else GRID, device, reps, budget_seconds)
+        measured = cb.run(spec, shape, cb.TINY_GRID if tiny else cb.GRID, device, reps, budget_seconds)
     files: list[Path] = []
     if measured["fit"]:
         files.append(out_dir / "profile-measured.toml")
