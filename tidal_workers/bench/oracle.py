@@ -10,7 +10,9 @@ fluid steady state (issue 35; the derivation is ../shared/research/harvest-oracl
   Batch work lengthens the steps, so n grows; the solver scans n from n₀ up to where a step would break the budget.
 - For each n: batch tokens per decode step x_d and per prompt step x_p, of which d_d, d_p decode (at most the free
   slots, S − n, and τ − n tokens a step); steady state: batch prefill = decodes × prompt ÷ (output − 1); the steps
-  of each kind stay within α times their alone time on average; time is conserved (the steps fill the second).
+  of each kind stay within α times their alone time on average (a prompt step's budget pooled over prompt sizes,
+  its batch tokens charged as beside the mean online prompt, as in the note); time is conserved (the steps fill
+  the second; a step may idle within its budget).
 - A step's time is ``step_time.step_seconds``, read as a table over its token count P plus exact per-context and
   per-pair slopes (the form is separable: overhead + linear layers(P) + K·(C + P) ÷ B + attention(pairs)). The table
   is interpolated between whole token counts, which is what alternating steps of ⌊x⌋ and ⌈x⌉ tokens achieves.
@@ -20,8 +22,9 @@ or the hard max), so the program is convex. For a given n and batch decode rate 
 many batch tokens go into decode steps (x_d; the rest go into prompt steps) and how the decodes split between
 the two kinds; the split is an interval found in closed form, and the feasibility margin is concave in x_d, so a
 golden-section search decides whether D fits; bisection finds the largest D. Vectorized over a grid of n (refined
-around its best point), this solves the note's linear program exactly in its hard-knee limit (to the solver's
-tolerance, ~1e-4), where that program splits the linear layers into a free part under the knee and 2N/F above.
+around its best point). In the hard-knee limit this is the note's linear program, which splits the linear layers
+into a free part under the knee and 2N/F above: the two agree within 1.2 % once the note's scan of n is fine
+enough (tests/workers/bench/test_oracle.py).
 
 Also here: the any-latency bound (every token costs at least its 2N/F, its KV traffic and its attention, the chat
 template counted) and the all-slots steady ceiling. Pure: no I/O.
@@ -120,7 +123,7 @@ class Oracle:
 class _Online:
     """The online load's steps as functions of its concurrency n (arrays), on one profile."""
 
-    def __init__(self, profile: Profile, rate: float, online: RequestClass, costs: StepCosts):
+    def __init__(self, rate: float, online: RequestClass, costs: StepCosts):
         self.rate, self.online, self.costs = rate, online, costs
         # Prompt steps: the table shifted by each online prompt size, weighted by its probability.
         span = len(costs.table) - int(online.prompt_sizes.max()) - 1
@@ -162,7 +165,7 @@ def harvest_oracle(profile: Profile, rate: float, online: RequestClass, batch: R
         raise ValueError("alpha is a step's allowed inflation: at least 1")
     tau, slots = profile.max_num_batched_tokens, profile.max_num_seqs
     costs = StepCosts.of(profile, 2 * tau + int(online.prompt_sizes.max()) + 1)
-    steps = _Online(profile, rate, online, costs)
+    steps = _Online(rate, online, costs)
     top = min(online.decodes, slots, tau) * (1 - 1e-9)  # k > 0; a step holds its n decodes
     if steps.busy(np.array(top)) >= 1.0:
         raise ValueError(f"{rate} online requests/s alone do not fit on {profile.name}")
