@@ -2,11 +2,15 @@
 
 A step computes P tokens that attend to C tokens already in the KV cache (summed over its requests)::
 
-    T(P, C) = overhead + max(W / B, 2·N·P / F) + K·(C + P) / B + 4·L·H·d·pairs / F
+    T(P, C) = overhead + knee(W / B, 2·N·P / F) + K·(C + P) / B + 4·L·H·d·pairs / F
 
 - W / B: every step streams the weights once (W bytes: all but the input embedding, whose rows are
   gathered), at the achieved bandwidth B; 2·N·P / F: the linear layers' FLOPs (N non-embedding
-  parameters) at the achieved dense peak F. A step is bound by whichever is larger (the roofline).
+  parameters) at the achieved dense peak F. The linear layers take the smooth maximum of the two,
+  ``knee(a, b) = (a^s + b^s)^(1/s)``: equal to the larger far from the knee P = W·F / (2·N·B), above it by
+  2^(1/s) at the knee, so a token under the knee costs some of its FLOPs, as real GEMMs do. The sharpness s
+  is fitted on measured H200 steps (``tidal bench calibrate``, docs/engine.md); s = inf is the hard roofline
+  ``max(a, b)``, where tokens under the knee are free.
 - K·(C + P) / B: attention reads the KV of every attended token (K bytes per token) and writes the new ones.
 - 4·L·H·d·pairs / F: attention's FLOPs, QKᵀ and AV, over every (query, key) pair the step computes.
 - overhead: the fixed host and launch cost of a step.
@@ -46,6 +50,7 @@ class Profile:
     bandwidth_efficiency: float
     compute_efficiency: float
     step_overhead_s: float
+    knee_sharpness: float
     memory_utilization: float
     activation_reserve_gib: float
     max_num_seqs: int
@@ -78,6 +83,11 @@ class Profile:
         return self.peak_flops * self.compute_efficiency
 
     @property
+    def knee_tokens(self) -> float:
+        """Tokens a step computes where the linear layers' FLOPs take as long as streaming the weights."""
+        return self.weight_bytes / self.bandwidth * self.flops / (2 * self.non_embedding_params)
+
+    @property
     def kv_pool_tokens(self) -> int:
         """Tokens vLLM's KV pool holds on this GPU: what is left of its memory share after weights and activations."""
         free = self.memory_gib * GIB * self.memory_utilization - self.params * self.bytes_per_param
@@ -90,12 +100,22 @@ def step_seconds(profile: Profile, num_tokens: int, context: int, attention_pair
     """T(P, C): one step of ``num_tokens`` computed over ``context`` cached tokens, ``attention_pairs`` (query, key) pairs."""
     if num_tokens <= 0:
         return 0.0
-    linear = max(
-        profile.weight_bytes / profile.bandwidth, 2 * profile.non_embedding_params * num_tokens / profile.flops
+    linear = smooth_max(
+        profile.weight_bytes / profile.bandwidth,
+        2 * profile.non_embedding_params * num_tokens / profile.flops,
+        profile.knee_sharpness,
     )
     kv_read = profile.kv_bytes_per_token * (context + num_tokens) / profile.bandwidth
     attention = 4 * profile.num_layers * profile.num_heads * profile.head_dim * attention_pairs / profile.flops
     return profile.step_overhead_s + linear + kv_read + attention
+
+
+def smooth_max(a: float, b: float, sharpness: float) -> float:
+    """(a^s + b^s)^(1/s) for a, b >= 0, written so that s = inf gives max(a, b) exactly."""
+    high, low = max(a, b), min(a, b)
+    if high == 0.0:
+        return 0.0
+    return high * float((1.0 + (low / high) ** sharpness) ** (1.0 / sharpness))
 
 
 def sequence_pairs(query_len: int, context: int) -> int:

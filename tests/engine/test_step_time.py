@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 
 from tidal_engine.step_time import Pacer
@@ -9,6 +12,7 @@ from tidal_engine.step_time import Profile
 from tidal_engine.step_time import decode_seconds
 from tidal_engine.step_time import prefill_seconds
 from tidal_engine.step_time import sequence_pairs
+from tidal_engine.step_time import smooth_max
 from tidal_engine.step_time import step_seconds
 from tidal_engine.tiny import kv_bytes_per_token
 from tidal_engine.twin import load_profile
@@ -18,8 +22,13 @@ from tidal_engine.twin import profile_tables
 A6000 = "qwen2.5-7b@a6000"
 
 
-def test_the_three_profiles_are_tabulated_and_every_pair_loads():
-    assert {A6000, "llama-3.1-8b@h100", "qwen2.5-7b@h200"} <= set(profile_names())
+def hard_knee(name: str) -> Profile:
+    """The profile with the roofline's hard max(): tokens under the knee free."""
+    return dataclasses.replace(load_profile(name), knee_sharpness=math.inf)
+
+
+def test_the_profiles_are_tabulated_and_every_pair_loads():
+    assert {A6000, "llama-3.1-8b@h100", "qwen2.5-7b@h200", "qwen2.5-7b@h200-measured"} <= set(profile_names())
     tables = profile_tables()
     for model in tables["models"]:
         for gpu in tables["gpus"]:
@@ -40,7 +49,7 @@ def test_model_shapes_give_the_known_kv_bytes_per_token():
 
 
 def test_a_small_decode_step_streams_the_weights_once():
-    p = load_profile(A6000)
+    p = hard_knee(A6000)
     weights = (7.61e9 - 152_064 * 3_584) * 2  # all but the input embedding, bf16
     floor = 0.003 + weights / (768e9 * 0.85)
     kv = 57_344 * (512 + 1) / (768e9 * 0.85)
@@ -50,12 +59,48 @@ def test_a_small_decode_step_streams_the_weights_once():
 
 
 def test_a_full_prefill_chunk_is_compute_bound():
-    p = load_profile(A6000)
+    p = hard_knee(A6000)
     linear = 2 * 6.53e9 * 2048 / (154.8e12 * 0.6)
     assert linear > p.weight_bytes / p.bandwidth
     expected = 0.003 + linear + 57_344 * 2048 / p.bandwidth + 4 * 28 * 28 * 128 * (2048 * 2049 // 2) / p.flops
     assert prefill_seconds(p, 2048) == pytest.approx(expected, rel=1e-12)
     assert 0.25 < prefill_seconds(p, 2048) < 0.35  # about 0.15 ms per prompt token
+
+
+def test_the_hard_knee_limit_gives_the_hard_rooflines_table():
+    # docs/engine.md's grid before the knee was calibrated (ms): decode(n=64, c=1024), prefill(P=2048, C=0).
+    assert decode_seconds(hard_knee(A6000), 64, 1024) * 1e3 == pytest.approx(30.7, abs=0.05)
+    assert prefill_seconds(hard_knee(A6000), 2048) * 1e3 == pytest.approx(300.2, abs=0.05)
+    assert decode_seconds(hard_knee("llama-3.1-8b@h100"), 256, 512) * 1e3 == pytest.approx(15.6, abs=0.05)
+    assert decode_seconds(hard_knee("qwen2.5-7b@h200"), 16, 1024) * 1e3 == pytest.approx(6.9, abs=0.05)
+
+
+def test_the_smooth_maximum_bends_at_the_knee_and_meets_max_away_from_it():
+    assert smooth_max(3.0, 3.0, 2.0) == pytest.approx(3.0 * math.sqrt(2))
+    assert smooth_max(1.0, 0.0, 2.2) == 1.0 and smooth_max(0.0, 0.0, 2.2) == 0.0
+    assert smooth_max(1.0, 20.0, 2.2) == pytest.approx(20.0, rel=2e-3)
+    assert smooth_max(3.0, 2.0, math.inf) == 3.0 and smooth_max(3.0, 3.0, math.inf) == 3.0
+
+
+@pytest.mark.parametrize("name", [A6000, "llama-3.1-8b@h100", "qwen2.5-7b@h200"])
+def test_tokens_under_the_knee_cost_time_and_the_knee_is_in_the_profiles_own_units(name):
+    p, hard = load_profile(name), hard_knee(name)
+    weights = p.weight_bytes / p.bandwidth
+    at_knee = round(p.knee_tokens)
+    assert 2 * p.non_embedding_params * p.knee_tokens / p.flops == pytest.approx(weights)
+    # At the knee the linear layers take 2^(1/s) of the weight read; a hard knee takes the weight read alone.
+    extra = step_seconds(p, at_knee, 0, 0) - step_seconds(hard, at_knee, 0, 0)
+    assert extra == pytest.approx(weights * (2 ** (1 / p.knee_sharpness) - 1), rel=0.01)
+    # 64 prefill tokens beside 32 decodes: free under a hard knee, not under the calibrated one.
+    pairs = 32 * 1025 + sequence_pairs(64, 0)
+    decodes_alone = decode_seconds(p, 32, 1024)
+    assert step_seconds(hard, 96, 32 * 1024, pairs) - decode_seconds(hard, 32, 1024) < 0.01 * decodes_alone
+    assert step_seconds(p, 96, 32 * 1024, pairs) - decodes_alone > 0.02 * decodes_alone
+
+
+def test_every_profile_has_the_knee_fitted_on_the_h200():
+    measured = load_profile("qwen2.5-7b@h200-measured").knee_sharpness
+    assert {load_profile(name).knee_sharpness for name in profile_names()} == {measured}
 
 
 @pytest.mark.parametrize("name", [A6000, "llama-3.1-8b@h100", "qwen2.5-7b@h200"])

@@ -4,6 +4,7 @@ the compute bound, the timed twin and its calibration, the KV connectors, disagg
 from __future__ import annotations
 
 import dataclasses
+import typing as t
 from pathlib import Path
 
 import click
@@ -18,6 +19,10 @@ from tidal_workers.bench.cli.common import engine_url_option
 from tidal_workers.bench.cli.common import finish
 from tidal_workers.bench.cli.common import out_option
 from tidal_workers.bench.cli.common import tiny_engine
+
+if t.TYPE_CHECKING:
+    from tidal_engine.step_time import Profile
+    from tidal_workers.bench.oracle import RequestClass
 
 # Per engine kind: what a run measures unless told otherwise. The twin reproduces the seed's experiment; the CPU
 # engine's values are its history's (a 2-core machine answers a few requests a second).
@@ -230,27 +235,72 @@ def prefix(
 @click.option(
     "--ceiling", type=float, default=0.0, help="A measured ceiling (batch tokens/s): state the bound as a share."
 )
+@click.option(
+    "--alpha",
+    default="",
+    help="Comma-separated step inflations α (inf: no latency budget): H*(α) for each (tidal_workers/bench/oracle.py).",
+)
+@click.option(
+    "--knee-sharpness", type=float, default=None, help="Override the profile's knee sharpness (inf: the hard roofline)."
+)
 @out_option("bound")
-def bound(profile: str, online_rate: str, ceiling: float, out: str) -> None:
-    """The most batch tokens/s the profile computes beside an online load of the harvest workload's lengths, at
-    any latency and for any scheduler (tidal_workers/bench/harvest_bound.py): a calculation, no engine."""
+def bound(profile: str, online_rate: str, ceiling: float, alpha: str, knee_sharpness: float | None, out: str) -> None:
+    """The most batch tokens/s the profile gives beside an online load of the harvest workload's lengths: at any
+    latency (the compute bound, and the same with the chat template and each token's KV traffic and attention), and
+    with every step within α of its online-alone time (H*(α)). A calculation, no engine."""
     from tidal_engine.twin import load_profile
     from tidal_workers.bench import harvest_bound as hb
+    from tidal_workers.bench import oracle
     from tidal_workers.bench.workload import GPU_WORKLOAD
 
     out_dir, origin = begin("bound", out)
     spec = load_profile(profile)
+    if knee_sharpness is not None:
+        spec = dataclasses.replace(spec, knee_sharpness=knee_sharpness)
     lengths = hb.Mix.of(GPU_WORKLOAD, 0.0)  # the means, drawn once
+    online = oracle.RequestClass.of(GPU_WORKLOAD.online_prompt, GPU_WORKLOAD.online_output)
+    batch = oracle.RequestClass.of(GPU_WORKLOAD.batch_prompt, GPU_WORKLOAD.batch_output)
+    alphas = [float(a) for a in alpha.split(",")] if alpha else []
     rows = []
     for rate in (float(r) for r in online_rate.split(",")):
         b = hb.compute_bound(spec, dataclasses.replace(lengths, online_rate=rate))
         row = {"online_rate": rate, **dataclasses.asdict(b), "online_share": round(b.online_share, 4)}
         if ceiling > 0:
             row["harvest_bound"] = round(b.harvest(ceiling), 4)
+        row["any_latency_tokens_per_s"] = round(oracle.any_latency_bound(spec, rate, online, batch), 1)
+        row["oracle"] = [_oracle_row(spec, rate, online, batch, a) for a in alphas]
         rows.append(row)
     means = {k: v for k, v in dataclasses.asdict(lengths).items() if k != "online_rate"}
-    results = {"profile": spec.name, "mean_lengths": means, "ceiling": ceiling or None, "rows": rows}
+    results = {
+        "profile": spec.name,
+        "profile_hash": oracle.profile_hash(spec),
+        "knee_sharpness": str(spec.knee_sharpness),
+        "mean_lengths": means,
+        "steady_ceiling_tokens_per_s": round(oracle.steady_ceiling(spec, batch), 1),
+        "ceiling": ceiling or None,
+        "rows": rows,
+    }
     finish("bound", origin, results, out_dir, rows)
+
+
+def _oracle_row(
+    spec: Profile, rate: float, online: RequestClass, batch: RequestClass, alpha: float
+) -> dict[str, t.Any]:
+    """One H*(α) for the JSON (α as text: inf is no JSON number); an online load that does not fit gives none."""
+    from tidal_workers.bench import oracle
+
+    try:
+        h = oracle.harvest_oracle(spec, rate, online, batch, alpha)
+    except ValueError as error:
+        return {"alpha": str(alpha), "batch_tokens_per_s": None, "reason": str(error)}
+    return {
+        "alpha": str(alpha),
+        "batch_tokens_per_s": round(h.batch_tokens_per_s, 1),
+        "online_alone": round(h.online_alone, 2),
+        "online_concurrency": round(h.online_concurrency, 2),
+        "decode_step_ms": round(h.decode_step_s * 1e3, 3),
+        "prompt_step_ms": round(h.prompt_step_s * 1e3, 3),
+    }
 
 
 @click.command()
@@ -327,29 +377,42 @@ def twin(
 @click.option("--tiny", is_flag=True, help="A two-layer stack over small cells: checks the script (CPU tests).")
 @click.option("--reps", default=10, show_default=True, help="Timed steps per cell.")
 @click.option("--budget-seconds", default=480.0, show_default=True, help="Cells not started by then are skipped.")
+@click.option(
+    "--refit",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Fit recorded runs (a calibrate.json, or a mixed-step run's rows) instead of timing; repeatable.",
+)
 @out_option("calibrate")
-def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: float, out: str) -> None:
+def calibrate(profile: str, device: str, tiny: bool, reps: int, budget_seconds: float, refit: tuple, out: str) -> None:
     """Time a 7B-class transformer stack (random weights, PyTorch only) over the twin's grid; fit a measured profile.
 
     Writes calibrate.json (samples, derived against measured per cell, the fit) and profile-measured.toml
     (a [gpus."GPU-measured"] table to put beside the derived one in tidal_engine/twin_profiles.toml).
+    With --refit, no GPU: the fit of the recorded steps, each with its error under it and why a step is left out.
     """
+    import json
+
     from tidal_engine.twin import load_profile
     from tidal_engine.twin import profile_tables
     from tidal_workers.bench import calibrate as cb
-    from tidal_workers.bench.twin import GRID
 
     spec = load_profile(profile)
     model, _, gpu = profile.partition("@")
-    shape = cb.TINY if tiny else cb.StackShape.of(spec, cb.INTERMEDIATE[model])
     out_dir, origin = begin("calibrate", out)
-    measured = cb.run(spec, shape, cb.TINY_GRID if tiny else GRID, device, reps, budget_seconds)
+    if refit:
+        steps = [step for path in refit for step in cb.recorded_steps(json.loads(Path(path).read_text()))]
+        measured = cb.refit(spec, steps)
+    else:
+        shape = cb.TINY if tiny else cb.StackShape.of(spec, cb.INTERMEDIATE[model])
+        measured = cb.run(spec, shape, cb.TINY_GRID if tiny else cb.GRID, device, reps, budget_seconds)
     files: list[Path] = []
     if measured["fit"]:
         files.append(out_dir / "profile-measured.toml")
         files[0].write_text(cb.measured_toml(gpu, profile_tables()["gpus"][gpu], measured["fit"]))
-    headline = {k: measured[k] for k in ("device", "seconds", "table", "fit", "skipped")}
-    finish("calibrate", origin, {"profile": profile, "tiny": tiny, **measured}, out_dir, headline, files)
+    headline = {k: measured[k] for k in ("device", "seconds", "table", "fit", "skipped") if k in measured}
+    results = {"profile": profile, "tiny": tiny, "refit": list(refit), **measured}
+    finish("calibrate", origin, results, out_dir, headline, files)
 
 
 @click.command("kv-probe")
