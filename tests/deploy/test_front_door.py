@@ -55,7 +55,7 @@ def api(settings, rt, tmp_path, children):  # rt: an empty, migrated store
 
 @pytest.fixture
 def proxy(api, tmp_path):
-    """nginx on the shipped template, TLS with a certificate made here, in front of ``api``: its https URL."""
+    """nginx on the shipped template, TLS with a certificate made here, in front of ``api``."""
     nginx = shutil.which("nginx", path=f"{os.environ['PATH']}:/usr/sbin")
     assert nginx, "nginx is not installed: tests/run.sh installs Debian's `nginx` package"
     d = tmp_path / "nginx"
@@ -162,8 +162,8 @@ class SlowClient(threading.Thread):
     def _hung_up(self) -> bool:
         self.sock.settimeout(STEP_S)
         try:
-            return self.sock.recv(4096) == b""  # nothing to read for STEP_S: still open
-        except TimeoutError:
+            return self.sock.recv(4096) == b""  # b"": the server closed the connection
+        except TimeoutError:  # nothing to read for STEP_S: still open
             return False
         except (OSError, ssl.SSLError):
             return True
