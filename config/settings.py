@@ -438,7 +438,17 @@ class Settings(SchedulerSettings):
 
     # --- Flower ------------------------------------------------------------
     flower_port: int = _setting(5555, "Port of the Flower UI started by `tidal up --flower`.", ge=1, le=65535)
-    flower_basic_auth: str = _setting("", "`user:password` for Flower; required by docker-compose.", secret=True)
+    flower_basic_auth: str = _setting(
+        "",
+        "`user:password` for Flower (several pairs: separated by commas); required by docker-compose. `tidal flower` hands it to Flower in its environment, never on its command line. Outside dev mode each password must be as strong as an API key (at least 32 characters with 128 bits of entropy).",
+        secret=True,
+    )
+
+    # --- where the internal listeners bind -------------------------------------------------------
+    worker_metrics_host: str = _setting(
+        "127.0.0.1",
+        "Address the worker's and the ops worker's Prometheus endpoints (`/metrics`, `/health`, `/ready`) bind: loopback unless Prometheus scrapes from another host (compose: `0.0.0.0`, on its private network only). They show every tenant's batch ids and `/ready`'s reasons.",
+    )
 
     # --- derived -----------------------------------------------------------
     @property
@@ -595,9 +605,25 @@ def _cross_problems(s: Settings) -> list[str]:
                 f"TIDAL_METRICS_BIND={s.metrics_bind!r} uses the port of TIDAL_BIND={s.bind!r}: /metrics must not be "
                 "served on the API's public port; pick another port."
             )
-    if s.flower_basic_auth and ":" not in s.flower_basic_auth:
-        problems.append("TIDAL_FLOWER_BASIC_AUTH: must be user:password (or empty).")
+    problems += _flower_auth_problems(s)
     return problems
+
+
+def _flower_auth_problems(s: Settings) -> list[str]:
+    """TIDAL_FLOWER_BASIC_AUTH: user:password pairs; outside dev mode each password as strong as an API key."""
+    if not s.flower_basic_auth:
+        return []
+    for n, pair in enumerate(s.flower_basic_auth.split(","), 1):
+        user, colon, password = pair.partition(":")
+        if not (user and colon and password):
+            return ["TIDAL_FLOWER_BASIC_AUTH: must be user:password (several pairs separated by commas), or empty."]
+        if s.env != "dev" and (why := weak_key(password)):
+            return [
+                f"TIDAL_FLOWER_BASIC_AUTH pair {n}: the password is {why}; outside dev mode it needs at least "
+                f"{MIN_KEY_CHARS} characters and {MIN_KEY_BITS} bits of entropy, e.g. "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`."
+            ]
+    return []
 
 
 def _parse_gate_urls(text: str, needed: tuple[str, ...]) -> dict[str, str]:

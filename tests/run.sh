@@ -32,6 +32,12 @@ command -v promtool >/dev/null && command -v prometheus >/dev/null || {
   echo "installing prometheus and promtool (Debian package)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null
 }
+# The front door compose ships (config/nginx/) runs in tests/deploy/test_front_door.py under a real nginx:
+# Debian's `nginx` package (with TLS); the test starts its own nginx on a free port, with its own files.
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || {
+  echo "installing nginx (Debian package)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx) >/dev/null
+}
 for _ in $(seq 30); do
   redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -q && break
   sleep 1

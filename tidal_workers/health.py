@@ -106,7 +106,7 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def serve_http(app: WSGIApp, port: int, host: str = "0.0.0.0") -> WSGIServer:
+def serve_http(app: WSGIApp, host: str, port: int) -> WSGIServer:
     """Serve ``app`` from a daemon thread; ``shutdown()`` and ``server_close()`` the result to stop it."""
     server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="tidal-worker-http", daemon=True).start()

@@ -141,12 +141,13 @@ class MetricsStep(bootsteps.StartStopStep):
         if not port:
             return
         ready = functools.partial(dependency_checks, ctx.rt) if ops else ctx.ready_checks
+        host = ctx.rt.settings.worker_metrics_host
         try:
-            self.server = serve_http(worker_http_app(worker_registry(ctx.rt), ready), port)
+            self.server = serve_http(worker_http_app(worker_registry(ctx.rt), ready), host, port)
         except OSError as exc:  # a second worker on this host: it runs, unscraped, rather than not at all
-            log.warning("worker metrics not served: port %d: %s", port, exc)
+            log.warning("worker metrics not served: %s:%d: %s", host, port, exc)
             return
-        log.info("worker metrics on :%d/metrics, liveness on /health, readiness on /ready", port)
+        log.info("worker metrics on %s:%d/metrics, liveness on /health, readiness on /ready", host, port)
 
     def stop(self, w: WorkController) -> None:
         if self.server is not None:

@@ -242,6 +242,25 @@ def test_bad_tenant_limits_fail_at_load(limits, why):
     assert problem.startswith(why), problem
 
 
+def test_flowers_passwords_are_as_strong_as_api_keys_outside_dev_mode():
+    """Flower's credentials can stop workers and send any task: a guessable password is refused at load."""
+    strong = "Vq3k" * 8
+    assert load_settings({"TIDAL_FLOWER_BASIC_AUTH": f"admin:{strong}"}).flower_basic_auth == f"admin:{strong}"
+    (problem,) = _problems({"TIDAL_FLOWER_BASIC_AUTH": "admin:secret"})
+    assert problem.startswith("TIDAL_FLOWER_BASIC_AUTH pair 1: the password is 6 characters long"), problem
+    assert "secret " not in problem and ":secret" not in problem  # the reason never quotes the password
+    (problem,) = _problems({"TIDAL_FLOWER_BASIC_AUTH": f"admin:{strong},ops:" + "Zx9" * 7})
+    assert problem.startswith("TIDAL_FLOWER_BASIC_AUTH pair 2: the password is 21 characters long"), problem
+    (problem,) = _problems({"TIDAL_FLOWER_BASIC_AUTH": f"admin:{strong},ops"})
+    assert problem.startswith("TIDAL_FLOWER_BASIC_AUTH: must be user:password"), problem
+    assert load_settings({"TIDAL_ENV": "dev", "TIDAL_FLOWER_BASIC_AUTH": "admin:secret"}).flower_basic_auth
+
+
+def test_worker_metrics_bind_loopback_unless_told_otherwise():
+    assert load_settings({}).worker_metrics_host == "127.0.0.1"
+    assert load_settings({"TIDAL_WORKER_METRICS_HOST": "0.0.0.0"}).worker_metrics_host == "0.0.0.0"
+
+
 def test_the_metrics_listener_must_not_share_the_public_port():
     (problem,) = _problems({"TIDAL_BIND": "0.0.0.0:8080", "TIDAL_METRICS_BIND": "127.0.0.1:8080"})
     assert "must not be served on the API's public port" in problem

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
+import re
 import subprocess
 from pathlib import Path
 
 import yaml
+from deploy_helpers import ALL_PROFILES
+from deploy_helpers import PASSWORDS
+from deploy_helpers import ROOT
+from deploy_helpers import compose_config
+from deploy_helpers import run_config
 
-ROOT = Path(__file__).resolve().parents[2]
+from config import load_settings
+from tidal_api.limits import MULTIPART_OVERHEAD
 
 # Commands the compose file may run, each exercised by a test named here.
 TESTED_COMMANDS = {
@@ -21,38 +28,14 @@ TESTED_COMMANDS = {
 }
 
 
-def compose_argv() -> list[str]:
-    """`docker compose` (v2 plugin) where present, else Debian's `docker-compose` v1 (tests/run.sh installs it)."""
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    return ["docker-compose"]
-
-
-def run_config(*args: str, **env: str) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, TIDAL_ENV_FILE="tidal.env.example", **env)
-    return subprocess.run(
-        compose_argv() + list(args) + ["config"], cwd=ROOT, env=full_env, capture_output=True, text=True
-    )
-
-
-#: The passwords compose requires (no defaults), as an operator sets them in the shell or `.env`.
-PASSWORDS = {"POSTGRES_PASSWORD": "pg-secret", "REDIS_PASSWORD": "redis-secret", "FLOWER_BASIC_AUTH": "admin:secret"}
-
-
-def compose_config(*args: str) -> dict:
-    out = run_config(*args, **PASSWORDS)
-    assert out.returncode == 0, out.stderr
-    return yaml.safe_load(out.stdout)
-
-
-ALL_PROFILES = ("--profile", "gpu", "--profile", "s3", "--profile", "monitoring")
-PROFILES = {"gpu": {"vllm", "worker"}, "s3": {"minio"}, "monitoring": {"prometheus", "grafana"}}
+PROFILES = {"gpu": {"vllm", "worker"}, "s3": {"minio", "minio-user"}, "monitoring": {"prometheus", "grafana"}}
+CONTROL_PLANE = {"redis", "postgres", "api", "proxy", "ops", "beat", "flower"}
 
 
 def test_compose_file_is_valid_with_every_service():
     cfg = compose_config(*ALL_PROFILES)
-    assert set(cfg["services"]) == {"redis", "postgres", "api", "ops", "beat", "flower"}.union(*PROFILES.values())
-    for name in set(cfg["services"]) - {"beat", "grafana"}:  # beat only sends: no HTTP port
+    assert set(cfg["services"]) == CONTROL_PLANE.union(*PROFILES.values())
+    for name in set(cfg["services"]) - {"beat", "grafana", "minio-user"}:  # beat only sends; minio-user runs once
         assert "healthcheck" in cfg["services"][name], name
     assert cfg["services"]["beat"]["deploy"]["replicas"] == 1
 
@@ -202,8 +185,134 @@ def test_metrics_listen_apart_from_the_public_port_and_are_not_published():
         api["environment"]["TIDAL_METRICS_BIND"] == "0.0.0.0:9180"
         and api["environment"]["TIDAL_BIND"] == "0.0.0.0:8080"
     )
-    published = [str(p.get("target", p) if isinstance(p, dict) else p) for p in api["ports"]]
-    assert all("9180" not in p for p in published) and any("8080" in p for p in published)
+    assert "ports" not in api and set(api["expose"]) == {"8080", "9180"}
+
+
+def _published(svc: dict) -> list[tuple[str, int]]:
+    """(host address, host port) of each port a service publishes; compose v1 prints `[ip:]host:container[/tcp]`
+    strings or objects, v2 objects."""
+    out = []
+    for p in svc.get("ports", []):
+        if isinstance(p, dict):
+            out.append((p.get("host_ip", "0.0.0.0"), int(p["published"])))
+        else:
+            parts = str(p).split("/")[0].split(":")
+            out.append((parts[0] if len(parts) == 3 else "0.0.0.0", int(parts[-2])))
+    return out
+
+
+def test_only_the_front_door_is_published_on_every_address():
+    """The API, its metrics and the workers' are on the compose network only; Flower and MinIO (plain HTTP) and
+    the monitoring UIs on loopback; the TLS proxy alone on every address."""
+    services = compose_config(*ALL_PROFILES)["services"]
+    published = {name: _published(svc) for name, svc in services.items() if _published(svc)}
+    assert published == {
+        "proxy": [("0.0.0.0", 443)],
+        "flower": [("127.0.0.1", 5555)],
+        "minio": [("127.0.0.1", 9000)],
+        "prometheus": [("127.0.0.1", 9090)],
+        "grafana": [("127.0.0.1", 3000)],
+    }
+    private = compose_config(*ALL_PROFILES, MINIO_ADDRESS="10.0.0.5", FLOWER_ADDRESS="10.0.0.5")["services"]
+    assert _published(private["minio"]) == [("10.0.0.5", 9000)]
+    assert _published(private["flower"]) == [("10.0.0.5", 5555)]
+    # The workers' /metrics listen on every address of their container (Prometheus scrapes them by name), which
+    # only the compose network reaches; TIDAL_WORKER_METRICS_HOST's default elsewhere is loopback.
+    for name in ("ops", "worker"):
+        assert services[name]["environment"]["TIDAL_WORKER_METRICS_HOST"] == "0.0.0.0" and "ports" not in services[name]
+    assert load_settings({}).worker_metrics_host == "127.0.0.1"
+
+
+def test_the_front_door_proxies_to_the_api_with_the_shipped_config_and_the_apis_body_limit():
+    services = compose_config()["services"]
+    proxy, api = services["proxy"], services["api"]
+    assert proxy["image"].startswith("nginx:")
+    mounts = {v["target"]: v["source"] for v in _volumes(proxy)}
+    assert Path(mounts["/etc/nginx/templates/default.conf.template"]) == ROOT / "config/nginx/tidal.conf.template"
+    assert (mounts["/etc/nginx/certs/tidal.crt"], mounts["/etc/nginx/certs/tidal.key"]) == (
+        PASSWORDS["TLS_CERT_FILE"],
+        PASSWORDS["TLS_KEY_FILE"],
+    )
+    env = proxy["environment"]
+    assert (env["PROXY_TLS_CERT"], env["PROXY_TLS_KEY"]) == ("/etc/nginx/certs/tidal.crt", "/etc/nginx/certs/tidal.key")
+    assert env["PROXY_UPSTREAM"] == "api:" + api["environment"]["TIDAL_BIND"].rpartition(":")[2]
+    # The proxy refuses exactly what the API would: its upload limit plus the multipart framing it allows.
+    assert int(env["PROXY_MAX_BODY_BYTES"]) == load_settings({}).max_upload_bytes + MULTIPART_OVERHEAD
+    assert proxy["depends_on"]["api"]["condition"] == "service_healthy"
+    template = (ROOT / "config/nginx/tidal.conf.template").read_text()
+    assert set(re.findall(r"\$\{(\w+)\}", template)) == set(env)  # every variable the template reads, compose sets
+
+
+def test_vllm_gets_its_own_env_file_without_tidals_secrets(tmp_path):
+    """vLLM parses untrusted prompts and media: it never sees the API keys or the storage secret of tidal.env."""
+    secrets = {"TIDAL_API_KEYS": "acme:sk-not-for-vllm", "TIDAL_S3_SECRET_ACCESS_KEY": "s3-not-for-vllm"}
+    env_file = tmp_path / "tidal.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in secrets.items()))
+    out = run_config("--profile", "gpu", **PASSWORDS, TIDAL_ENV_FILE=str(env_file))
+    assert out.returncode == 0, out.stderr
+    services = yaml.safe_load(out.stdout)["services"]
+    assert services["api"]["environment"]["TIDAL_API_KEYS"] == secrets["TIDAL_API_KEYS"]  # the file is read
+    vllm = services["vllm"]
+    assert str(env_file) not in vllm.get("env_file", []) and not set(secrets) & set(vllm["environment"])
+    assert all("sk-not-for-vllm" not in str(v) for v in vllm["environment"].values())
+    example = (ROOT / "vllm.env.example").read_text().splitlines()
+    named = {line.lstrip("# ").split("=")[0] for line in example if "=" in line and " " not in line.lstrip("# ")}
+    assert named and all(n.startswith(("TIDAL_SCHED_", "HF_")) for n in named), named
+
+
+def _minio_user_script(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """config/minio/tidal-user.sh run with an `mc` that records its calls (each policy file's JSON kept)."""
+    calls = tmp_path / "mc-calls.jsonl"
+    fake = tmp_path / "bin" / "mc"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\nargs = sys.argv[1:]\n"
+        "if args[:3] == ['admin', 'policy', 'create']: args[-1] = json.load(open(args[-1]))\n"
+        f"open({str(calls)!r}, 'a').write(json.dumps([os.environ.get('MC_HOST_minio'), *args]) + '\\n')\n"
+    )
+    fake.chmod(0o755)
+    full = {"PATH": f"{fake.parent}:{os.environ['PATH']}", "MINIO_URL": "http://minio:9000", **env}
+    done = subprocess.run(["sh", str(ROOT / "config/minio/tidal-user.sh")], env=full, capture_output=True, text=True)
+    return done, [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def test_tidals_minio_user_is_its_own_and_reaches_only_its_bucket(tmp_path):
+    services = compose_config(*ALL_PROFILES)["services"]
+    user = services["minio-user"]
+    assert user["depends_on"]["minio"]["condition"] == "service_healthy"
+    assert user["entrypoint"] == ["sh", "/tidal-user.sh"]
+    mounts = {v["target"]: Path(v["source"]) for v in _volumes(user)}
+    assert mounts["/tidal-user.sh"] == ROOT / "config/minio/tidal-user.sh"
+
+    root_pw, tidal_secret = "r" * 20 + "Q7-x" * 4, "t" * 20 + "Z9_k" * 4
+    env = {
+        "MINIO_ROOT_USER": "root",
+        "MINIO_ROOT_PASSWORD": root_pw,
+        "TIDAL_S3_ACCESS_KEY_ID": "tidal",
+        "TIDAL_S3_SECRET_ACCESS_KEY": tidal_secret,
+        "TIDAL_S3_BUCKET": "tidal-files",
+    }
+    done, calls = _minio_user_script(tmp_path, **env)
+    assert done.returncode == 0, done.stderr
+    assert all(c[0] == f"http://root:{root_pw}@minio:9000" for c in calls)  # root's credentials: environment only
+    assert not any(root_pw in arg for c in calls for arg in map(str, c[1:]))
+    policy = next(c[-1] for c in calls if c[1:4] == ["admin", "policy", "create"])
+    resources = {r for statement in policy["Statement"] for r in statement["Resource"]}
+    assert resources == {"arn:aws:s3:::tidal-files", "arn:aws:s3:::tidal-files/*"}
+    assert all(statement["Effect"] == "Allow" and "*" not in statement["Action"] for statement in policy["Statement"])
+    assert [c[1:] for c in calls[1:]] == [
+        ["admin", "user", "add", "minio", "tidal", tidal_secret],
+        ["admin", "policy", "attach", "minio", "tidal-bucket", "--user", "tidal"],
+    ]
+    for bad, why in (
+        ({"TIDAL_S3_ACCESS_KEY_ID": "root"}, "TIDAL_S3_ACCESS_KEY_ID is MINIO_ROOT_USER"),
+        ({"MINIO_ROOT_PASSWORD": "minioadmin"}, "MINIO_ROOT_PASSWORD: at least 32 characters"),
+        ({"TIDAL_S3_SECRET_ACCESS_KEY": ""}, "set TIDAL_S3_SECRET_ACCESS_KEY"),
+    ):
+        (tmp_path / "again").mkdir()
+        done, calls = _minio_user_script(tmp_path / "again", **{**env, **bad})
+        assert done.returncode != 0 and why in done.stderr and calls == [], (bad, done.stderr)
+        subprocess.run(["rm", "-rf", str(tmp_path / "again")], check=True)
 
 
 def test_minio_and_grafana_refuse_to_start_without_a_password():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.parse
 
+import psutil
 import pytest
 import requests
 from sqlalchemy import select
@@ -81,3 +82,8 @@ def test_flower_shows_a_finished_item_task(rt, settings, live_api, children, tmp
 
     assert _get(flower + "/api/tasks").status_code == 401
     assert _get(flower + "/api/tasks", auth=("admin", "wrong")).status_code == 401
+    # The credentials reach Flower in its environment, which only its owner reads, never on its command line,
+    # which anyone on the host reads (`tidal flower` execs Flower in its own process).
+    flower_proc = psutil.Process(children[0].pid)
+    assert ":".join(AUTH) not in " ".join(flower_proc.cmdline()) and AUTH[1] not in " ".join(flower_proc.cmdline())
+    assert flower_proc.environ()["FLOWER_BASIC_AUTH"] == ":".join(AUTH)

@@ -7,12 +7,14 @@ and `tidal worker` (tests/deploy/test_compose.py, TESTED_COMMANDS).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import typing as t
 from pathlib import Path
 
 import psutil
@@ -25,10 +27,12 @@ from workers.worker_helpers import wait_for
 
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.up import last_error
+from tidal_api.cli.up import why_dev_mode
 from tidal_engine.serve import free_port
 from tidal_workers import keys
 from tidal_workers.blobs.sentinel import SENTINEL_PREFIX
 from tidal_workers.blobs.sentinel import Sentinel
+from tidal_workers.store import api_keys
 
 GRACE_S = 20.0  # Supervisor.stop's 15 s, plus the time to exit
 
@@ -84,14 +88,29 @@ def up_env(tmp_path: Path, engine_url: str, redis_url: str, bind: str) -> dict[s
 @pytest.fixture
 def up(tmp_path, stub):
     """`tidal up` with its own Redis on a free port, SQLite under a temp home, the stub as its engine."""
+    with running_up(tmp_path, stub) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def running_up(tmp_path: Path, stub, *args: str, **settings: str) -> t.Iterator[subprocess.Popen]:
+    """`tidal up *args` on ``up_env`` with ``settings`` over it; everything it started is stopped at the end."""
     bind = f"127.0.0.1:{free_port()}"
     env = up_env(tmp_path, stub.url, f"redis://127.0.0.1:{free_port()}/0", bind)
+    env.update({f"TIDAL_{name.upper()}": value for name, value in settings.items()})
     out = open(tmp_path / "up.out", "w+b")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "tidal_api.cli", "up", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
     )
     proc.base_url, proc.out_path = f"http://{bind}", tmp_path / "up.out"
-    yield proc
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+        out.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:  # the test failed before its Ctrl-C: clean up everything it started
         family = descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
@@ -102,7 +121,6 @@ def up(tmp_path, stub):
         for pid in family:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-    out.close()
 
 
 def _api_ready(base_url: str) -> bool:
@@ -260,3 +278,38 @@ def test_the_last_error_is_read_from_this_runs_part_of_the_log(tmp_path):
     log.write_text("starting\n[12:00:00: ERROR/MainProcess] consumer: Cannot connect to redis\nbye\n")
     assert last_error(log) == "[12:00:00: ERROR/MainProcess] consumer: Cannot connect to redis"
     assert last_error(tmp_path / "absent.log") is None
+
+
+def test_up_without_configured_keys_stays_in_production_while_a_stored_key_is_live(tmp_path, stub):
+    """`tidal keys create` keys and no TIDAL_API_KEYS, as tidal.env.example suggests: the public dev key must not
+    open the API (`tidal up` once entered dev mode whenever TIDAL_API_KEYS was empty)."""
+    env = up_env(tmp_path, stub.url, "redis://127.0.0.1:1/0", "127.0.0.1:1")
+    env["TIDAL_API_KEYS"] = ""
+    argv = [sys.executable, "-m", "tidal_api.cli", "keys", "create", "--tenant", "acme", "--name", "prod"]
+    created = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert created.returncode == 0, created.stderr
+    stored_key = created.stdout.strip()
+    with running_up(tmp_path, stub, api_keys="") as up:
+        _started(up)
+        assert "dev mode" not in up.out_path.read_text()
+
+        def files(key: str) -> int:
+            return requests.get(
+                up.base_url + "/v1/files", headers={"Authorization": f"Bearer {key}"}, timeout=10
+            ).status_code
+
+        assert (files("tidal-dev-key"), files(stored_key)) == (401, 200)
+
+
+def test_dev_mode_only_when_asked_or_when_no_key_is_live(rt, settings):
+    prod = settings.replace(env="prod", api_keys="")
+    assert why_dev_mode(prod, asked=False) is None  # the keys the test settings configured are stored, and live
+    for stored in api_keys.listed(rt.store):
+        api_keys.revoke(rt.store, stored.id)
+    assert why_dev_mode(prod, asked=False) == "no TIDAL_API_KEYS configured and no key stored"
+    row, _key = api_keys.create(rt.store, "acme", "prod")
+    assert why_dev_mode(prod, asked=False) is None
+    assert why_dev_mode(prod, asked=True) == "--dev"
+    api_keys.revoke(rt.store, row.id)
+    assert why_dev_mode(prod, asked=False) == "no TIDAL_API_KEYS configured and no key stored"
+    assert why_dev_mode(prod.replace(api_keys=f"acme:{UP_KEY}"), asked=False) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
 import requests
 from worker_helpers import wait_for
@@ -42,6 +43,7 @@ def test_worker_ready_follows_its_dependencies_and_its_engine_preflight(worker, 
         assert (r.status_code, r.json()["checks"]["preflight"]) == (503, "engine does not serve model 'm'")
 
         assert "tidal_gate_target" in requests.get(base + "/metrics", timeout=10).text
+        assert listening_on(settings.worker_metrics_port) == {"127.0.0.1"}  # TIDAL_WORKER_METRICS_HOST's default
 
 
 def test_the_ops_worker_serves_metrics_and_readiness_of_its_dependencies(rt, settings):
@@ -50,8 +52,8 @@ def test_the_ops_worker_serves_metrics_and_readiness_of_its_dependencies(rt, set
 
     from tidal_workers.celery_app import make_celery
 
-    ops = settings.replace(ops_metrics_port=free_port(), worker_metrics_port=0)
-    base = f"http://127.0.0.1:{ops.ops_metrics_port}"
+    ops = settings.replace(ops_metrics_port=free_port(), worker_metrics_port=0, worker_metrics_host="127.0.0.2")
+    base = f"http://127.0.0.2:{ops.ops_metrics_port}"
     app = make_celery(ops, ops=True)
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False, loglevel="WARNING"):
         wait_for(lambda: requests.get(base + "/health", timeout=2).json() == {"status": "ok"}, what="/health")
@@ -61,3 +63,11 @@ def test_the_ops_worker_serves_metrics_and_readiness_of_its_dependencies(rt, set
             {"status": "ready", "checks": {"sql": "ok", "redis": "ok", "storage": "ok"}},
         )
         assert "tidal_queue_depth" in requests.get(base + "/metrics", timeout=10).text
+        assert listening_on(ops.ops_metrics_port) == {"127.0.0.2"}  # TIDAL_WORKER_METRICS_HOST, not every address
+
+
+def listening_on(port: int) -> set[str]:
+    """The addresses this process listens on at ``port``."""
+    return {
+        c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port
+    }

@@ -1,4 +1,4 @@
-"""`tidal flower`: Celery's Flower UI on Tidal's broker, behind basic auth."""
+"""`tidal flower`: Celery's Flower UI on Tidal's broker, behind basic auth passed in its environment."""
 
 import os
 import sys
@@ -26,11 +26,18 @@ def flower(port: int | None, address: str) -> None:
         "--persistent=False",
         "--purge_offline_workers=60",
     ]
-    if settings.flower_basic_auth:
-        argv.append(f"--basic-auth={settings.flower_basic_auth}")
-    elif address not in ("127.0.0.1", "localhost", "::1"):
+    if not settings.flower_basic_auth and address not in ("127.0.0.1", "localhost", "::1"):
         raise click.UsageError("set TIDAL_FLOWER_BASIC_AUTH=user:password before exposing Flower")
-    os.execv(sys.executable, argv)  # this interpreter's celery, whatever PATH says
+    os.execve(sys.executable, argv, flower_environ(settings.flower_basic_auth))  # this interpreter's celery
+
+
+def flower_environ(basic_auth: str) -> dict[str, str]:
+    """This process's environment, with Flower's credentials in ``FLOWER_BASIC_AUTH``: an environment is readable
+    only by its owner, a command line by anyone on the host (`ps`, /proc/*/cmdline)."""
+    env = {k: v for k, v in os.environ.items() if k != "FLOWER_BASIC_AUTH"}
+    if basic_auth:
+        env["FLOWER_BASIC_AUTH"] = basic_auth
+    return env
 
 
 COMMANDS = [flower]

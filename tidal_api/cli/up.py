@@ -160,10 +160,28 @@ def wait_for_api(base_url: str, sup: Supervisor, timeout: float = 60.0) -> None:
     raise click.ClickException(f"the API did not answer at {base_url} within {timeout:.0f} s; see api.log")
 
 
+def why_dev_mode(settings: Settings, asked: bool) -> str | None:
+    """Why `tidal up` runs in dev mode (the public key `tidal-dev-key`), or None: only when asked (``--dev``), or
+    when no key could reach the API otherwise (none configured, none live in the migrated store)."""
+    if asked:
+        return "--dev"
+    if settings.api_keys:
+        return None
+    from tidal_workers.store import Store
+    from tidal_workers.store.api_keys import has_live_key
+
+    store = Store(settings)
+    try:
+        return None if has_live_key(store) else "no TIDAL_API_KEYS configured and no key stored"
+    finally:
+        store.dispose()
+
+
 @click.command()
 @click.option("--flower/--no-flower", default=False, help="Also run the Flower UI.")
 @click.option("--demo", is_flag=True, help="Start the tiny local engine and follow a sample batch to completion.")
-def up(flower: bool, demo: bool) -> None:
+@click.option("--dev", is_flag=True, help="Dev mode (TIDAL_ENV=dev) whatever keys exist: the key tidal-dev-key works.")
+def up(flower: bool, demo: bool, dev: bool) -> None:
     """Run the whole Tidal stack on this machine until Ctrl-C (or SIGTERM / SIGHUP)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _stop_on)
@@ -171,11 +189,7 @@ def up(flower: bool, demo: bool) -> None:
     tidal = [sys.executable, "-m", "tidal_api.cli"]
     log_dir = Path(settings.home) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    overrides: dict[str, str] = {}
-    if not settings.api_keys and settings.env != "dev":
-        click.echo("no TIDAL_API_KEYS configured: running in dev mode with the key tidal-dev-key")
-        overrides["TIDAL_ENV"] = "dev"
-    sup = Supervisor(child_environ(**overrides), log_dir)
+    sup = Supervisor(child_environ(), log_dir)
     engine = None
     click.echo(f"tidal up: home {settings.home}")
     try:
@@ -188,6 +202,9 @@ def up(flower: bool, demo: bool) -> None:
         ensure_redis(settings, sup)
         # subprocess.run kills the migration if a stop signal interrupts the wait.
         subprocess.run(tidal + ["db", "upgrade"], env=sup.env, check=True, preexec_fn=die_with_parent())
+        if settings.env != "dev" and (why := why_dev_mode(settings, dev)):
+            click.echo(f"{why}: running in dev mode with the public key tidal-dev-key")
+            sup.env["TIDAL_ENV"] = "dev"
         sup.start("api", tidal + ["serve"])
         sup.start("worker", tidal + ["worker"])
         sup.start("ops", tidal + ["worker", "--ops"])  # ingest and the sweeps, beside the GPU node's worker

@@ -143,6 +143,13 @@ def tenant_for_key(store: Store, key: str) -> str | None:
     return str(row.tenant_id)
 
 
+def has_live_key(store: Store) -> bool:
+    """Whether a key other than the dev key is live: a stack with one is in production (`tidal up`)."""
+    with store.read() as s:
+        live = select(ApiKey.key_hash).where(ApiKey.revoked_at.is_(None), ApiKey.source != KeySource.dev.value)
+        return s.scalar(live.limit(1)) is not None
+
+
 def create(store: Store, tenant: str, name: str) -> tuple[ApiKey, str]:
     """A new key for ``tenant`` (created if new): (its row, the key, which is never stored)."""
     key = generate_key()
