@@ -117,15 +117,9 @@ def _write_file(
 def _items(session: Session, batch_id: str, completed: bool) -> t.Iterator[Item]:
     """The batch's items of one file, in line order, fetched in groups bounded in rows and in body length."""
     status = Item.status == ItemStatus.completed.value if completed else Item.status != ItemStatus.completed.value
-    sizes = (
-        session.execute(  # ids and lengths only: small, so held whole while the groups are fetched
-            select(Item.id, func.coalesce(func.length(Item.response_body), 0))
-            .where(Item.batch_id == batch_id, status)
-            .order_by(Item.line)
-        )
-        .tuples()
-        .all()
-    )
+    # Ids and lengths only: small, so held whole while the groups are fetched.
+    query = select(Item.id, func.coalesce(func.length(Item.response_body), 0)).where(Item.batch_id == batch_id, status)
+    sizes = session.execute(query.order_by(Item.line)).tuples().all()
     for ids in fetch_groups(sizes, FETCH_CHARS, ROWS):
         yield from session.scalars(select(Item).where(Item.id.in_(ids)).order_by(Item.line))
 
