@@ -34,6 +34,7 @@ from tidal_workers.policy.outage import Failure
 from tidal_workers.policy.outage import is_outage
 from tidal_workers.policy.outage import needs_probe
 from tidal_workers.preflight import probe
+from tidal_workers.preflight import refusal
 from tidal_workers.runtime import Runtime
 from tidal_workers.served import ServedModels
 
@@ -129,9 +130,11 @@ class EngineHealth:
         self.judge(verdict)
         return verdict.ok
 
-    def refused(self, why: str) -> None:
-        """A batch request met the engine's priority refusal: the preflight fails until a probe passes again."""
-        self.judge(Check("preflight", False, f"a batch request was refused: {why}"[:300]))
+    def refused(self, answer: str) -> None:
+        """A batch request met the engine's priority refusal (``answer``): the preflight fails until a probe passes
+        again."""
+        log.info("engine %s refused a batch request for its priority: %s", self.url, answer[:300])
+        self.judge(refusal())
 
     def judge(self, verdict: Check) -> None:
         """Record a preflight verdict: a pass resumes the book; a failure pauses it and hands back what has not

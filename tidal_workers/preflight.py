@@ -25,7 +25,9 @@ from tidal_workers.policy.laxity import PRIORITY_MAX
 PROBE_PROMPT = "tidal preflight"
 #: A freshly started engine answers one token at once; a busy one serves priority 0 first.
 PROBE_TIMEOUT_SECONDS = 60.0
-ADVICE = "start vLLM with --scheduling-policy priority"
+#: The verdict on an engine that refuses ``priority``, whether the probe or a batch request met the refusal: the
+#: same words, so the node logs it once however often it is met.
+REFUSED = "the engine refuses the priority Tidal sends (HTTP 400): start vLLM with --scheduling-policy priority"
 
 
 def refuses_priority(status: int | None, body: str | None) -> bool:
@@ -47,5 +49,10 @@ def probe(settings: Settings, models: tuple[str, ...]) -> Check:
     except requests.RequestException as exc:
         return Check("preflight", False, f"{base}/v1/completions unreachable: {type(exc).__name__}")
     if refuses_priority(answer.status_code, answer.text):
-        return Check("preflight", False, f"engine refuses priority scheduling ({ADVICE}): {answer.text[:200]}")
+        return refusal()
     return Check("preflight", True)
+
+
+def refusal() -> Check:
+    """The failed preflight of an engine that refuses ``priority``."""
+    return Check("preflight", False, REFUSED)

@@ -41,7 +41,7 @@ def test_a_priority_refusal_hands_the_item_back_and_fails_the_preflight(rt, make
         item = s.get(Item, claim.item_id)
         assert (item.status, item.attempts, item.error_code) == ("pending", 0, None)
     assert book.paused.is_set() and preflight_ok() == 0  # the node sends nothing more
-    assert "Priority scheduling is not enabled" in engine.verdict().detail
+    assert "--scheduling-policy priority" in engine.verdict().detail
     assert not engine.may_claim(time.time())  # the probe meets the same refusal
     stub.refuse_priority = False
     wait_for(lambda: engine.may_claim(time.time()), 10, "a probe of the fixed engine to pass")
