@@ -15,7 +15,6 @@ from workers.worker_helpers import wait_for
 
 from tidal_engine.serve import free_port
 from tidal_workers.engine_health import EngineHealth
-from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.execute import execute_item
 from tidal_workers.handback import give_back
 from tidal_workers.leases import LeaseBook
@@ -96,12 +95,12 @@ def test_5xx_while_health_passes_is_the_items_own_error(rt, make_batch, stub):
 
 def test_an_outage_longer_than_the_retry_budget_loses_nothing_and_writes_no_error(rt, make_batch, worker, stub):
     """Every request fails while /health fails: all go back, the node stops sending, and finishes once it answers.
-    The outage begins once the worker's preflight has passed (an engine down at start is never claimed for)."""
-    batch = make_batch(8, enqueue=False)
+    The outage begins once the worker's preflight has passed (an engine down at start is never claimed for), and
+    the batch after it, so no item is answered before it."""
     with worker():
         wait_for(lambda: stub.probes >= 1, 30, "the worker's preflight")
         stub.outage = True
-        enqueue_batch(rt, batch)
+        batch = make_batch(8)
         wait_for(
             lambda: len(stub.requests) >= 1 and rt.queue.inflight(rt.settings.node) == 0, 60, "the items to go back"
         )
