@@ -317,8 +317,13 @@ class Settings(SchedulerSettings):
     retry_backoff_seconds: float = _setting(0.5, "First retry delay; doubles each time, capped at 30 s.", ge=0)
     engine_probe_seconds: float = _setting(
         2.0,
-        "While this node's engine is down (refused, or failing its /health), how often the claim loop probes its /health to resume claiming.",
+        "While this node's engine is down (refused, or failing its /health) or fails its preflight, how often the claim loop probes it to resume claiming.",
         gt=0,
+    )
+    engine_crash_limit: int = _setting(
+        3,
+        "Engine deaths an item may be at the engine for (its request broken or timed out while /health fails) before it is written as failed with `engine_crash` rather than handed back: a line that kills the engine is not replayed on every node for its whole window.",
+        ge=1,
     )
     ops_worker_threads: int = _setting(
         2,

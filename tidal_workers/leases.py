@@ -4,8 +4,8 @@ claimed → prefetched → sent → answered → released (docs/architecture.md,
 claim thread books claims and keeps the book at most the gate's target plus a small prefetch; each
 ``tidal.run_item`` task waits here for an *engine token* (one of the gate's target) before it POSTs, and frees
 it as soon as the POST returns, so the target bounds the node's batch requests at the engine (O), not its
-leases. The renewal thread renews what the book holds. While the book is paused (its engine is down, or the
-worker is stopping) it grants no token: a waiting task wakes and hands its item back. One lock guards it all;
+leases. The renewal thread renews what the book holds. While the book is paused (its engine is down or fails its
+preflight, or the worker is stopping) it grants no token: a waiting task wakes and hands its item back. One lock guards it all;
 nothing under it does I/O.
 
 The book also knows until when each lease is surely still this node's (``trusted_until``): half a lease after the
@@ -24,7 +24,7 @@ import time
 import prometheus_client
 
 CLAIMED, PREFETCHED, SENT, ANSWERED = "claimed", "prefetched", "sent", "answered"
-ENGINE_DOWN, STOPPING = "engine down", "stopping"  # why the book is paused
+ENGINE_DOWN, PREFLIGHT, STOPPING = "engine down", "preflight failing", "stopping"  # why the book is paused
 
 HELD = prometheus_client.Gauge(
     "tidal_gate_inflight",
@@ -86,7 +86,7 @@ class LeaseBook:
                 self._cond.notify_all()
 
     def pause(self, why: str) -> None:
-        """Grant no token while ``why`` (ENGINE_DOWN, STOPPING) holds; the tasks waiting for one wake at once."""
+        """Grant no token while ``why`` (ENGINE_DOWN, PREFLIGHT, STOPPING) holds; the tasks waiting for one wake at once."""
         with self._cond:
             self._pauses.add(why)
             self.paused.set()

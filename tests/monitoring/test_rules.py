@@ -18,7 +18,13 @@ from monitoring_helpers import panel_queries
 from monitoring_helpers import prometheus_config
 from monitoring_helpers import tool
 
-ALERTS = {"TidalUnfilledSlack", "TidalBatchLaxityNegative", "TidalPreflightFailing", "TidalGateStuckAtZero"}
+ALERTS = {
+    "TidalUnfilledSlack",
+    "TidalBatchLaxityNegative",
+    "TidalPreflightFailing",
+    "TidalEngineCrashItem",
+    "TidalGateStuckAtZero",
+}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:

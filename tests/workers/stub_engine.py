@@ -5,7 +5,12 @@ usage block, and lists ``models`` (``["m"]`` unless a test changes it) at /v1/mo
 tests put the custom_id there); ``script(key, *faults)`` queues faults that
 the next requests for that key get, in order, before it answers normally.
 ``metrics`` is what GET /metrics answers (an idle engine's series by default):
-a test steers an AIMD gate pointed here by replacing it.
+a test steers an AIMD gate pointed here by replacing it. The worker's preflight
+probes are counted in ``probes``, not ``requests``; ``refuse_priority`` makes the
+stub answer every request carrying ``priority`` 400, as an engine without
+priority scheduling that refuses the field would. ``deadly`` names requests that
+kill the engine: each drops its connection, and the engine is down (``outage``)
+for ``restart_seconds``, then answers again, as vLLM restarted by its supervisor.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from http.server import ThreadingHTTPServer
+
+from tidal_workers.preflight import PROBE_PROMPT
 
 FAULTS = ("500", "503", "429", "400", "hang", "abort")
 
@@ -39,6 +46,11 @@ class StubEngine:
         self.health_checks = 0  # GET /health answered so far
         self.outage = False  # True: /health and every POST answer 503, as an engine that is down behind a proxy
         self.models = ["m"]  # what GET /v1/models lists: the batches of these models are claimed by its workers
+        self.refuse_priority = False  # True: a request carrying `priority` is answered 400 naming it
+        self.probes = 0  # the worker's preflight probes answered so far (they are not in ``requests``)
+        self.deadly: set[str] = set()  # keys of requests that kill the engine
+        self.restart_seconds = 0.3  # how long a killed engine stays down
+        self.deaths = 0  # times a deadly request killed it
         self._faults: dict[str, list[str]] = {}
         self._answering = threading.Event()  # cleared by hold_answers(): normal answers wait until it is set
         self._answering.set()
@@ -72,6 +84,15 @@ class StubEngine:
 
     def release_answers(self) -> None:
         self._answering.set()
+
+    def die(self) -> None:
+        """The engine dies: down (``outage``) for ``restart_seconds``, then up again."""
+        with self._lock:
+            self.deaths += 1
+            self.outage = True
+        timer = threading.Timer(self.restart_seconds, lambda: setattr(self, "outage", False))
+        timer.daemon = True
+        timer.start()
 
     def close(self) -> None:
         self._closing.set()
@@ -120,15 +141,34 @@ class StubEngine:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fault = stub._next(body)  # recorded, and a scripted fault used, in an outage too
+                if body.get("prompt") == PROBE_PROMPT:
+                    stub.probes += 1
+                    fault = None
+                else:
+                    fault = stub._next(body)  # recorded, and a scripted fault used, in an outage too
                 fault = "503" if stub.outage else fault
+                if fault is None and _key(body) in stub.deadly:
+                    stub.die()
+                    fault = "abort"
+                if stub.refuse_priority and "priority" in body and fault is None:
+                    fault = "priority"
                 if fault == "abort":
                     self.connection.shutdown(2)  # no response at all: a connection error for the client
                     return
                 if fault == "hang":
                     stub._closing.wait(30)
                     return
-                if fault in ("500", "503", "429", "400"):
+                if fault == "priority":  # the words of the vLLM releases that refused it
+                    status = 400
+                    payload = {
+                        "error": {
+                            "message": f"Got priority {body['priority']} but Priority scheduling is not enabled.",
+                            "type": "BadRequestError",
+                            "param": None,
+                            "code": 400,
+                        }
+                    }
+                elif fault in ("500", "503", "429", "400"):
                     status = int(fault)
                     payload = {
                         "error": {

@@ -80,6 +80,8 @@ def test_a_refused_connection_is_an_outage_without_a_probe(rt, make_batch, stub)
     rt.settings = rt.settings.replace(vllm_url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
     (claim,), book, engine = on_node(rt)
     assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "given_back" and not engine.up
+    with rt.store.read() as s:  # nothing listened: the engine was gone before the request, no death counted
+        assert s.get(Item, claim.item_id).engine_deaths == 0
 
 
 def test_5xx_while_health_passes_is_the_items_own_error(rt, make_batch, stub):
@@ -92,10 +94,13 @@ def test_5xx_while_health_passes_is_the_items_own_error(rt, make_batch, stub):
 
 
 def test_an_outage_longer_than_the_retry_budget_loses_nothing_and_writes_no_error(rt, make_batch, worker, stub):
-    """Every request fails while /health fails: all go back, the node stops sending, and finishes once it answers."""
-    batch = make_batch(8)
-    stub.outage = True
+    """Every request fails while /health fails: all go back, the node stops sending, and finishes once it answers.
+    The outage begins once the worker's preflight has passed (an engine down at start is never claimed for), and
+    the batch after it, so no item is answered before it."""
     with worker():
+        wait_for(lambda: stub.probes >= 1, 30, "the worker's preflight")
+        stub.outage = True
+        batch = make_batch(8)
         wait_for(
             lambda: len(stub.requests) >= 1 and rt.queue.inflight(rt.settings.node) == 0, 60, "the items to go back"
         )

@@ -1,7 +1,7 @@
 """Revisions 0002-0004 upgrade a store that holds data, on SQLite and PostgreSQL: stored keys get ids and stay
 usable, existing files and batches are numbered in the order lists showed them, and an input file's row can go
-while its batch's stays. The chain runs to the head: an existing batch is never split (0006) and its items run
-whole (0007)."""
+while its batch's stays. The chain runs to the head: an existing batch is never split (0006), its items run
+whole (0007) and have been at no engine death (0008)."""
 
 from __future__ import annotations
 
@@ -115,12 +115,12 @@ def test_upgrade_with_data_present(url, tmp_path):
         key = c.execute(sa.text("SELECT id, source, revoked_at FROM api_keys")).one()
         items = c.execute(sa.text("SELECT count(*) FROM items")).scalar()
         split = c.execute(
-            sa.text("SELECT b.phase_split, i.phase FROM items i JOIN batches b ON b.id = i.batch_id")
+            sa.text("SELECT b.phase_split, i.phase, i.engine_deaths FROM items i JOIN batches b ON b.id = i.batch_id")
         ).one()
     assert files == ["file-a", "file-b", "file-c"]  # (created_at, id): the order lists showed before
     assert batches == ["batch_y", "batch_z"]
     assert key.id.startswith("key_") and key.source == "config" and key.revoked_at is None and items == 1
-    assert tuple(split) == ("never", "whole")
+    assert tuple(split) == ("never", "whole", 0)
     engine.dispose()
 
     store = Store(

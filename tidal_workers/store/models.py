@@ -204,6 +204,9 @@ class Item(Base):
     # split at ingest, which becomes `decode` once its prefill has answered.
     phase: Mapped[str] = mapped_column(String(8), default="whole", server_default="whole")
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # attempt whose result was written
+    # Times the engine died while this item's request was at it (``poison.py``): at TIDAL_ENGINE_CRASH_LIMIT the
+    # item is an `engine_crash` error line, not handed back once more.
+    engine_deaths: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     response_body: Mapped[str | None] = mapped_column(Text, nullable=True)
