@@ -154,10 +154,11 @@ def test_a_split_batch_freezes_each_prompt_and_thaws_it_for_its_decode(rt, worke
     assert all(files == layers for files in frozen.values()), frozen
     assert [p.name for p in storage.iterdir()] == [batch]
 
-    # The engine saw six requests: three prefills of one token and three decodes of MAX_TOKENS, no retry.
+    # The engine saw seven requests: the worker's preflight probe (one token, at its start), three prefills of one
+    # token and three decodes of MAX_TOKENS, no retry.
     seen = {k: after[k] - before[k] for k in after}
-    assert seen["vllm:request_success_total"] == 6, seen
-    assert seen["vllm:generation_tokens_total"] == 3 * (1 + MAX_TOKENS), seen
+    assert seen["vllm:request_success_total"] == 1 + 6, seen
+    assert seen["vllm:generation_tokens_total"] == 1 + 3 * (1 + MAX_TOKENS), seen
     assert seen["vllm:prefix_cache_hits_total"] == 0, seen  # prefix cache off: a hit is the connector's
 
     usages = {line["custom_id"]: line["response"]["body"]["usage"] for line in out}
