@@ -309,6 +309,11 @@ class Settings(SchedulerSettings):
         gt=0,
     )
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.", gt=0)
+    cache_salt_secret: str = _setting(
+        "",
+        "Secret of the `cache_salt` every batch request carries (an HMAC of its tenant), so batch prompts share vLLM's prefix cache only within their tenant, never with another tenant or with online traffic, and `cached_tokens` reveals no one else's prompt. Set it in production (the same on every node): without it the salt is still per tenant, but an online client who knows a tenant's name could compute it.",
+        secret=True,
+    )
     retry_budget: int = _setting(
         8,
         "Transient failures an item may suffer while its engine is up (a timeout, a broken connection or a 5xx while /health answers, a 429) before it is written as failed; an engine outage uses none.",

@@ -23,6 +23,9 @@ A decode whose frozen KV is gone is an ordinary request to the engine, which rec
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import hmac
 import json
 import logging
 import time
@@ -101,7 +104,7 @@ def _failure(exc: requests.RequestException) -> Failure:
 # The two reads of every attempt, built once and bound at each execution (as result's writes, and for the same
 # reason: building a statement from the model's attributes costs more than running it).
 _ITEM = select(Item.batch_id, Item.url, Item.body, Item.status, Item.phase).where(Item.id == bindparam("item_id"))
-_BATCH_NOW = select(Batch.status, Batch.priority).where(Batch.id == bindparam("batch_id"))
+_BATCH_NOW = select(Batch.status, Batch.priority, Batch.tenant_id).where(Batch.id == bindparam("batch_id"))
 
 
 def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str, str] | None:
@@ -109,18 +112,27 @@ def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str, str] | None:
         return s.execute(_ITEM, {"item_id": item_id}).one_or_none()
 
 
-def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int]:
+def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int, str]:
     """The batch's status and priority as of this submission (escalation and cancel reach queued items)."""
     with rt.store.core_read() as s:
         return s.execute(_BATCH_NOW, {"batch_id": batch_id}).one()
 
 
-def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int) -> Outcome:
+@functools.lru_cache(maxsize=1024)
+def cache_salt(secret: str, tenant: str) -> str:
+    """The tenant's ``cache_salt``: vLLM shares cached prefix blocks only between requests of equal salt, so a
+    tenant's prompts are never a cache hit for another tenant or for online traffic (which sends none), and
+    ``cached_tokens`` tells no one about anyone else's prompts. Tenants cannot set one (the body policy bans it)."""
+    return hmac.new(secret.encode() or b"tidal-cache-salt", tenant.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int, tenant: str) -> Outcome:
     """One POST to the engine on the process's pooled client; raises Transient for anything worth retrying."""
+    salt = cache_salt(rt.settings.cache_salt_secret, tenant)
     try:
         resp = rt.http.post(
             rt.settings.vllm_url.rstrip("/") + url,
-            json={**body, "priority": priority},
+            json={**body, "priority": priority, "cache_salt": salt},
             timeout=rt.settings.request_timeout_seconds,
         )
     except requests.RequestException as exc:
@@ -171,7 +183,7 @@ def _post(
         if freed_at is not None:
             TOKEN_TO_POST.observe(sent - freed_at)
         try:
-            outcome = submit(rt, row.url, body, batch.priority)
+            outcome = submit(rt, row.url, body, batch.priority, batch.tenant_id)
         except Transient as exc:
             failed = exc
         else:

@@ -14,6 +14,7 @@ from workers.worker_helpers import wait_for
 
 from tidal_engine.serve import free_port
 from tidal_workers import task_names
+from tidal_workers.execute import cache_salt
 from tidal_workers.execute import submit
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
@@ -50,6 +51,21 @@ def test_batch_runs_to_completed_with_openai_lines_usage_and_priority(rt, make_b
     assert {name.split("#")[0] for name in started} == {f"item-{i}" for i in item_ids(rt, batch)}
     with rt.store.read() as s:
         assert set(s.scalars(select(Item.input_tokens).where(Item.batch_id == batch))) == {7}
+
+
+def test_each_tenants_requests_carry_its_own_cache_salt(rt, make_batch, worker, stub, settings):
+    """vLLM shares cached prefix blocks only between requests of one salt: one salt per tenant, from the server's
+    secret, so no tenant's prompts hit another's cache, nor online traffic's (which sends none)."""
+    batches = {tenant: make_batch(3, tenant=tenant) for tenant in ("acme", "globex")}
+    with worker():
+        for batch in batches.values():
+            settled(rt, batch)
+    salts = {body["messages"][0]["content"]: body["cache_salt"] for body in stub.requests}
+    acme = {salts[f"b0-{i}"] for i in range(3)}
+    globex = {salts[f"b1-{i}"] for i in range(3)}
+    assert len(acme) == len(globex) == 1 and acme != globex  # the same within a tenant, apart between tenants
+    assert acme == {cache_salt(settings.cache_salt_secret, "acme")}
+    assert cache_salt("s" * 32, "acme") != cache_salt("t" * 32, "acme")  # the secret's: not computable without it
 
 
 def test_5xx_429_and_aborts_are_retried_not_counted_and_4xx_is_an_error_line(rt, make_batch, worker, stub):
@@ -101,4 +117,4 @@ def test_the_engine_client_takes_no_proxy_from_the_environment(rt, stub, monkeyp
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
-    assert submit(rt, "/v1/chat/completions", body, 100).status is ItemStatus.completed
+    assert submit(rt, "/v1/chat/completions", body, 100, "acme").status is ItemStatus.completed
