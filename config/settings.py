@@ -309,6 +309,11 @@ class Settings(SchedulerSettings):
         gt=0,
     )
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.", gt=0)
+    max_response_bytes: int = _setting(
+        16 * 2**20,
+        "Largest engine answer a worker keeps for one item, in bytes. A longer one (a long output with many logprobs can be tens of MB) is read through but not kept: the item becomes an error line `response_too_large`, with the usage the answer ends with recorded on its row.",
+        ge=4096,
+    )
     cache_salt_secret: str = _setting(
         "",
         "Secret of the `cache_salt` every batch request carries (an HMAC of its tenant), so batch prompts share vLLM's prefix cache only within their tenant, never with another tenant or with online traffic, and `cached_tokens` reveals no one else's prompt. Set it in production (the same on every node): without it the salt is still per tenant, but an online client who knows a tenant's name could compute it.",

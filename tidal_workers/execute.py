@@ -126,31 +126,78 @@ def cache_salt(secret: str, tenant: str) -> str:
     return hmac.new(secret.encode() or b"tidal-cache-salt", tenant.encode(), hashlib.sha256).hexdigest()[:32]
 
 
-def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int, tenant: str) -> Outcome:
-    """One POST to the engine on the process's pooled client; raises Transient for anything worth retrying."""
-    salt = cache_salt(rt.settings.cache_salt_secret, tenant)
+TAIL_BYTES = 64 * 1024  # what is kept of an answer past the cap: its end, where vLLM writes ``usage``
+
+
+def read_capped(chunks: t.Iterable[bytes], cap: int) -> tuple[bytes | None, bytes, int]:
+    """(the whole answer, or None past ``cap`` bytes; its last ``TAIL_BYTES``; its size): an answer is read through
+    whatever its size, but never held past the cap."""
+    kept, tail, size = bytearray(), b"", 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size <= cap:
+            kept += chunk
+            continue
+        if kept:
+            tail, kept = bytes(kept[-TAIL_BYTES:]), bytearray()
+        tail = (tail + chunk)[-TAIL_BYTES:]
+    return (bytes(kept) if size <= cap else None), tail, size
+
+
+def usage_in_tail(tail: bytes) -> Usage:
+    """The ``usage`` object at the end of a truncated answer, or none when the tail does not hold it whole."""
+    at = tail.rfind(b'"usage"')
+    colon = tail.find(b":", at)
+    if at < 0 or colon < 0:
+        return Usage()
     try:
-        resp = rt.http.post(
-            rt.settings.vllm_url.rstrip("/") + url,
-            json={**body, "priority": priority, "cache_salt": salt},
-            timeout=rt.settings.request_timeout_seconds,
-        )
+        usage, _end = json.JSONDecoder().raw_decode(tail[colon + 1 :].decode("utf-8", "replace").lstrip())
+    except ValueError:
+        return Usage()
+    return Usage.from_response(usage) if isinstance(usage, dict) else Usage()
+
+
+def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int, tenant: str) -> Outcome:
+    """One POST to the engine on the process's pooled client; raises Transient for anything worth retrying.
+
+    The answer is read in chunks and kept only up to ``TIDAL_MAX_RESPONSE_BYTES``: past it the item is an error line
+    ``response_too_large``, with the usage the answer ends with recorded on the item."""
+    s = rt.settings
+    try:
+        with rt.http.post(
+            s.vllm_url.rstrip("/") + url,
+            json={**body, "priority": priority, "cache_salt": cache_salt(s.cache_salt_secret, tenant)},
+            timeout=s.request_timeout_seconds,
+            stream=True,
+        ) as resp:
+            raw, tail, size = read_capped(resp.iter_content(TAIL_BYTES), s.max_response_bytes)
     except requests.RequestException as exc:
         raise Transient(_failure(exc), f"{type(exc).__name__}: {exc}") from exc
     if resp.status_code == 429 or resp.status_code >= 500:
         failure = Failure.BUSY if resp.status_code == 429 else Failure.SERVER_ERROR
-        raise Transient(failure, f"engine answered {resp.status_code}: {resp.text[:200]}")
+        said = (raw or tail)[:200].decode("utf-8", "replace")
+        raise Transient(failure, f"engine answered {resp.status_code}: {said}")
+    ok = 200 <= resp.status_code < 300
+    if raw is None:
+        return Outcome(
+            status=ItemStatus.failed,
+            request_id=resp.headers.get("x-request-id"),
+            error_code="response_too_large",
+            error_message=f"The engine's answer was {size:,} bytes, over this deployment's limit of "
+            f"{s.max_response_bytes:,} (TIDAL_MAX_RESPONSE_BYTES); ask for fewer tokens or logprobs.",
+            usage=usage_in_tail(tail) if ok else Usage(),
+        )
+    text = raw.decode("utf-8", "replace")
     try:
-        payload = resp.json()
+        payload = json.loads(text)
     except ValueError as exc:
         raise Transient(Failure.BROKEN, f"engine answered {resp.status_code} with a body that is not JSON") from exc
     request_id = resp.headers.get("x-request-id") or (payload.get("id") if isinstance(payload, dict) else None)
-    ok = 200 <= resp.status_code < 300
     return Outcome(
         status=ItemStatus.completed if ok else ItemStatus.failed,
         response_status=resp.status_code,
         request_id=request_id,
-        body=resp.text,
+        body=text,
         usage=Usage.from_response(payload.get("usage")) if ok and isinstance(payload, dict) else Usage(),
     )
 

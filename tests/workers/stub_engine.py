@@ -23,7 +23,7 @@ from http.server import ThreadingHTTPServer
 
 from tidal_workers.preflight import PROBE_PROMPT
 
-FAULTS = ("500", "503", "429", "400", "hang", "abort")
+FAULTS = ("500", "503", "429", "400", "hang", "abort", "huge")
 
 
 def metrics_text(kv_usage: float = 0.1, waiting: int = 0, running: int = 0, preemptions: int = 0) -> str:
@@ -187,6 +187,9 @@ class StubEngine:
                             stub._held.remove(_key(body))
                     time.sleep(stub.delay)
                     status, payload = 200, _answer(self.path, body)
+                    if fault == "huge":  # a 1 MB answer, its usage last, as vLLM writes a long logprobs answer
+                        payload["choices"][0]["message"]["content"] = "x" * 2**20
+                        payload["usage"] = payload.pop("usage")
                 raw = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
