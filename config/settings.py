@@ -27,6 +27,8 @@ from types import MappingProxyType
 PREFIX = "TIDAL_"
 DEV_KEY = ("dev", "tidal-dev-key")  # (tenant, key) that exists only when TIDAL_ENV=dev
 MIN_KEY_CHARS, MIN_KEY_BITS = 32, 128  # a configured key outside dev mode: at least this long and this strong
+MIN_KEY_DISTINCT = 8  # fewer distinct characters is a pattern, never a random key (40 random digits: p < 1e-4)
+KEY_REPEAT_CHARS = 5  # a stretch this long that repeats an earlier one adds nothing to a key's strength
 #: Keys Tidal has shipped in examples and tests: public, so never accepted outside dev mode whatever their length.
 EXAMPLE_KEYS = frozenset({"tidal-dev-key", "change-me", "acme-key", "globex-key", "sk-tidal-example-0123456789abcdef"})
 
@@ -178,7 +180,7 @@ class Settings(SchedulerSettings):
     # --- the API -----------------------------------------------------------
     api_keys: str = _setting(
         "",
-        "Configured API keys as `tenant:key` pairs separated by commas. Stored hashed (SHA-256) at start-up; a configured key removed from here stays live until `tidal keys sync --prune` revokes it. Outside dev mode each key must be at least 32 characters with 128 bits of entropy by its character set (`tidal keys create` makes such keys).",
+        "Configured API keys as `tenant:key` pairs separated by commas. Stored hashed (SHA-256) at start-up; a configured key removed from here stays live until `tidal keys sync --prune` revokes it. Outside dev mode each key must be at least 32 characters, of 8 distinct ones at least, with 128 bits of entropy by its character set, a repeated stretch counted once (`tidal keys create` makes such keys).",
         secret=True,
     )
     bind: str = _setting("127.0.0.1:8080", "Address gunicorn binds for `tidal serve`.")
@@ -716,11 +718,24 @@ _CHARSETS = (
 
 
 def key_bits(key: str) -> float:
-    """Entropy of ``key`` by its character set: length × log2(size of the classes it draws from)."""
+    """Entropy of ``key`` by its character set: its fresh characters (``fresh_chars``) × log2(size of the classes
+    it draws from)."""
     alphabet = sum(size for test, size in _CHARSETS if any(test(c) for c in key if c.isascii()))
     if any(not (c.isascii() and c.isalnum()) for c in key):
         alphabet += 33  # printable ASCII punctuation and anything else
-    return len(key) * math.log2(alphabet) if alphabet > 1 else 0.0
+    return fresh_chars(key) * math.log2(alphabet) if alphabet > 1 else 0.0
+
+
+def fresh_chars(key: str) -> int:
+    """How many characters of ``key`` lie in no stretch of KEY_REPEAT_CHARS that also starts earlier in it (the two
+    may overlap: ``"x7Q2" * 10`` has 4 fresh characters, ``"a" * 32`` 1): a repeat is as easy to guess as its first
+    copy."""
+    n = KEY_REPEAT_CHARS
+    repeated: set[int] = set()
+    for i in range(1, len(key) - n + 1):
+        if key.find(key[i : i + n], 0, i + n - 1) != -1:
+            repeated.update(range(i, i + n))
+    return len(key) - len(repeated)
 
 
 def weak_key(key: str) -> str | None:
@@ -729,9 +744,12 @@ def weak_key(key: str) -> str | None:
         return "a published example key"
     if len(key) < MIN_KEY_CHARS:
         return f"{len(key)} characters long"
+    if (distinct := len(set(key))) < MIN_KEY_DISTINCT:
+        return f"made of only {distinct} distinct characters"
     bits = key_bits(key)
     if bits < MIN_KEY_BITS:
-        return f"only {bits:.0f} bits strong by its character set"
+        repeats = ", its repeats counted once" if fresh_chars(key) < len(key) else ""
+        return f"only {bits:.0f} bits strong by its character set{repeats}"
     return None
 
 

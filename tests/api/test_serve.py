@@ -25,7 +25,7 @@ from tidal_api import create_app
 from tidal_engine.serve import free_port
 
 ACCESS_LOG = "tidal-access %(p)s %(r)s %(s)s"  # the answering worker's pid, the request line, the status
-STRONG_KEY = "sk-serve-" + "x7Q2" * 10  # production refuses weak keys
+STRONG_KEY = "sk-serve-vAWjz4kohyNNBo0llNQ_UG77RwCLRJr5V-2e"  # production refuses weak keys
 
 
 @dataclasses.dataclass

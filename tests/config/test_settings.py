@@ -244,7 +244,7 @@ def test_bad_tenant_limits_fail_at_load(limits, why):
 
 def test_flowers_passwords_are_as_strong_as_api_keys_outside_dev_mode():
     """Flower's credentials can stop workers and send any task: a guessable password is refused at load."""
-    strong = "Vq3k" * 8
+    strong = "n1My27wL_ZAEeFkei4dgmhLtQpO9wY6vmFJZ"
     assert load_settings({"TIDAL_FLOWER_BASIC_AUTH": f"admin:{strong}"}).flower_basic_auth == f"admin:{strong}"
     (problem,) = _problems({"TIDAL_FLOWER_BASIC_AUTH": "admin:secret"})
     assert problem.startswith("TIDAL_FLOWER_BASIC_AUTH pair 1: the password is 6 characters long"), problem

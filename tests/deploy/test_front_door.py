@@ -28,7 +28,7 @@ from workers.worker_helpers import wait_for
 
 from tidal_engine.serve import free_port
 
-KEY = "sk-door-" + "Hq4v" * 9  # production mode refuses weak keys
+KEY = "sk-door-eTGN3lhPwSGCbp1wQI7vIg0La-_vWIeAqTvu"  # production mode refuses weak keys
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SLOW = 8  # of each kind: as many as the API has threads (1 worker x 8 threads: compose's 2 x 4, in one process)
 STEP_S = 0.2  # a slow client's pause between two bytes

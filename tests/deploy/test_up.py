@@ -36,7 +36,7 @@ from tidal_workers.store import api_keys
 
 GRACE_S = 20.0  # Supervisor.stop's 15 s, plus the time to exit
 
-UP_KEY = "sk-up-" + "Zq8w" * 9  # production mode refuses weak keys
+UP_KEY = "sk-up-7ZAhURrUsKUhzMFX-MHq-tTsff7fLuONJUa2"  # production mode refuses weak keys
 
 
 def descendants(pid: int) -> set[int]:

@@ -48,17 +48,25 @@ def get_files(url: str, key: str) -> int:
         ("acme-key", "a published example key"),
         ("sk-tidal-example-0123456789abcdef", "a published example key"),
         ("a1b2c3d4e5f6a7b8c9d0e1f2a3b4", "28 characters long"),
-        ("1234567890" * 4, "only 133 bits"),  # 40 digits: 132.9 bits, just over
-        ("12345678901234567890123456789012", "only 106 bits strong by its character set"),  # 32 digits
+        ("94821993518190937865797543231948", "only 106 bits strong by its character set"),  # 32 digits
+        # few distinct characters, or a repeat, once scored by their character set alone (160 to 300 bits)
+        ("a" * 32, "made of only 1 distinct characters"),
+        ("x7Q2" * 10, "made of only 4 distinct characters"),
+        ("sk-serve-" + "x7Q2" * 10, "only 85 bits strong by its character set, its repeats counted once"),
+        ("Password1!" * 4, "only 66 bits strong by its character set, its repeats counted once"),
+        ("1234567890" * 4, "only 33 bits strong by its character set, its repeats counted once"),
     ],
 )
 def test_weak_and_example_keys_are_named(key, why):
     reason = weak_key(key)
-    if why.startswith("only 133"):
-        assert reason is None  # 40 digits clear the 128-bit bar
-        return
     assert reason is not None and reason.startswith(why), reason
     assert key not in reason  # the reason never quotes the key
+
+
+def test_random_keys_pass_the_weak_key_check():
+    assert weak_key("5260181590830166131860913909960308246281") is None  # 40 digits: 132.9 bits, just over
+    assert weak_key("0123456789abcdef" * 2) is not None and weak_key(secrets.token_hex(16)) is None  # 128 bits
+    assert weak_key(strong()) is None
 
 
 def test_weak_keys_are_refused_outside_dev_mode_and_accepted_in_it():
