@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     errors.init_app(app)
     limits.init_app(app)  # every body but an upload's: 64 KB
     metrics.init_app(app)  # GET /metrics and the request-latency histogram
-    for blueprint in (files.bp, batches.bp, openapi.bp, health.bp):
+    health.init_app(app, runtime)  # /health, and /ready from checks at most a second old
+    for blueprint in (files.bp, batches.bp, openapi.bp):
         app.register_blueprint(blueprint)
     return app

@@ -3,7 +3,8 @@
 ``/health`` answers 200 while the process serves at all (liveness). ``/ready`` answers 200 when the process can
 do its work, else 503 with what failed: SQL, Redis and the file storage answer; for a worker, also its engine
 preflight (``WorkerContext.preflight``). The API serves both on its own port (``tidal_api/health.py``); a worker
-serves them next to its ``/metrics`` on ``TIDAL_WORKER_METRICS_PORT`` (``worker_http_app``).
+serves them next to its ``/metrics`` on ``TIDAL_WORKER_METRICS_PORT`` (``worker_http_app``). Both answer from checks
+at most ``READY_CACHE_SECONDS`` old (``CachedChecks``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 import typing as t
 from wsgiref.simple_server import WSGIRequestHandler
 from wsgiref.simple_server import WSGIServer
@@ -26,6 +28,7 @@ from config import Settings
 from tidal_workers.runtime import Runtime
 
 ENGINE_TIMEOUT_SECONDS = 2.0
+READY_CACHE_SECONDS = 1.0  # /ready answers from checks at most this old
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,28 @@ def readiness(checks: t.Iterable[Check]) -> tuple[int, dict[str, t.Any]]:
         "status": "ready" if ok else "not_ready",
         "checks": {c.name: c.detail for c in checks},
     }
+
+
+class CachedChecks:
+    """``checks()`` run at most once every ``ttl`` seconds, its answer shared meanwhile: ``/ready`` needs no key, so
+    a flood of it must not cost a SQL, a Redis and a storage call (on S3 a HeadBucket) per request."""
+
+    def __init__(
+        self,
+        checks: t.Callable[[], list[Check]],
+        ttl: float = READY_CACHE_SECONDS,
+        clock: t.Callable[[], float] = time.monotonic,
+    ):
+        self._checks, self._ttl, self._clock = checks, ttl, clock
+        self._lock = threading.Lock()
+        self._last: tuple[float, list[Check]] | None = None  # (when the checks ended, their answer)
+
+    def __call__(self) -> list[Check]:
+        with self._lock:  # requests that come in while a check runs wait for its answer rather than run their own
+            if self._last is None or self._clock() - self._last[0] >= self._ttl:
+                checks = self._checks()
+                self._last = (self._clock(), checks)
+            return self._last[1]
 
 
 LIVE = (200, {"status": "ok"})

@@ -20,6 +20,7 @@ from prometheus_client.registry import REGISTRY
 from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import select
 
+from tidal_workers.health import CachedChecks
 from tidal_workers.health import dependency_checks
 from tidal_workers.health import serve_http
 from tidal_workers.health import worker_http_app
@@ -140,7 +141,7 @@ class MetricsStep(bootsteps.StartStopStep):
         port = ctx.rt.settings.ops_metrics_port if ops else ctx.rt.settings.worker_metrics_port
         if not port:
             return
-        ready = functools.partial(dependency_checks, ctx.rt) if ops else ctx.ready_checks
+        ready = CachedChecks(functools.partial(dependency_checks, ctx.rt) if ops else ctx.ready_checks)
         host = ctx.rt.settings.worker_metrics_host
         try:
             self.server = serve_http(worker_http_app(worker_registry(ctx.rt), ready), host, port)

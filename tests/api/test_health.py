@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
+from sqlalchemy import event
 
 from tidal_api import create_app
 from tidal_engine.serve import free_port
+from tidal_workers.health import READY_CACHE_SECONDS
+from tidal_workers.health import CachedChecks
+from tidal_workers.health import Check
+from tidal_workers.health import dependency_checks
 from tidal_workers.runtime import Runtime
 
 
@@ -39,3 +46,38 @@ def test_ready_names_each_dependency_that_is_down(settings, tmp_path):
     assert checks["storage"] == f"StorageUnavailable: {tmp_path / 'blobs'} is not a writable directory"
     assert client.get("/health").status_code == 200  # alive all the same: restarting it would not help
     runtime.close()
+
+
+def test_a_flood_of_ready_requests_checks_the_dependencies_once_a_second(rt):
+    """/ready needs no key: 200 requests cost one SQL, Redis and storage check per second, not one each."""
+    selects: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:
+        if statement.strip().upper() == "SELECT 1":
+            selects.append(statement)
+
+    event.listen(rt.store.engine, "before_cursor_execute", count)
+    client = create_app(runtime=rt).test_client()
+    started = time.monotonic()
+    try:
+        assert all(client.get("/ready").status_code == 200 for _ in range(200))
+    finally:
+        event.remove(rt.store.engine, "before_cursor_execute", count)
+    elapsed = time.monotonic() - started
+    assert 1 <= len(selects) <= 1 + elapsed // READY_CACHE_SECONDS, (len(selects), elapsed)
+
+
+def test_cached_checks_run_again_once_their_answer_is_older_than_the_limit(rt):
+    now = [0.0]
+    runs: list[list[Check]] = []
+
+    def checks() -> list[Check]:
+        runs.append(dependency_checks(rt))  # the real checks: SQL, Redis and storage
+        return runs[-1]
+
+    cached = CachedChecks(checks, ttl=1.0, clock=lambda: now[0])
+    assert cached() is cached() is runs[0] and len(runs) == 1
+    now[0] = 0.99
+    assert cached() is runs[0] and len(runs) == 1
+    now[0] = 1.0  # a second after the checks ended: checked again, and that answer is kept in turn
+    assert cached() is runs[1] and cached() is runs[1] and len(runs) == 2

@@ -62,6 +62,8 @@ def test_a_worker_claims_nothing_until_its_engine_takes_priority(rt, make_batch,
         assert len(said) == 1 and "--scheduling-policy priority" in said[0]  # one line, however many probes
         stub.refuse_priority = False
         b, out, err = settled(rt, batch, timeout=60)
-        assert requests.get(ready, timeout=10).status_code == 200 and preflight_ok() == 1
+        # /ready answers from checks up to READY_CACHE_SECONDS old
+        wait_for(lambda: requests.get(ready, timeout=10).status_code == 200, 5, "/ready to follow the preflight")
+        assert preflight_ok() == 1
     assert (b.completed, b.failed, err) == (6, 0, [])
     assert_exactly_once(rt, batch, out, err)

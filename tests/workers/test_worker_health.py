@@ -31,16 +31,17 @@ def test_worker_ready_follows_its_dependencies_and_its_engine_preflight(worker, 
             "checks": {"sql": "ok", "redis": "ok", "storage": "ok", "preflight": "ok"},
         }
 
+        # /ready answers from checks up to READY_CACHE_SECONDS old: a change shows within that
         stub.health = 503  # the engine is up but not healthy: the default preflight fails
-        r = ready()
-        assert r.status_code == 503
-        assert r.json()["checks"]["preflight"] == f"{stub.url}/health answered 503"
+        wait_for(lambda: ready().status_code == 503, timeout=5, what="/ready 503")
+        assert ready().json()["checks"]["preflight"] == f"{stub.url}/health answered 503"
 
         stub.health = 200
         # The hook an engine preflight sets: its own verdict replaces the /health probe.
         celery_app.tidal_context.preflight = lambda: Check("preflight", False, "engine does not serve model 'm'")
-        r = ready()
-        assert (r.status_code, r.json()["checks"]["preflight"]) == (503, "engine does not serve model 'm'")
+        said = "engine does not serve model 'm'"
+        wait_for(lambda: ready().json()["checks"]["preflight"] == said, timeout=5, what="the hook's verdict")
+        assert ready().status_code == 503
 
         assert "tidal_gate_target" in requests.get(base + "/metrics", timeout=10).text
         assert listening_on(settings.worker_metrics_port) == {"127.0.0.1"}  # TIDAL_WORKER_METRICS_HOST's default
