@@ -128,15 +128,6 @@ def _receive(
     return got
 
 
-def _file_answer(file_id: str) -> Response:
-    """A file object by id (a retried upload's answer: the file the first request made)."""
-    with current_runtime().store.read() as s:
-        f = s.get(File, file_id)
-        if f is None or f.tenant_id != current_tenant():
-            raise file_not_found(file_id)
-        return jsonify(serialize.file_object(f))
-
-
 @bp.post("")
 def upload() -> Response:
     if request.mimetype != "multipart/form-data":
@@ -201,7 +192,7 @@ def _store_upload(
         with rt.store.read() as s:
             first = idempotency.earlier(s, tenant, ROUTE, key, asked)
         if first is not None:
-            raise _Replay(first)
+            raise _replay(first)
     now = int(time.time())
     try:
         with rt.store.transaction() as s:
@@ -225,21 +216,40 @@ def _store_upload(
             if key is not None:
                 idempotency.record(s, tenant, ROUTE, key, asked, f.id)
     except IntegrityError:  # the same key won a race: answer as its retry
-        raise _Replay(idempotency.race_winner(rt.store, tenant, ROUTE, key, asked)) from None
+        raise _replay(idempotency.race_winner(rt.store, tenant, ROUTE, key, asked)) from None
     return jsonify(serialize.file_object(f))
 
 
 class _Replay(Exception):
     """The upload repeats an earlier one (same Idempotency-Key, same request): answer with that file."""
 
-    def __init__(self, file_id: str):
-        super().__init__(file_id)
-        self.file_id = file_id
+    def __init__(self, file: dict[str, t.Any]):
+        super().__init__(file["id"])
+        self.file = file
+
+
+def _replay(file_id: str) -> _Replay:
+    """A retried upload's answer: the file the first request made, as it stands, if it is still there.
+
+    A file deleted (or expired) since is a 409, not a new upload: the key names one request and the one object it
+    made, and a client that deleted that object is better told than handed a second file under the same key.
+    """
+    with current_runtime().store.read() as s:
+        f = s.get(File, file_id)
+        if f is None or f.deleted or f.tenant_id != current_tenant():
+            raise APIError(
+                409,
+                f"The file this {idempotency.HEADER} made in the last 24 hours ({file_id}) has been deleted or has "
+                "expired; a retry cannot bring it back. Upload it again under a new key.",
+                param=idempotency.HEADER,
+                code="idempotency_key_file_deleted",
+            )
+        return _Replay(serialize.file_object(f))
 
 
 @bp.errorhandler(_Replay)
 def _replayed(exc: _Replay) -> Response:
-    return _file_answer(exc.file_id)
+    return jsonify(exc.file)
 
 
 @bp.get("")

@@ -258,7 +258,12 @@ DOCUMENT: dict[str, t.Any] = {
                         "too_many_lines), or the tenant's stored bytes would pass its quota "
                         "(storage_limit_exceeded).",
                     ),
-                    _REUSED,
+                    (
+                        409,
+                        "The Idempotency-Key was used in the last 24 hours with another request "
+                        "(idempotency_key_reused), or the file it made has been deleted since "
+                        "(idempotency_key_file_deleted).",
+                    ),
                     413,
                     415,
                 ),

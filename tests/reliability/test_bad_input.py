@@ -533,6 +533,12 @@ CASES = [
     request("idempotency_key_reused_on_batches", lambda c: _reused_batch_key(c), 409, "idempotency_key_reused"),
     request("idempotency_key_reused_on_files", lambda c: _reused_file_key(c), 409, "idempotency_key_reused"),
     request(
+        "idempotency_key_replayed_after_its_file_was_deleted",
+        lambda c: _replayed_deleted_file(c),
+        409,
+        "idempotency_key_file_deleted",
+    ),
+    request(
         "idempotency_key_too_long",
         lambda c: c.send("POST", "/v1/batches", json={}, headers={"Idempotency-Key": "k" * 256}),
         400,
@@ -653,6 +659,15 @@ def _reused_file_key(c: Client) -> requests.Response:
         data={"purpose": "batch"},
         headers={"Idempotency-Key": "upload-1"},
     )
+
+
+def _replayed_deleted_file(c: Client) -> requests.Response:
+    """A retry of an upload whose file the client deleted since: not that file as live, nor a second one."""
+    key = {"Idempotency-Key": "upload-then-delete"}
+    file_id = c.upload(GOOD, headers=key)
+    assert c.send("DELETE", f"/v1/files/{file_id}").status_code == 200
+    c.files.discard(file_id)
+    return c.send("POST", "/v1/files", files={"file": ("in.jsonl", GOOD)}, data={"purpose": "batch"}, headers=key)
 
 
 def _second_open_batch(globex: Client) -> requests.Response:
