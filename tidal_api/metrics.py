@@ -116,9 +116,20 @@ def metrics_port(settings: Settings) -> str | None:
 
 
 def on_metrics_port() -> bool:
-    """Whether this request came in on the metrics listener (the WSGI server's own port, not the Host header)."""
+    """Whether this request came in on the metrics listener: the port of the socket it arrived on, never the Host
+    header (on a unix socket, gunicorn takes SERVER_PORT from the Host header: ``Host: x:9180`` would pass)."""
     port = metrics_port(current_runtime().settings)
-    return port is not None and request.environ.get("SERVER_PORT") == port
+    return port is not None and _listener_port(request.environ) == port
+
+
+def _listener_port(environ: dict[str, t.Any]) -> str | None:
+    """The local port of the connection (None on a unix socket); under another WSGI server than gunicorn (the
+    test client, werkzeug's), its SERVER_PORT, which such servers take from their own listener."""
+    sock = environ.get("gunicorn.socket")
+    if sock is None:
+        return environ.get("SERVER_PORT")
+    address = sock.getsockname()
+    return str(address[1]) if isinstance(address, tuple) else None
 
 
 def _route_by_port() -> None:

@@ -65,7 +65,8 @@ class Served:
 
 @pytest.fixture
 def serve_overrides() -> dict[str, object]:
-    """Settings a test changes for its `tidal serve` (parametrize this name to set them)."""
+    """Settings a test changes for its `tidal serve` (parametrize this name to set them; `"bind": "unix"` binds the
+    public API to a unix socket under the test's directory)."""
     return {}
 
 
@@ -84,6 +85,8 @@ def served(settings, rt, tmp_path, serve_overrides):  # rt: an empty store
         "api_threads": 2,
         **serve_overrides,
     }
+    if overrides["bind"] == "unix":
+        overrides["bind"] = f"unix:{tmp_path / 'api.sock'}"
     env = {**os.environ, **{env_name(k): str(v) for k, v in overrides.items()}}
     log_path = tmp_path / "serve.log"
     log = open(log_path, "wb")
@@ -98,7 +101,7 @@ def served(settings, rt, tmp_path, serve_overrides):  # rt: an empty store
     server = Served(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}", env, proc, log_path)
     try:
         deadline = time.monotonic() + 120
-        while len(server.workers()) < 2 or not _answers(server.url + "/openapi.json"):
+        while len(server.workers()) < 2 or not _answers(server.metrics_url + "/health"):
             assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.2)
         yield server
@@ -176,6 +179,21 @@ def _every_worker_answers(served: Served, key: str, tag: str, status: int) -> se
             answered |= set(by) & pids
         n += 1
     return answered
+
+
+@pytest.mark.parametrize("serve_overrides", [{"bind": "unix"}])
+def test_on_a_unix_socket_no_host_header_reaches_the_metrics_port(served):
+    """On a unix socket gunicorn takes SERVER_PORT from the Host header: the metrics port is the listener's."""
+    socket_path = served.env["TIDAL_BIND"].removeprefix("unix:")
+    metrics_port = served.metrics_url.rpartition(":")[2]
+    auth = {"Authorization": f"Bearer {STRONG_KEY}"}
+    transport = httpx.HTTPTransport(uds=socket_path)
+    with httpx.Client(transport=transport, base_url=f"http://x:{metrics_port}", timeout=30) as public:
+        r = public.get("/metrics")  # Host: x:<metrics port>, on the public socket
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url", r.text
+        assert public.get("/v1/files", headers=auth).status_code == 200  # the API, as on any Host
+    assert "tidal_batches" in httpx.get(served.metrics_url + "/metrics").text
+    assert httpx.get(served.metrics_url + "/v1/files", headers=auth).status_code == 404
 
 
 def test_a_revoked_key_is_refused_by_both_workers_at_their_next_request(served):
