@@ -24,6 +24,8 @@ import typing as t
 from pathlib import Path
 from types import MappingProxyType
 
+from config.redact import redacted
+
 PREFIX = "TIDAL_"
 DEV_KEY = ("dev", "tidal-dev-key")  # (tenant, key) that exists only when TIDAL_ENV=dev
 MIN_KEY_CHARS, MIN_KEY_BITS = 32, 128  # a configured key outside dev mode: at least this long and this strong
@@ -45,7 +47,8 @@ class SettingsError(ValueError):
     """One or more settings are invalid; each line names the variable, what is wrong and the fix."""
 
     def __init__(self, problems: list[str]):
-        self.problems = problems
+        self.problems = [redacted(p) for p in problems]  # a malformed URL setting is quoted, never its password
+        problems = self.problems
         lines = "\n".join(f"  {p}" for p in problems)
         super().__init__(f"invalid Tidal settings (fix these variables, or unset them for their defaults):\n{lines}")
 

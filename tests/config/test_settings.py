@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from config import SchedulerSettings
 from config import load_scheduler_settings
 from config import load_settings
+from config.redact import redacted
 from config.settings import Settings
 from config.settings import SettingsError
 from config.settings import documented_fields
@@ -267,6 +268,34 @@ def test_the_metrics_listener_must_not_share_the_public_port():
     (problem,) = _problems({"TIDAL_METRICS_BIND": "9180"})
     assert problem.startswith("TIDAL_METRICS_BIND='9180': must be host:port")
     assert load_settings({"TIDAL_METRICS_BIND": "0.0.0.0:9180"}).metrics_bind == "0.0.0.0:9180"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("redis://:s3cret@10.0.0.5:6379/0", "redis://:***@10.0.0.5:6379/0"),
+        ("postgresql+psycopg2://tidal:p@ss:w@db:5432/tidal", "postgresql+psycopg2://tidal:***@db:5432/tidal"),
+        ("rediss://u:pw@[::1]:6380/0?password=pw&db=1", "rediss://u:***@[::1]:6380/0?password=***&db=1"),
+        ("tidal:pw@db/tidal (no scheme)", "tidal:***@db/tidal (no scheme)"),
+        ("no Redis at redis://127.0.0.1:6379/0 at 12:00:00", "no Redis at redis://127.0.0.1:6379/0 at 12:00:00"),
+        ("sqlite:////home/me/tidal.db", "sqlite:////home/me/tidal.db"),
+    ],
+)
+def test_redacted_masks_the_password_of_every_url_in_a_text(text, shown):
+    assert redacted(text) == shown
+
+
+def test_a_bad_url_setting_is_quoted_without_its_password():
+    problems = _problems(
+        {
+            "TIDAL_REDIS_URL": "http://:redis-s3cret@redis.internal:6379/0",
+            "TIDAL_DATABASE_URL": "tidal:pg-s3cret@db/tidal",
+        }
+    )
+    assert problems == [
+        "TIDAL_REDIS_URL='http://:***@redis.internal:6379/0': must be a URL such as redis://127.0.0.1:6379/0.",
+        "TIDAL_DATABASE_URL='tidal:***@db/tidal': must be a URL (scheme://...), or empty for the default.",
+    ]
 
 
 def test_config_show_masks_every_secret_and_every_password_in_a_url():

@@ -227,13 +227,15 @@ def _command(pid: int) -> str:
 
 
 def test_up_without_redis_or_redis_server_says_how_to_fix_it(tmp_path):
-    env = tidal_env(home=tmp_path / "home", redis_url=f"redis://127.0.0.1:{free_port()}/0", api_keys=f"a:{UP_KEY}")
+    port = free_port()
+    env = tidal_env(home=tmp_path / "home", redis_url=f"redis://:up-s3cret@127.0.0.1:{port}/0", api_keys=f"a:{UP_KEY}")
     env["PATH"] = str(tmp_path)  # no redis-server to start
     done = subprocess.run(
         [sys.executable, "-m", "tidal_api.cli", "up"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 1
     assert "no Redis answers" in done.stderr and "install redis-server" in done.stderr, done.stderr
+    assert f"at redis://:***@127.0.0.1:{port}/0 " in done.stderr and "up-s3cret" not in done.stdout + done.stderr
 
 
 def test_a_child_that_exits_during_start_is_named_with_its_last_error_and_the_fix_it_names(tmp_path, stub):
@@ -277,6 +279,8 @@ def test_the_last_error_is_read_from_this_runs_part_of_the_log(tmp_path):
     assert last_error(log, since) == "StorageNotShared: run `tidal storage check`"  # the module path left out
     log.write_text("starting\n[12:00:00: ERROR/MainProcess] consumer: Cannot connect to redis\nbye\n")
     assert last_error(log) == "[12:00:00: ERROR/MainProcess] consumer: Cannot connect to redis"
+    log.write_text("OSError: no store at postgresql://tidal:pg-s3cret@db:5432/tidal?password=pg-s3cret\n")
+    assert last_error(log) == "OSError: no store at postgresql://tidal:***@db:5432/tidal?password=***"  # masked
     assert last_error(tmp_path / "absent.log") is None
 
 

@@ -2,16 +2,14 @@
 
 import dataclasses
 import typing as t
-from urllib.parse import urlsplit
-from urllib.parse import urlunsplit
 
 import click
 
 from config import load_settings
+from config.redact import MASK
+from config.redact import redacted
 from config.settings import documented_fields
 from config.settings import env_name
-
-MASK = "***"
 
 
 @click.group("config")
@@ -32,20 +30,8 @@ def shown(f: dataclasses.Field[t.Any], value: t.Any) -> t.Any:
     if f.metadata.get("secret") and value:
         return MASK
     if isinstance(value, str) and "://" in value:
-        return _without_password(value)
+        return redacted(value)
     return value
-
-
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6
-        host = f"[{host}]"
-    netloc = f"{user}:{MASK}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 BEGIN, END = "<!-- tidal config table: begin -->\n", "<!-- tidal config table: end -->"

@@ -26,6 +26,7 @@ import requests
 
 from config import Settings
 from config import load_settings
+from config.redact import redacted
 from config.settings import child_environ
 from tidal_api.cli.services import cache_redis_command
 from tidal_engine.serve import die_with_parent
@@ -102,7 +103,13 @@ class Supervisor:
 
 def last_error(log: Path, since: int = 0) -> str | None:
     """The error a log ends with, after byte ``since``: the exception line of its last traceback (the exception's
-    module path left out), else its last line that says error; None if it holds neither."""
+    module path left out), else its last line that says error; None if it holds neither. A URL's password in it is
+    masked: a child's error can quote TIDAL_REDIS_URL or TIDAL_DATABASE_URL."""
+    error = _last_error(log, since)
+    return redacted(error) if error else None
+
+
+def _last_error(log: Path, since: int) -> str | None:
     try:
         with open(log, "rb") as f:
             f.seek(max(since, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
@@ -130,7 +137,7 @@ def ensure_redis(settings: Settings, sup: Supervisor) -> None:
     url = urlparse(settings.redis_url)
     if server is None or url.hostname not in ("127.0.0.1", "localhost"):
         raise click.ClickException(
-            f"no Redis answers at {settings.redis_url} and none can be started here "
+            f"no Redis answers at {redacted(settings.redis_url)} and none can be started here "
             "(install redis-server, or set TIDAL_REDIS_URL to a running Redis)"
         )
     data = Path(settings.home) / "redis"
