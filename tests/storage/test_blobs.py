@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import time
 
 import pytest
@@ -99,6 +100,22 @@ def test_a_failed_stream_keeps_nothing(blobs):
     with pytest.raises(ConnectionResetError):
         blobs.write_stream(Broken())
     assert everything(blobs) == []
+
+
+def test_a_local_write_syncs_its_bytes_then_the_directory_its_name_is_in(tmp_path, monkeypatch):
+    """A rename is durable only once its directory is synced: without that, a power loss can lose a blob whose row
+    SQL committed. The real fsync runs; the test only records what it was called on."""
+    blobs = LocalBlobs(tmp_path / "blobs")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    blobs.write_stream(io.BytesIO(b"{}\n"))
+    assert synced == ["file", "dir"]
 
 
 def test_s3_upload_is_multipart_and_reads_stream_in_chunks(s3_endpoint, bucket, tmp_path):

@@ -44,7 +44,8 @@ class LocalBlobs(Blobs):
         return self.root / name
 
     def write_stream(self, stream: t.IO[bytes], limit: int | None = None, name: str | None = None) -> Written:
-        """Bytes go to ``.<name>.part`` and are renamed into place only when complete and synced."""
+        """Bytes go to ``.<name>.part`` and are renamed into place only when complete and synced; the directory is
+        synced after the rename, so the name survives a power loss as well as the bytes do."""
         name = name or new_name()
         tmp = self.root / f".{name}.part"
         counter = LineCounter(limit)
@@ -56,6 +57,7 @@ class LocalBlobs(Blobs):
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, self.path(name))
+            _sync_dir(self.root)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -86,3 +88,12 @@ class LocalBlobs(Blobs):
     def ping(self) -> None:
         if not self.root.is_dir() or not os.access(self.root, os.W_OK | os.X_OK):
             raise StorageUnavailable(f"{self.root} is not a writable directory")
+
+
+def _sync_dir(path: Path) -> None:
+    """fsync a directory: a file's own fsync covers its bytes, not the entry a rename made for it."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
