@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 import typing as t
@@ -95,5 +96,8 @@ def _sync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # EINVAL: a file system that cannot sync a directory (some network ones)
+            raise
     finally:
         os.close(fd)
