@@ -206,7 +206,8 @@ class Settings(SchedulerSettings):
         ge=1024,
     )
     models: str = _setting(
-        "", "Comma-separated model names a batch may name; empty accepts any (then `model_not_found` never fires)."
+        "",
+        "Comma-separated model names a batch may name; empty accepts any (then `model_not_found` never fires, each name the engine answers to, an alias or a LoRA adapter loaded by name, has its own per-model token quota, and the API warns at start outside dev mode). Set it in production.",
     )
     sync_validate_bytes: int = _setting(
         1024 * 1024,

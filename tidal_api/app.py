@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import typing as t
 
 from flask import Flask
@@ -12,6 +13,8 @@ from config import load_settings
 from tidal_workers.blobs.sentinel import prepare_storage
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import api_keys
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None, runtime: Runtime | None = None) -> Flask:
@@ -34,6 +37,7 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     from tidal_api import metrics
     from tidal_api import openapi
 
+    warn_if_any_model_goes(runtime.settings)
     app = Flask(__name__)
     # Past this werkzeug answers 413 before reading the body; below it an upload streams to storage (multipart.py).
     app.config["MAX_CONTENT_LENGTH"] = runtime.settings.max_upload_bytes + limits.MULTIPART_OVERHEAD
@@ -46,3 +50,14 @@ def create_app(settings: Settings | None = None, runtime: Runtime | None = None)
     for blueprint in (files.bp, batches.bp, openapi.bp):
         app.register_blueprint(blueprint)
     return app
+
+
+def warn_if_any_model_goes(settings: Settings) -> None:
+    """Outside dev mode, say at start that an empty TIDAL_MODELS lets a batch name any model: every name the engine
+    answers to (a `--served-model-name` alias, a LoRA adapter a resolver loads by name) is then a model of its own,
+    with its own per-model token quota."""
+    if settings.env != "dev" and not settings.model_list:
+        log.warning(
+            "TIDAL_MODELS is empty: a batch may name any model, and each name the engine answers to (an alias, a "
+            "LoRA adapter loaded by name) counts against its own per-model token quota; list the models to serve."
+        )

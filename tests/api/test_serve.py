@@ -23,6 +23,7 @@ from config.settings import SettingsError
 from config.settings import env_name
 from tidal_api import create_app
 from tidal_engine.serve import free_port
+from tidal_workers.runtime import Runtime
 
 ACCESS_LOG = "tidal-access %(p)s %(r)s %(s)s"  # the answering worker's pid, the request line, the status
 STRONG_KEY = "sk-serve-vAWjz4kohyNNBo0llNQ_UG77RwCLRJr5V-2e"  # production refuses weak keys
@@ -338,3 +339,13 @@ def test_the_app_factory_refuses_a_bad_setting_before_touching_the_store(monkeyp
     with pytest.raises(SettingsError, match="TIDAL_PRICES is not JSON"):
         create_app()
     assert not (tmp_path / "home").exists()  # no database created, no migration run
+
+
+def test_the_app_warns_outside_dev_mode_while_any_model_name_goes(rt, caplog):
+    """An empty TIDAL_MODELS takes any model name, aliases and LoRA adapters included (issue 37 L14): said at start."""
+    for env, models, warned in (("prod", "", True), ("prod", "tiny", False), ("dev", "", False)):
+        runtime = Runtime(rt.settings.replace(env=env, models=models, api_keys=f"acme:{STRONG_KEY}"))
+        caplog.clear()
+        create_app(runtime=runtime)
+        assert ("TIDAL_MODELS is empty" in caplog.text) is warned, (env, models)
+        runtime.close()
