@@ -136,7 +136,7 @@ class LiveServer:
 def stub():
     """The small OpenAI-protocol stub engine (tests/workers/stub_engine.py), only for faults a real vLLM
     cannot produce on demand: 5xx, 429, hangs, aborts, scripted /metrics."""
-    from workers.stub_engine import StubEngine
+    from tests.support.stub_engine import StubEngine
 
     engine = StubEngine()
     yield engine

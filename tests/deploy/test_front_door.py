@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from deploy_helpers import ROOT
-from deploy_helpers import compose_config
-from workers.worker_helpers import spawn
-from workers.worker_helpers import wait_for
 
+from tests.support.deploy_helpers import ROOT
+from tests.support.deploy_helpers import compose_config
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import spawn
 from tidal_engine.serve import free_port
 
 KEY = "sk-door-" + "Hq4v" * 9  # production mode refuses weak keys

@@ -13,17 +13,17 @@ import subprocess
 import sys
 
 import pytest
-from deploy_helpers import ROOT
-from reliability.fault_helpers import start_worker
-from stack_helpers import assert_every_line_once
-from stack_helpers import backup
-from stack_helpers import custom_ids
-from stack_helpers import fresh_database
-from stack_helpers import restore
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import settings_env
-from workers.worker_helpers import wait_for
 
+from tests.support.deploy_helpers import ROOT
+from tests.support.fault_helpers import start_worker
+from tests.support.stack_helpers import assert_every_line_once
+from tests.support.stack_helpers import backup
+from tests.support.stack_helpers import custom_ids
+from tests.support.stack_helpers import fresh_database
+from tests.support.stack_helpers import restore
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import settings_env
 from tidal_api import create_app
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.services import kill_group

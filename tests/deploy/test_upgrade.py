@@ -21,14 +21,14 @@ import redis
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from deploy_helpers import ROOT
-from reliability.fault_helpers import start_worker
-from stack_helpers import assert_every_line_once
-from stack_helpers import fresh_database
-from stack_helpers import scalar
-from workers.worker_helpers import settings_env
-from workers.worker_helpers import wait_for
 
+from tests.support.deploy_helpers import ROOT
+from tests.support.fault_helpers import start_worker
+from tests.support.stack_helpers import assert_every_line_once
+from tests.support.stack_helpers import fresh_database
+from tests.support.stack_helpers import scalar
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import settings_env
 from tidal_api.cli.services import kill_group
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.migrate import MIGRATIONS

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_steps import BLOCK_SIZE
 from vllm.config import CacheConfig
 from vllm.config import ModelConfig
 from vllm.config import SchedulerConfig
@@ -24,6 +23,7 @@ from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 from vllm.v1.structured_output import StructuredOutputManager
 
 from config import load_settings
+from tests.support.engine_steps import BLOCK_SIZE
 from tidal_engine.tiny import build_tiny
 
 

@@ -15,16 +15,16 @@ import time
 import pytest
 import requests
 from celery.contrib.testing.worker import start_worker
-from monitoring_helpers import ALERTS_YML
-from monitoring_helpers import Prometheus
-from monitoring_helpers import finite_points
-from monitoring_helpers import panel_queries
-from monitoring_helpers import plot_panels
-from monitoring_helpers import prometheus_config
-from worker_helpers import batch_row
-from worker_helpers import upload_batch
-from worker_helpers import wait_for
 
+from tests.support.monitoring_helpers import ALERTS_YML
+from tests.support.monitoring_helpers import Prometheus
+from tests.support.monitoring_helpers import finite_points
+from tests.support.monitoring_helpers import panel_queries
+from tests.support.monitoring_helpers import plot_panels
+from tests.support.monitoring_helpers import prometheus_config
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import upload_batch
 from tidal_engine.serve import free_port
 from tidal_workers.celery_app import make_celery
 from tidal_workers.rescore import rescore

@@ -15,19 +15,19 @@ import pytest
 import requests
 from sqlalchemy import func
 from sqlalchemy import select
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import held_from
-from workers.worker_helpers import settled
-from workers.worker_helpers import upload_batch
-from workers.worker_helpers import wait_for
 
 from config import Settings
 from config import load_settings
-from reliability.fault_helpers import SlowUpload
-from reliability.fault_helpers import TinyVllm
-from reliability.fault_helpers import start_api
-from reliability.fault_helpers import start_worker
+from tests.support.fault_helpers import SlowUpload
+from tests.support.fault_helpers import TinyVllm
+from tests.support.fault_helpers import start_api
+from tests.support.fault_helpers import start_worker
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import held_from
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import upload_batch
 from tidal_api.cli.services import PrivatePostgres
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.services import kill_group

@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-from workers.worker_helpers import CHAT
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import settled
-from workers.worker_helpers import validating_batch
-from workers.worker_helpers import validating_stored_batch
-from workers.worker_helpers import wait_for
 
-from reliability.fault_helpers import spawn_tidal
-from reliability.fault_helpers import start_worker
+from tests.support.fault_helpers import spawn_tidal
+from tests.support.fault_helpers import start_worker
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import CHAT
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import validating_batch
+from tests.support.worker_helpers import validating_stored_batch
 from tidal_api.cli.services import kill_group
 from tidal_workers.blobs import Written
 from tidal_workers.ingest import request_ingest

@@ -16,12 +16,10 @@ from pathlib import Path
 import boto3
 import pytest
 import requests
-from storage_helpers import CREDENTIALS
-from storage_helpers import with_s3
 
+from tests.support.storage_helpers import CREDENTIALS
+from tests.support.storage_helpers import with_s3
 from tidal_engine.serve import free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))  # worker_helpers lives with the worker tests
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,12 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy import func
 from sqlalchemy import select
-from storage_helpers import PART_BYTES
-from storage_helpers import everything
-from storage_helpers import with_s3
-from worker_helpers import settled
-from worker_helpers import upload_batch
 
+from tests.support.storage_helpers import PART_BYTES
+from tests.support.storage_helpers import everything
+from tests.support.storage_helpers import with_s3
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import upload_batch
 from tidal_workers.celery_app import make_celery
 from tidal_workers.store.models import File
 from tidal_workers.store.models import Item

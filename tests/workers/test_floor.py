@@ -7,12 +7,12 @@ import time
 
 import pytest
 from prometheus_client import REGISTRY
-from workers.stub_engine import metrics_text
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import queued
-from workers.worker_helpers import settled
 
+from tests.support.stub_engine import metrics_text
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import settled
 from tidal_workers.claim import URGENT_READ_SECONDS
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import WorkerContext

@@ -17,10 +17,10 @@ import time
 import pytest
 import requests
 from prometheus_client import REGISTRY
-from workers.worker_helpers import settled
-from workers.worker_helpers import wait_for
 
 from config import load_settings
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import settled
 from tidal_workers.gate import parse_metrics
 from tidal_workers.scrape import fetch
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import requests
 from sqlalchemy import select
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import file_lines
-from workers.worker_helpers import validating_batch
 
 from config import load_settings
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import file_lines
+from tests.support.worker_helpers import validating_batch
 from tidal_engine.serve import EngineOptions
 from tidal_engine.serve import freeze_connector_args
 from tidal_engine.serve import start_engine

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import prometheus_client
 import pytest
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import settled
 
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import settled
 from tidal_workers.preflight import probe
 
 pytestmark = pytest.mark.engine

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import select
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import settled
 
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import settled
 from tidal_workers.store.models import Item
 
 pytestmark = pytest.mark.engine

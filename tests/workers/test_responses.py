@@ -8,9 +8,9 @@ import openai
 import pytest
 import requests
 from openai.types.responses import Response
-from worker_helpers import assert_exactly_once
-from worker_helpers import settled
 
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import settled
 from tidal_workers.validate import LineError
 from tidal_workers.validate import parse_line
 

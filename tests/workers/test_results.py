@@ -7,9 +7,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import ops_batch_ids
 
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import ops_batch_ids
 from tidal_workers import result
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Entry

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import requests
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import queued
-from workers.worker_helpers import settled
-from workers.worker_helpers import spawn
+
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import spawn
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

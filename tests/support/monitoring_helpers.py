@@ -18,7 +18,7 @@ MONITORING = ROOT / "config" / "monitoring"
 PROMETHEUS_YML = MONITORING / "prometheus.yml"
 ALERTS_YML = MONITORING / "alerts.yml"
 DASHBOARD_JSON = MONITORING / "grafana" / "dashboards" / "tidal.json"
-ALERTS_TEST_YML = Path(__file__).with_name("alerts_test.yml")
+ALERTS_TEST_YML = ROOT / "tests" / "monitoring" / "alerts_test.yml"
 JOBS = ("tidal-api", "tidal-worker", "vllm", "tidal-scheduler")
 
 
