@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from werkzeug.serving import make_server
 
 from config import load_settings
+from tests.support import processes
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import api_keys
 from tidal_workers.store.models import Base
@@ -145,17 +146,15 @@ def stub():
 
 @pytest.fixture
 def children():
-    """Child processes a test starts; any still running at the end get SIGTERM, then SIGKILL."""
+    """The child processes a test starts (it appends each): the one process fixture, so none outlives its test.
+
+    At the end each one still running is stopped (tests/support/processes.py): one in a session of its own by kill -9
+    of its process group, any other by SIGTERM, then SIGKILL.
+    """
     procs: list[subprocess.Popen] = []
     yield procs
     for p in procs:
-        if p.poll() is None:
-            p.terminate()
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+        processes.stop(p)
 
 
 @pytest.fixture

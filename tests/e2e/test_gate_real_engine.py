@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
 from config import load_settings
+from tests.support.wait import wait_for
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import gate_trace
 from tidal_workers.gate import AimdGate
@@ -71,12 +71,12 @@ def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(twin):
 
         def wait_backlog(timeout: float = 120.0) -> None:
             """Until the backlog fills the target (the gate grows only while it is in use)."""
-            deadline = time.monotonic() + timeout
-            while backlog.inflight < backlog_gate.target - 1:
-                assert time.monotonic() < deadline, (
-                    f"backlog {backlog.inflight} in flight, target {backlog_gate.target}"
-                )
-                time.sleep(0.01)
+            wait_for(
+                lambda: backlog.inflight >= backlog_gate.target - 1,
+                timeout,
+                lambda: f"the backlog to fill the target: {backlog.inflight} in flight, target {backlog_gate.target}",
+                every=0.01,
+            )
 
         # The first chat requests of a fresh server can take minutes to reach the engine on a busy machine (the API
         # server renders its first template): wait until the backlog runs there, so the burst takes a warm path.

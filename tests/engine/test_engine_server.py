@@ -41,13 +41,14 @@ def test_tiny_model_is_cached(tiny_model):
     assert config["vocab_size"] == len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"]) == 259
 
 
-def test_two_processes_building_one_model_at_once_both_get_it_whole(tmp_path):
+def test_two_processes_building_one_model_at_once_both_get_it_whole(tmp_path, children):
     """tests/run.sh runs its soaks beside the main pass: two first users of a model build it once, not over each other."""
     script = "import sys; from tidal_engine.tiny import build_tiny; print(build_tiny(sys.argv[1], 'twin'))"
     builders = [
         subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
+    children.extend(builders)
     outputs = [p.communicate(timeout=300)[0].strip() for p in builders]
     assert [p.returncode for p in builders] == [0, 0]
     target = tmp_path / "models" / "twin"

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from config import load_settings
+from tests.support.wait import wait_for
 from tidal_engine.serve import free_port
 from tidal_engine.serve import start_twin
 from tidal_engine.step_time import decode_seconds
@@ -43,15 +44,6 @@ def complete(url: str, prompt: list[int], max_tokens: int, priority: int = 0, st
         # Random weights often sample bytes that decode to no text: count tokens from the usage stats.
         body |= {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     return requests.post(f"{url}/v1/completions", json=body, stream=stream, timeout=300)
-
-
-def wait_for(predicate, deadline_s: float = 120.0):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached before the deadline")
 
 
 def test_the_twin_serves_and_paces_each_step_by_its_profile(twin):
@@ -95,7 +87,11 @@ def test_tidal_scheduler_on_the_twin_shrinks_steps_while_online_traffic_runs(twi
     ]
     for thread in batch:
         thread.start()
-    wait_for(lambda: any(r["num_tokens"] == TAU for r in read_trace(trace) if r["started_s"] >= started))
+    wait_for(
+        lambda: any(r["num_tokens"] == TAU for r in read_trace(trace) if r["started_s"] >= started),
+        120,
+        f"a step of {TAU} tokens in the trace",
+    )
 
     online = complete(engine.url, [int(x) for x in rng.integers(0, 256, 100)], 30, priority=0, stream=True)
     received = [  # (client time, tokens so far)

@@ -79,7 +79,7 @@ def host_port(url: str) -> str:
 
 
 def test_every_dashboard_panel_has_data_from_a_real_run(
-    rt, live_api, metrics_api, settings, tiny_plugin_engine, tmp_path
+    rt, live_api, metrics_api, settings, tiny_plugin_engine, children, tmp_path
 ):
     engine = tiny_plugin_engine
     targets = {
@@ -90,6 +90,7 @@ def test_every_dashboard_panel_has_data_from_a_real_run(
     }
     config = prometheus_config(targets, ALERTS_YML, scrape_seconds=SCRAPE_SECONDS)
     prometheus = Prometheus(config, tmp_path / "prometheus", free_port())
+    children.append(prometheus.proc)
     stop = threading.Event()
     online = [
         threading.Thread(target=online_load, args=(engine.url, engine.model, stop), daemon=True)
@@ -157,4 +158,3 @@ def test_every_dashboard_panel_has_data_from_a_real_run(
         assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
     finally:
         stop.set()
-        prometheus.stop()

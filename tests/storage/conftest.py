@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -17,8 +16,10 @@ import boto3
 import pytest
 import requests
 
+from tests.support import processes
 from tests.support.storage_helpers import CREDENTIALS
 from tests.support.storage_helpers import with_s3
+from tests.support.wait import wait_for
 from tidal_engine.serve import free_port
 
 
@@ -31,27 +32,19 @@ def s3_endpoint(tmp_path_factory):
     with open(log, "ab") as out:
         proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+
+    def answers() -> bool:
+        assert proc.poll() is None, f"moto_server exited with {proc.returncode}: {log.read_text()[-2000:]}"
+        try:
+            return requests.get(url + "/moto-api/", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"moto_server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if requests.get(url + "/moto-api/", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"moto_server did not answer on {url} within 60 s: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
+        wait_for(answers, 60, lambda: f"moto_server to answer on {url}: {log.read_text()[-2000:]}", every=0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        processes.stop(proc)
 
 
 @pytest.fixture

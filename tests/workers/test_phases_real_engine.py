@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import requests
 from sqlalchemy import select
 
 from config import load_settings
+from tests.support.wait import wait_for
 from tests.support.worker_helpers import assert_exactly_once
 from tests.support.worker_helpers import batch_row
 from tests.support.worker_helpers import file_lines
@@ -132,14 +132,16 @@ def test_a_split_batch_freezes_each_prompt_and_thaws_it_for_its_decode(rt, worke
     assert _phases(rt, batch) == ["prefill"] * 3, "ingest did not split every item"
     before = _counters(engine.url)
 
+    def state() -> str:
+        b = batch_row(rt, batch)
+        return (
+            f"batch {batch} to complete: still {b.status}, phases {_phases(rt, batch)}, completed {b.completed}, "
+            f"failed {b.failed}, frozen {_frozen(storage, batch)}; log {engine.log_path}"
+        )
+
     with worker():
-        deadline = time.monotonic() + 600
-        while (b := batch_row(rt, batch)).status != "completed":
-            assert time.monotonic() < deadline, (
-                f"batch {batch} still {b.status} after 600 s: phases {_phases(rt, batch)}, "
-                f"completed {b.completed}, failed {b.failed}, frozen {_frozen(storage, batch)}; log {engine.log_path}"
-            )
-            time.sleep(0.2)
+        wait_for(lambda: batch_row(rt, batch).status == "completed", 600, state, every=0.2)
+    b = batch_row(rt, batch)
     after = _counters(engine.url)
     out, err = file_lines(rt, b.output_file_id), file_lines(rt, b.error_file_id)
     assert (b.completed, b.failed, err) == (3, 0, []), f"error lines: {err}"
