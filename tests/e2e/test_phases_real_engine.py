@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from config import load_settings
 from tests.support.wait import wait_for
+from tests.support.worker_helpers import QUICK
 from tests.support.worker_helpers import assert_exactly_once
 from tests.support.worker_helpers import batch_row
 from tests.support.worker_helpers import file_lines
@@ -35,7 +36,7 @@ from tidal_workers.store.models import Item
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-MODEL = "dense"  # the freeze / thaw test's model (tests/engine/test_freeze_thaw.py)
+MODEL = "dense"  # the freeze / thaw test's model (tests/e2e/test_freeze_thaw.py)
 BLOCK = 128  # the CPU backend's KV block: a thaw loads the prompt's whole blocks but its last token's
 TAU = 2048  # a prompt is frozen only when its whole prefill fits one step
 PROMPT_CHARS = (900, 1000, 1100)  # one token a character: under τ, so each is frozen whole
@@ -67,7 +68,7 @@ def freezing_engine(tmp_path_factory):
 @pytest.fixture
 def settings(settings, freezing_engine):
     engine, storage = freezing_engine
-    return settings.replace(
+    return settings.replace(**QUICK).replace(
         vllm_url=engine.url,
         kv_freeze_dir=str(storage),
         gate_mode="fixed",

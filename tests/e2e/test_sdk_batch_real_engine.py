@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.support.wait import wait_for
+from tests.support.worker_helpers import QUICK
 
 pytestmark = pytest.mark.engine
 
@@ -18,7 +19,7 @@ N = 8
 
 @pytest.fixture
 def settings(settings, tiny_engine):
-    return settings.replace(
+    return settings.replace(**QUICK).replace(
         vllm_url=tiny_engine.url, gate_mode="aimd", request_timeout_seconds=120.0, initial_inflight=2, max_inflight=4
     )
 
