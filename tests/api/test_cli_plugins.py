@@ -11,9 +11,8 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from workers.worker_helpers import ROOT
-from workers.worker_helpers import settings_env
-
+from tests.support.worker_helpers import ROOT
+from tests.support.worker_helpers import settings_env
 from tidal_api.cli import PLUGIN_GROUP
 
 WITHOUT_BENCHMARKS = """

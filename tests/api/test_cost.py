@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from api_helpers import request_line
 
+from tests.support.api_helpers import request_line
 from tidal_workers.finalize import maybe_finalize
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Outcome

@@ -5,9 +5,10 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from api_helpers import error_of
-from api_helpers import jsonl
-from api_helpers import request_line
+
+from tests.support.api_helpers import error_of
+from tests.support.api_helpers import jsonl
+from tests.support.api_helpers import request_line
 
 LIMIT_BYTES, LIMIT_LINES, LIMIT_ANY = 4096, 10, 16384
 

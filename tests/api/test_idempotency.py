@@ -6,13 +6,13 @@ import threading
 
 import openai
 import pytest
-from api_helpers import CHAT
-from api_helpers import jsonl
-from api_helpers import request_line
 from sqlalchemy import func
 from sqlalchemy import select
 from sqlalchemy import update
 
+from tests.support.api_helpers import CHAT
+from tests.support.api_helpers import jsonl
+from tests.support.api_helpers import request_line
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import File
 from tidal_workers.store.models import IdempotencyKey

@@ -8,11 +8,11 @@ import time
 import httpx
 import jsonschema
 import pytest
-from api_helpers import CHAT
-from api_helpers import jsonl
-from api_helpers import request_line
 from sqlalchemy import update
 
+from tests.support.api_helpers import CHAT
+from tests.support.api_helpers import jsonl
+from tests.support.api_helpers import request_line
 from tidal_workers.health import READY_CACHE_SECONDS
 from tidal_workers.store.models import Batch
 

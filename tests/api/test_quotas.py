@@ -7,13 +7,13 @@ import json
 
 import httpx
 import pytest
-from api_helpers import CHAT
-from api_helpers import error_of
-from api_helpers import jsonl
-from api_helpers import request_line
 from sqlalchemy import func
 from sqlalchemy import select
 
+from tests.support.api_helpers import CHAT
+from tests.support.api_helpers import error_of
+from tests.support.api_helpers import jsonl
+from tests.support.api_helpers import request_line
 from tidal_workers import keys
 from tidal_workers.policy.body import Bounds
 from tidal_workers.policy.body import estimate_tokens

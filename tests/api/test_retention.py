@@ -8,13 +8,13 @@ import time
 
 import openai
 import pytest
-from api_helpers import CHAT
-from api_helpers import jsonl
-from api_helpers import request_line
 from sqlalchemy import select
 from sqlalchemy import update
 
 from config.celery import celery_config
+from tests.support.api_helpers import CHAT
+from tests.support.api_helpers import jsonl
+from tests.support.api_helpers import request_line
 from tidal_workers import finalize
 from tidal_workers import task_names
 from tidal_workers.retention import PURGED

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
-import time
 import typing as t
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 
 from config.settings import SettingsError
 from config.settings import env_name
+from tests.support.wait import wait_for
 from tidal_api import create_app
 from tidal_engine.serve import free_port
 from tidal_workers.runtime import Runtime
@@ -49,11 +49,7 @@ class Served:
         before the line is in the log: wait for it (generously) rather than read once.
         """
         pattern = rf"tidal-access <(\d+)> \S+ \S*[?&]tag={tag}\S* \S+ (\d+)"
-        deadline = time.monotonic() + 30
-        while not (found := re.findall(pattern, self.log_path.read_text())):
-            assert time.monotonic() < deadline, f"no access line for tag {tag} in 30 s"
-            time.sleep(0.05)
-        return dict(found)
+        return dict(wait_for(lambda: re.findall(pattern, self.log_path.read_text()), 30, f"an access line for {tag}"))
 
     def tidal(self, *args: str) -> str:
         """A `tidal` command against the same store; its stdout."""
@@ -72,7 +68,7 @@ def serve_overrides() -> dict[str, object]:
 
 
 @pytest.fixture
-def served(settings, rt, tmp_path, serve_overrides):  # rt: an empty store
+def served(settings, rt, tmp_path, serve_overrides, children):  # rt: an empty store
     port, metrics_port = free_port(), free_port()
     overrides = {
         "home": settings.home,
@@ -90,26 +86,24 @@ def served(settings, rt, tmp_path, serve_overrides):  # rt: an empty store
         overrides["bind"] = f"unix:{tmp_path / 'api.sock'}"
     env = {**os.environ, **{env_name(k): str(v) for k, v in overrides.items()}}
     log_path = tmp_path / "serve.log"
-    log = open(log_path, "wb")
     argv = ["serve", "--access-logformat", ACCESS_LOG, "--keep-alive", "600"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tidal_api.cli", *argv],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tidal_api.cli", *argv],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    children.append(proc)
     server = Served(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}", env, proc, log_path)
-    try:
-        deadline = time.monotonic() + 120
-        while len(server.workers()) < 2 or not _answers(server.metrics_url + "/health"):
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
-        yield server
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
-        log.close()
+
+    def up() -> bool:
+        assert proc.poll() is None, log_path.read_text()
+        return len(server.workers()) >= 2 and _answers(server.metrics_url + "/health")
+
+    wait_for(up, 120, lambda: f"two workers and the metrics port: {log_path.read_text()}", every=0.2)
+    return server
 
 
 def _answers(url: str) -> bool:
@@ -164,10 +158,10 @@ def _every_worker_answers(served: Served, key: str, tag: str, status: int) -> se
     """Send ``key``'s requests, 8 at a time, until every gunicorn worker has answered one; each must be ``status``."""
     pids = {str(w.pid) for w in served.workers()}
     answered: set[str] = set()
-    deadline = time.monotonic() + 120
-    n = 0
-    while answered != pids:
-        assert time.monotonic() < deadline, f"only workers {sorted(answered)} of {sorted(pids)} answered {tag}"
+    rounds = itertools.count()
+
+    def every_one_answered() -> bool:
+        n = next(rounds)
         clients = [httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {key}"}) for _ in range(8)]
         tags = [f"{tag}-{n}-{i}" for i in range(len(clients))]
         statuses = _at_once(clients, tags)
@@ -177,8 +171,12 @@ def _every_worker_answers(served: Served, key: str, tag: str, status: int) -> se
         for one in tags:
             by = served.answered_by(one)
             assert set(by.values()) == {str(status)}, by
-            answered |= set(by) & pids
-        n += 1
+            answered.update(set(by) & pids)
+        return answered == pids
+
+    wait_for(
+        every_one_answered, 120, lambda: f"every worker to answer {tag}: only {sorted(answered)} of {sorted(pids)}"
+    )
     return answered
 
 

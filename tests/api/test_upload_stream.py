@@ -9,9 +9,10 @@ import json
 
 import httpx
 import pytest
-from api_helpers import error_of
-from reliability.fault_helpers import SlowUpload
-from workers.worker_helpers import wait_for
+
+from tests.support.api_helpers import error_of
+from tests.support.fault_helpers import SlowUpload
+from tests.support.wait import wait_for
 
 LIMIT_BYTES, LIMIT_LINES = 4096, 10
 

@@ -7,9 +7,9 @@ import re
 import pytest
 from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner
-from workers.stub_engine import StubEngine
-from workers.worker_helpers import upload_batch
 
+from tests.support.stub_engine import StubEngine
+from tests.support.worker_helpers import upload_batch
 from tidal_api.cli import main
 from tidal_api.cli.watch import final_summary
 from tidal_api.cli.watch import progress_line

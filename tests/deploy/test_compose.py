@@ -9,13 +9,13 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from deploy_helpers import ALL_PROFILES
-from deploy_helpers import PASSWORDS
-from deploy_helpers import ROOT
-from deploy_helpers import compose_config
-from deploy_helpers import run_config
 
 from config import load_settings
+from tests.support.deploy_helpers import ALL_PROFILES
+from tests.support.deploy_helpers import PASSWORDS
+from tests.support.deploy_helpers import ROOT
+from tests.support.deploy_helpers import compose_config
+from tests.support.deploy_helpers import run_config
 from tidal_api.limits import MULTIPART_OVERHEAD
 
 # Commands the compose file may run, each exercised by a test named here.

@@ -8,11 +8,11 @@ import psutil
 import pytest
 import requests
 from sqlalchemy import select
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import spawn
-from workers.worker_helpers import upload_batch
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import spawn
+from tests.support.worker_helpers import upload_batch
 from tidal_engine.serve import free_port
 from tidal_workers.store.models import Item
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from deploy_helpers import ROOT
-from deploy_helpers import compose_config
-from workers.worker_helpers import spawn
-from workers.worker_helpers import wait_for
 
+from tests.support.deploy_helpers import ROOT
+from tests.support.deploy_helpers import compose_config
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import spawn
 from tidal_engine.serve import free_port
 
 KEY = "sk-door-eTGN3lhPwSGCbp1wQI7vIg0La-_vWIeAqTvu"  # production mode refuses weak keys
@@ -54,7 +54,7 @@ def api(settings, rt, tmp_path, children):  # rt: an empty, migrated store
 
 
 @pytest.fixture
-def proxy(api, tmp_path):
+def proxy(api, tmp_path, children):
     """nginx on the shipped template, TLS with a certificate made here, in front of ``api``."""
     nginx = shutil.which("nginx", path=f"{os.environ['PATH']}:/usr/sbin")
     assert nginx, "nginx is not installed: tests/run.sh installs Debian's `nginx` package"
@@ -80,19 +80,15 @@ def proxy(api, tmp_path):
     }
     (d / "tidal.conf").write_text(render(ROOT / "config/nginx/tidal.conf.template", env))
     (d / "nginx.conf").write_text(main_conf(d))
-    log = open(d / "nginx.out", "wb")
-    proc = subprocess.Popen(
-        [nginx, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf")], stdout=log, stderr=log
-    )
+    with open(d / "nginx.out", "wb") as log:
+        proc = subprocess.Popen(
+            [nginx, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf")], stdout=log, stderr=log
+        )
+    children.append(proc)
     url = f"https://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _answers(url + "/health", verify=str(cert)) or proc.poll() is not None, 15, "nginx")
-        assert proc.poll() is None, (d / "nginx.out").read_text() + (d / "error.log").read_text()
-        yield Proxy(url, cert, int(env["PROXY_MAX_BODY_BYTES"]))
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+    wait_for(lambda: _answers(url + "/health", verify=str(cert)) or proc.poll() is not None, 15, "nginx")
+    assert proc.poll() is None, (d / "nginx.out").read_text() + (d / "error.log").read_text()
+    return Proxy(url, cert, int(env["PROXY_MAX_BODY_BYTES"]))
 
 
 class Proxy(t.NamedTuple):

@@ -13,17 +13,17 @@ import subprocess
 import sys
 
 import pytest
-from deploy_helpers import ROOT
-from reliability.fault_helpers import start_worker
-from stack_helpers import assert_every_line_once
-from stack_helpers import backup
-from stack_helpers import custom_ids
-from stack_helpers import fresh_database
-from stack_helpers import restore
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import settings_env
-from workers.worker_helpers import wait_for
 
+from tests.support.deploy_helpers import ROOT
+from tests.support.fault_helpers import start_worker
+from tests.support.stack_helpers import assert_every_line_once
+from tests.support.stack_helpers import backup
+from tests.support.stack_helpers import custom_ids
+from tests.support.stack_helpers import fresh_database
+from tests.support.stack_helpers import restore
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import settings_env
 from tidal_api import create_app
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.services import kill_group
@@ -31,14 +31,6 @@ from tidal_workers.runtime import Runtime
 from tidal_workers.store import api_keys
 
 N = 30
-
-
-@pytest.fixture
-def procs():
-    started = []
-    yield started
-    for p in started:
-        kill_group(p)
 
 
 def _create_batch(rt: Runtime, tag: str, n: int) -> str:
@@ -71,7 +63,7 @@ def _create_batch(rt: Runtime, tag: str, n: int) -> str:
 
 
 @pytest.mark.slow
-def test_a_backup_taken_mid_batch_restores_onto_a_fresh_stack(settings, stub, procs, tmp_path):
+def test_a_backup_taken_mid_batch_restores_onto_a_fresh_stack(settings, stub, children, tmp_path):
     base = settings.replace(
         vllm_url=stub.url,
         gate_mode="fixed",
@@ -92,7 +84,7 @@ def test_a_backup_taken_mid_batch_restores_onto_a_fresh_stack(settings, stub, pr
                 api_keys.sync(rt.store)
                 batch = _create_batch(rt, "r", N)
                 stub.delay = 0.3
-                procs.append(worker := start_worker(old, "old-node", tmp_path))
+                children.append(worker := start_worker(old, "old-node", tmp_path))
                 wait_for(
                     lambda: batch_row(rt, batch).completed >= 4 and rt.queue.inflight("old-node") > 0,
                     120,
@@ -120,8 +112,8 @@ def test_a_backup_taken_mid_batch_restores_onto_a_fresh_stack(settings, stub, pr
                 assert restored.status == "in_progress" and 4 <= restored.completed < N  # as it was mid-batch
                 assert rt.redis.dbsize() == 0  # nothing of the old Redis: the queue is rebuilt from SQL
                 stub.delay = 0.02
-                procs.append(start_worker(new, "new-node", tmp_path))
-                procs.append(start_worker(new, "control", tmp_path, ops=True))
+                children.append(start_worker(new, "new-node", tmp_path))
+                children.append(start_worker(new, "control", tmp_path, ops=True))
                 assert_every_line_once(rt, batch, "r", N)
                 with create_app(runtime=rt).test_client() as client:  # the restored input file serves too
                     content = client.get(

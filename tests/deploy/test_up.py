@@ -21,10 +21,10 @@ import psutil
 import pytest
 import redis
 import requests
-from deploy_helpers import ROOT
-from deploy_helpers import tidal_env
-from workers.worker_helpers import wait_for
 
+from tests.support.deploy_helpers import ROOT
+from tests.support.deploy_helpers import tidal_env
+from tests.support.wait import wait_for
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.up import last_error
 from tidal_api.cli.up import why_dev_mode

@@ -21,14 +21,14 @@ import redis
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from deploy_helpers import ROOT
-from reliability.fault_helpers import start_worker
-from stack_helpers import assert_every_line_once
-from stack_helpers import fresh_database
-from stack_helpers import scalar
-from workers.worker_helpers import settings_env
-from workers.worker_helpers import wait_for
 
+from tests.support.deploy_helpers import ROOT
+from tests.support.fault_helpers import start_worker
+from tests.support.stack_helpers import assert_every_line_once
+from tests.support.stack_helpers import fresh_database
+from tests.support.stack_helpers import scalar
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import settings_env
 from tidal_api.cli.services import kill_group
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.migrate import MIGRATIONS
@@ -76,14 +76,6 @@ def previous_release(tmp_path_factory) -> Path:
     return tree
 
 
-@pytest.fixture
-def procs():
-    started = []
-    yield started
-    for p in started:
-        kill_group(p)
-
-
 def _old_batches(settings, tree: Path, batches: list[tuple[str, int]]) -> list[str]:
     done = subprocess.run(
         [sys.executable, "-c", OLD_CLIENT, json.dumps(batches)],
@@ -105,7 +97,7 @@ def _held_from_old_node(s, client, stub) -> bool:
 
 @pytest.mark.slow
 def test_in_flight_batches_of_the_previous_release_complete_after_the_upgrade(
-    settings, stub, previous_release, procs, tmp_path
+    settings, stub, previous_release, children, tmp_path
 ):
     base = settings.replace(
         vllm_url=stub.url,
@@ -123,7 +115,7 @@ def test_in_flight_batches_of_the_previous_release_complete_after_the_upgrade(
         a, b = _old_batches(s, previous_release, list(BATCHES.items()))
         stub.delay = 0.3
         old = start_worker(s, "old-node", tmp_path, tree=previous_release)
-        procs.append(old)
+        children.append(old)
         wait_for(
             lambda: (scalar(s, "SELECT completed FROM batches WHERE id = :id", id=a) or 0) >= 4,
             120,
@@ -161,8 +153,8 @@ def test_in_flight_batches_of_the_previous_release_complete_after_the_upgrade(
         assert [scalar(s, "SELECT version_num FROM alembic_version")] == heads and MIGRATIONS.is_dir()
 
         stub.delay = 0.02
-        procs.append(start_worker(s, "new-node", tmp_path))
-        procs.append(start_worker(s, "control", tmp_path, ops=True))
+        children.append(start_worker(s, "new-node", tmp_path))
+        children.append(start_worker(s, "control", tmp_path, ops=True))
         rt = Runtime(s)
         try:
             for batch_id, (tag, n) in zip((a, b, c), [*BATCHES.items(), LATE]):

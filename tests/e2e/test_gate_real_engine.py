@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
 from config import load_settings
-from tidal_workers.bench import engine_stats
+from tests.support.engine_readings import reading_when
+from tests.support.wait import wait_for
 from tidal_workers.bench import gate_trace
 from tidal_workers.gate import AimdGate
 from tidal_workers.gate import FixedGate
@@ -56,7 +56,7 @@ def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(twin):
         initial_inflight=MAX_INFLIGHT,
         metrics_stale_seconds=3 * PERIOD,
     )
-    engine_stats.wait_until(twin.url, lambda r: r.running == r.waiting == 0, 120, "an idle engine")
+    reading_when(twin.url, lambda r: r.running == r.waiting == 0, 120, "an idle engine")
     gate = AimdGate(settings)
     backlog_gate = FixedGate(MAX_INFLIGHT)
     scrapes: list[tuple[int, str]] = []  # (target, decision) per scrape
@@ -71,16 +71,16 @@ def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(twin):
 
         def wait_backlog(timeout: float = 120.0) -> None:
             """Until the backlog fills the target (the gate grows only while it is in use)."""
-            deadline = time.monotonic() + timeout
-            while backlog.inflight < backlog_gate.target - 1:
-                assert time.monotonic() < deadline, (
-                    f"backlog {backlog.inflight} in flight, target {backlog_gate.target}"
-                )
-                time.sleep(0.01)
+            wait_for(
+                lambda: backlog.inflight >= backlog_gate.target - 1,
+                timeout,
+                lambda: f"the backlog to fill the target: {backlog.inflight} in flight, target {backlog_gate.target}",
+                every=0.01,
+            )
 
         # The first chat requests of a fresh server can take minutes to reach the engine on a busy machine (the API
         # server renders its first template): wait until the backlog runs there, so the burst takes a warm path.
-        engine_stats.wait_until(twin.url, lambda r: r.running >= 1, 240, "the batch backlog running")
+        reading_when(twin.url, lambda r: r.running >= 1, 240, "the batch backlog running")
         for _ in range(3):
             wait_backlog()
             target, decision = scrape()
@@ -94,7 +94,7 @@ def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(twin):
             ),
         )
         burst.start()
-        seen = engine_stats.wait_until(
+        seen = reading_when(
             twin.url,
             lambda r: r.waiting - backlog.inflight >= BURST_VISIBLE,
             240,

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from config import load_settings
+from tests.support.wait import wait_for
 from tidal_workers.gate import AimdGate
 from tidal_workers.gate import parse_metrics
 from tidal_workers.gate import parse_pages
@@ -42,16 +43,18 @@ def test_disaggregated_map_reads_real_pool_pages(twin):
     metrics_url = twin.url + "/metrics"
     with concurrent.futures.ThreadPoolExecutor(1) as runner:
         load = runner.submit(_load, twin.url, twin.model, 12)  # 12 requests on 8 slots
-        deadline = time.monotonic() + 240
-        while True:
+
+        def running_page():
+            """The engine's page and its reading, once it shows a request running."""
             page = fetch(metrics_url, 5.0)
             single = parse_metrics(page, time.time(), 5.0, 0)
-            if single.running > 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+            return (page, single) if single.running > 0 else None
+
+        page, single = wait_for(
+            running_page, 240, lambda: f"the load to show up in /metrics (load average {os.getloadavg()})"
+        )
         pooled = parse_pages({PREFILL: page, DECODE: page}, time.time(), 5.0, 0, DISAGG)
         assert load.result() == [200] * 12
-    assert single.running > 0, f"the load never showed up in /metrics (load average {os.getloadavg()})"
     assert pooled.kv_usage == single.kv_usage and 0 < pooled.kv_usage <= 1
     assert (pooled.running, pooled.waiting, pooled.preemptions_total) == (
         2 * single.running,

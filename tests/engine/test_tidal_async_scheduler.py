@@ -1,16 +1,16 @@
 """TidalAsyncScheduler driven in-process on vLLM's real AsyncScheduler class, in the engine core's async order:
-step N+1 is scheduled before step N's output is fed back (tests/engine/engine_steps.py, ScheduleAhead)."""
+step N+1 is scheduled before step N's output is fed back (tests/support/engine_steps.py, ScheduleAhead)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_steps import ScheduleAhead
-from engine_steps import make_request
 from vllm.config import SchedulerConfig
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from config import load_settings
+from tests.support.engine_steps import ScheduleAhead
+from tests.support.engine_steps import make_request
 from tidal_engine.metrics import Mode
 from tidal_engine.scheduler import TidalAsyncScheduler
 from tidal_engine.scheduler import TidalScheduler

@@ -10,12 +10,12 @@ import time
 
 import numpy as np
 import pytest
-from engine_steps import ScheduleAhead
-from engine_steps import make_request
-from engine_steps import run_step
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from config import load_settings
+from tests.support.engine_steps import ScheduleAhead
+from tests.support.engine_steps import make_request
+from tests.support.engine_steps import run_step
 from tidal_engine.metrics import Mode
 from tidal_engine.scheduler import TidalAsyncScheduler
 from tidal_engine.scheduler import TidalScheduler

@@ -15,16 +15,16 @@ import time
 import pytest
 import requests
 from celery.contrib.testing.worker import start_worker
-from monitoring_helpers import ALERTS_YML
-from monitoring_helpers import Prometheus
-from monitoring_helpers import finite_points
-from monitoring_helpers import panel_queries
-from monitoring_helpers import plot_panels
-from monitoring_helpers import prometheus_config
-from worker_helpers import batch_row
-from worker_helpers import upload_batch
-from worker_helpers import wait_for
 
+from tests.support.monitoring_helpers import ALERTS_YML
+from tests.support.monitoring_helpers import Prometheus
+from tests.support.monitoring_helpers import finite_points
+from tests.support.monitoring_helpers import panel_queries
+from tests.support.monitoring_helpers import plot_panels
+from tests.support.monitoring_helpers import prometheus_config
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import upload_batch
 from tidal_engine.serve import free_port
 from tidal_workers.celery_app import make_celery
 from tidal_workers.rescore import rescore
@@ -79,7 +79,7 @@ def host_port(url: str) -> str:
 
 
 def test_every_dashboard_panel_has_data_from_a_real_run(
-    rt, live_api, metrics_api, settings, tiny_plugin_engine, tmp_path
+    rt, live_api, metrics_api, settings, tiny_plugin_engine, children, tmp_path
 ):
     engine = tiny_plugin_engine
     targets = {
@@ -90,6 +90,7 @@ def test_every_dashboard_panel_has_data_from_a_real_run(
     }
     config = prometheus_config(targets, ALERTS_YML, scrape_seconds=SCRAPE_SECONDS)
     prometheus = Prometheus(config, tmp_path / "prometheus", free_port())
+    children.append(prometheus.proc)
     stop = threading.Event()
     online = [
         threading.Thread(target=online_load, args=(engine.url, engine.model, stop), daemon=True)
@@ -157,4 +158,3 @@ def test_every_dashboard_panel_has_data_from_a_real_run(
         assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
     finally:
         stop.set()
-        prometheus.stop()

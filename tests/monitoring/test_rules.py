@@ -8,15 +8,16 @@ from __future__ import annotations
 import subprocess
 
 import yaml
-from monitoring_helpers import ALERTS_TEST_YML
-from monitoring_helpers import ALERTS_YML
-from monitoring_helpers import DASHBOARD_JSON
-from monitoring_helpers import JOBS
-from monitoring_helpers import ROOT
-from monitoring_helpers import dashboard
-from monitoring_helpers import panel_queries
-from monitoring_helpers import prometheus_config
-from monitoring_helpers import tool
+
+from tests.support.monitoring_helpers import ALERTS_TEST_YML
+from tests.support.monitoring_helpers import ALERTS_YML
+from tests.support.monitoring_helpers import DASHBOARD_JSON
+from tests.support.monitoring_helpers import JOBS
+from tests.support.monitoring_helpers import ROOT
+from tests.support.monitoring_helpers import dashboard
+from tests.support.monitoring_helpers import panel_queries
+from tests.support.monitoring_helpers import prometheus_config
+from tests.support.monitoring_helpers import tool
 
 ALERTS = {
     "TidalUnfilledSlack",

@@ -14,8 +14,8 @@ import subprocess
 import sys
 
 import pytest
-from workers.worker_helpers import ROOT
 
+from tests.support.worker_helpers import ROOT
 from tidal_workers.bench.chaos import KINDS
 from tidal_workers.bench.chaos import ChaosConfig
 from tidal_workers.bench.chaos import schedule

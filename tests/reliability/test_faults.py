@@ -15,19 +15,19 @@ import pytest
 import requests
 from sqlalchemy import func
 from sqlalchemy import select
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import held_from
-from workers.worker_helpers import settled
-from workers.worker_helpers import upload_batch
-from workers.worker_helpers import wait_for
 
 from config import Settings
 from config import load_settings
-from reliability.fault_helpers import SlowUpload
-from reliability.fault_helpers import TinyVllm
-from reliability.fault_helpers import start_api
-from reliability.fault_helpers import start_worker
+from tests.support.fault_helpers import SlowUpload
+from tests.support.fault_helpers import TinyVllm
+from tests.support.fault_helpers import start_api
+from tests.support.fault_helpers import start_worker
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import held_from
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import upload_batch
 from tidal_api.cli.services import PrivatePostgres
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.services import kill_group
@@ -83,15 +83,6 @@ def settings(settings, request):
     return s
 
 
-@pytest.fixture
-def procs():
-    """Child processes a test starts (each in its own session); all killed at the end."""
-    started = []
-    yield started
-    for p in started:
-        kill_group(p)
-
-
 def reruns(rt, batch_id: str) -> int:
     with rt.store.read() as s:
         return s.scalar(select(func.count()).select_from(Item).where(Item.batch_id == batch_id, Item.attempts > 1))
@@ -108,13 +99,13 @@ def assert_complete(rt, batch_id: str, n: int, timeout: float = SETTLE_S):
 
 
 @pytest.mark.slow
-def test_kill_9_of_a_worker_mid_batch_10_trials(rt, live_api, stub, settings, procs, tmp_path):
+def test_kill_9_of_a_worker_mid_batch_10_trials(rt, live_api, stub, settings, children, tmp_path):
     """Each trial kills a worker with a request in the engine; a survivor (and the next worker) finish the batch."""
     stub.delay = 0.4  # 24 items over two 4-slot workers: ~1.2 s of work, so the doomed one is mid-request
-    procs.append(start_worker(settings, "survivor", tmp_path))
-    procs.append(start_worker(settings, "ops", tmp_path, ops=True))  # finalization runs there, as deployed
+    children.append(start_worker(settings, "survivor", tmp_path))
+    children.append(start_worker(settings, "ops", tmp_path, ops=True))  # finalization runs there, as deployed
     doomed = start_worker(settings, "doomed-0", tmp_path)
-    procs.append(doomed)
+    children.append(doomed)
     recoveries = []
     for trial in range(10):
         batch = upload_batch(live_api.url, 24, tag=f"t{trial}")
@@ -127,7 +118,7 @@ def test_kill_9_of_a_worker_mid_batch_10_trials(rt, live_api, stub, settings, pr
         killed = time.monotonic()
         stub.release_answers()
         if trial < 9:
-            procs.append(doomed := start_worker(settings, f"doomed-{trial + 1}", tmp_path))
+            children.append(doomed := start_worker(settings, f"doomed-{trial + 1}", tmp_path))
         assert_complete(rt, batch, 24)
         recoveries.append(time.monotonic() - killed)
         assert reruns(rt, batch) >= 1  # the killed worker's items ran again, under a new attempt
@@ -140,11 +131,11 @@ def test_kill_9_of_a_worker_mid_batch_10_trials(rt, live_api, stub, settings, pr
 
 @pytest.mark.slow
 def test_redis_restart_without_persistence_rebuilds_the_queue_from_sql(
-    private_redis, rt, live_api, stub, settings, procs, tmp_path
+    private_redis, rt, live_api, stub, settings, children, tmp_path
 ):
     stub.delay = 0.3
-    procs.append(start_worker(settings, NODE, tmp_path))
-    procs.append(start_worker(settings, "ops", tmp_path, ops=True))
+    children.append(start_worker(settings, NODE, tmp_path))
+    children.append(start_worker(settings, "ops", tmp_path, ops=True))
     batch = upload_batch(live_api.url, 40)
     wait_for(lambda: batch_row(rt, batch).completed >= 4 and rt.queue.inflight(NODE) > 0, 120, what="progress")
     done_before, in_flight = batch_row(rt, batch).completed, rt.queue.inflight(NODE)
@@ -159,8 +150,8 @@ def test_redis_restart_without_persistence_rebuilds_the_queue_from_sql(
 
     def supervised_done() -> bool:
         for i, (node, ops) in enumerate(((NODE, False), ("ops", True))):
-            if procs[i].poll() is not None:
-                procs[i] = start_worker(settings, node, tmp_path, ops=ops)
+            if children[i].poll() is not None:
+                children[i] = start_worker(settings, node, tmp_path, ops=ops)
                 restarts["n"] += 1
         return batch_row(rt, batch).status == "completed"
 
@@ -193,7 +184,7 @@ ENGINE_DOWN_S = 180.0  # a model that loads for minutes; twice what the retry bu
 @pytest.mark.engine
 @pytest.mark.soak
 @pytest.mark.timeout(1200)  # two cold vLLM-CPU starts (1-3 min each on a loaded 2-core machine) and 180 s down
-def test_vllm_down_for_180_s_mid_batch_costs_nothing_at_default_settings(rt, live_api, settings, procs, tmp_path):
+def test_vllm_down_for_180_s_mid_batch_costs_nothing_at_default_settings(rt, live_api, settings, children, tmp_path):
     """The engine is killed mid-batch and stays down 180 s: the node marks it down once, hands every item back, claims
     nothing while it is down, and finishes the batch when it is back: no error line, real answers."""
     engine = TinyVllm(load_settings().home, tmp_path)  # the tiny model built once, as tests/conftest.py does
@@ -202,8 +193,8 @@ def test_vllm_down_for_180_s_mid_batch_costs_nothing_at_default_settings(rt, liv
         worker_settings = settings.replace(
             vllm_url=engine.url, **{name: getattr(defaults, name) for name in OUTAGE_DEFAULTS}
         )
-        procs.append(start_worker(worker_settings, NODE, tmp_path))
-        procs.append(start_worker(worker_settings, "ops", tmp_path, ops=True))
+        children.append(start_worker(worker_settings, NODE, tmp_path))
+        children.append(start_worker(worker_settings, "ops", tmp_path, ops=True))
         # 40 items of exactly 128 tokens, 4 at a time: tens of seconds of work even on an idle machine, so the
         # kill lands mid-batch however fast the engine runs (12 items of 8 tokens once finished before the kill).
         batch = upload_batch(live_api.url, N_RESTART, model="tiny", max_tokens=128, ignore_eos=True)
@@ -248,11 +239,11 @@ def _file_ids(url: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_api_killed_mid_upload_leaves_no_visible_file(rt, settings, procs, tmp_path):
+def test_api_killed_mid_upload_leaves_no_visible_file(rt, settings, children, tmp_path):
     port = free_port()
     api = settings.replace(home=str(tmp_path / "api-home"), bind=f"127.0.0.1:{port}", api_workers=1, api_threads=2)
     url, blobs = f"http://{api.bind}", api.blob_path
-    procs.append(server := start_api(api, tmp_path / "serve.log"))
+    children.append(server := start_api(api, tmp_path / "serve.log"))
     before = _file_ids(url)
     blobs.mkdir(parents=True, exist_ok=True)
     stale = blobs / ".0badc0ffee.part"  # what a server killed while copying a blob would leave
@@ -273,7 +264,7 @@ def test_api_killed_mid_upload_leaves_no_visible_file(rt, settings, procs, tmp_p
     assert b"200 OK" not in answer
     assert _visible(blobs) == set()
 
-    procs.append(start_api(api, tmp_path / "serve.log"))
+    children.append(start_api(api, tmp_path / "serve.log"))
     assert _file_ids(url) == before  # nothing half-uploaded is listed
     assert _visible(blobs) == set()
     r = requests.post(
@@ -290,10 +281,10 @@ def test_api_killed_mid_upload_leaves_no_visible_file(rt, settings, procs, tmp_p
 
 
 @pytest.mark.slow
-def test_postgres_restart_mid_batch(private_pg, rt, live_api, stub, settings, procs, tmp_path):
+def test_postgres_restart_mid_batch(private_pg, rt, live_api, stub, settings, children, tmp_path):
     stub.delay = 0.3
-    procs.append(start_worker(settings, NODE, tmp_path))
-    procs.append(start_worker(settings, "ops", tmp_path, ops=True))
+    children.append(start_worker(settings, NODE, tmp_path))
+    children.append(start_worker(settings, "ops", tmp_path, ops=True))
     batch = upload_batch(live_api.url, 40)
     wait_for(lambda: batch_row(rt, batch).completed >= 4 and rt.queue.inflight(NODE) > 0, 120, what="progress")
     done_before = batch_row(rt, batch).completed

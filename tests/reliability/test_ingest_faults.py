@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-from workers.worker_helpers import CHAT
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import settled
-from workers.worker_helpers import validating_batch
-from workers.worker_helpers import validating_stored_batch
-from workers.worker_helpers import wait_for
 
-from reliability.fault_helpers import spawn_tidal
-from reliability.fault_helpers import start_worker
+from tests.support.fault_helpers import spawn_tidal
+from tests.support.fault_helpers import start_worker
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import CHAT
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import validating_batch
+from tests.support.worker_helpers import validating_stored_batch
 from tidal_api.cli.services import kill_group
 from tidal_workers.blobs import Written
 from tidal_workers.ingest import request_ingest
@@ -44,14 +44,6 @@ def settings(settings, stub):
         ingest_resend_seconds=2.0,  # an attempt presumed dead 2 s after it began, then 4 s, then 8 s
         beat_lock_seconds=2,
     )
-
-
-@pytest.fixture
-def procs():
-    started = []
-    yield started
-    for p in started:
-        kill_group(p)
 
 
 def _request(custom_id: str) -> bytes:
@@ -83,7 +75,7 @@ def _holders(path: Path) -> set[int]:
 
 @pytest.mark.slow
 def test_an_input_that_kills_the_ingesting_process_fails_its_batch_after_the_last_attempt(
-    rt, settings, procs, tmp_path
+    rt, settings, children, tmp_path
 ):
     attempts = settings.ingest_attempts
     fifo = settings.blob_path / "input-that-kills"
@@ -91,14 +83,14 @@ def test_an_input_that_kills_the_ingesting_process_fails_its_batch_after_the_las
     os.mkfifo(fifo)
     batch_id = validating_stored_batch(rt, Written(fifo.name, 64 << 20, 50_000))
     gpu = start_worker(settings, NODE, tmp_path)
-    procs.append(gpu)
-    procs.append(spawn_tidal(settings, "beat", "--loglevel=info", log=tmp_path / "beat.log"))
+    children.append(gpu)
+    children.append(spawn_tidal(settings, "beat", "--loglevel=info", log=tmp_path / "beat.log"))
     request_ingest(rt, batch_id)  # what POST /v1/batches sends for a large file
 
     counted = [0]  # attempts counted in SQL at each kill
     while counted[-1] < attempts:
         ops = start_worker(settings, OPS, tmp_path, ops=True)
-        procs.append(ops)
+        children.append(ops)
         fd = wait_for(lambda: _open_for_writing(fifo), 120, what=f"ingest attempt {counted[-1] + 1} to open its input")
         try:
             os.write(fd, b"".join(_request(f"r{i}") for i in range(8)))  # it reads these, then waits for more
@@ -116,7 +108,7 @@ def test_an_input_that_kills_the_ingesting_process_fails_its_batch_after_the_las
     assert counted[-1] == attempts and len(counted) - 1 <= attempts
 
     ops = start_worker(settings, OPS, tmp_path, ops=True)  # the supervisor restarts it once more
-    procs.append(ops)
+    children.append(ops)
     b, out, err = settled(rt, batch_id, ("failed",), timeout=120)
     assert (b.ingest_attempts, b.total, out, err) == (attempts, 0, [], [])
     assert b.errors == [

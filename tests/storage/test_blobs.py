@@ -8,11 +8,11 @@ import stat
 import time
 
 import pytest
-from storage_helpers import PART_BYTES
-from storage_helpers import everything
-from storage_helpers import with_s3
 
 from config import Settings
+from tests.support.storage_helpers import PART_BYTES
+from tests.support.storage_helpers import everything
+from tests.support.storage_helpers import with_s3
 from tidal_workers.blobs import CHUNK
 from tidal_workers.blobs import BlobNotFound
 from tidal_workers.blobs import Blobs

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import requests
 from click.testing import CliRunner
-from storage_helpers import everything
-from storage_helpers import with_s3
-from worker_helpers import settings_env
-from worker_helpers import spawn
-from worker_helpers import wait_for
 
+from tests.support.storage_helpers import everything
+from tests.support.storage_helpers import with_s3
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import settings_env
+from tests.support.worker_helpers import spawn
 from tidal_api import create_app
 from tidal_api.cli import main
 from tidal_engine.serve import free_port

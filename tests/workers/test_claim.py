@@ -6,10 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
-from workers.worker_helpers import queued
-from workers.worker_helpers import redis_now
-from workers.worker_helpers import wait_for
-
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import redis_now
 from tidal_workers import keys
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import WorkerContext

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from sqlalchemy import select
-from workers.worker_helpers import validating_batch
 
+from tests.support.worker_helpers import validating_batch
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item

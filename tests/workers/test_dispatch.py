@@ -6,12 +6,12 @@ import re
 
 from celery.signals import task_prerun
 from sqlalchemy import select
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import settled
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import settled
 from tidal_engine.serve import free_port
 from tidal_workers import task_names
 from tidal_workers.execute import cache_salt

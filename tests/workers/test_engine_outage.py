@@ -7,30 +7,19 @@ from __future__ import annotations
 import threading
 
 import pytest
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import queued
-from workers.worker_helpers import settled
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import on_node
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import settled
 from tidal_engine.serve import free_port
-from tidal_workers.engine_health import EngineHealth
 from tidal_workers.execute import execute_item
 from tidal_workers.handback import give_back
-from tidal_workers.leases import LeaseBook
 from tidal_workers.store.models import Item
 
 NODE = "test-node"
-
-
-def on_node(rt, n: int = 1):
-    """n claims of this node, booked as the claim loop books them, an open gate, and the node's EngineHealth."""
-    claims = rt.queue.claim(NODE, n, lease_seconds=30, models=("m",))
-    book = LeaseBook()
-    book.set_target(n)
-    for c in claims:
-        book.add(c.item_id, c.lease)
-    return claims, book, EngineHealth(rt, book)
 
 
 @pytest.fixture

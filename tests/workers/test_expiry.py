@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import settled
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import settled
 from tidal_workers.sweeps import expire_due
 
 WINDOW = 3.0

@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 import requests
 from sqlalchemy import select
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import queued
 
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import queued
 from tidal_workers import keys
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import LeaseBook

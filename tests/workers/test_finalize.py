@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from sqlalchemy import update
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import file_lines
-from workers.worker_helpers import item_ids
 
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import file_lines
+from tests.support.worker_helpers import item_ids
 from tidal_workers import finalize
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus

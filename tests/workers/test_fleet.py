@@ -7,12 +7,12 @@ import signal
 
 import pytest
 from sqlalchemy import select
-from workers.stub_engine import StubEngine
-from workers.stub_engine import metrics_text
-from workers.worker_helpers import settled
-from workers.worker_helpers import spawn
-from workers.worker_helpers import wait_for
 
+from tests.support.stub_engine import StubEngine
+from tests.support.stub_engine import metrics_text
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import spawn
 from tidal_workers.store.models import Item
 
 BUSY = metrics_text(kv_usage=0.95)  # above kv_high: the gate halves, down to 0

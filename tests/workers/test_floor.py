@@ -7,12 +7,13 @@ import time
 
 import pytest
 from prometheus_client import REGISTRY
-from workers.stub_engine import metrics_text
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import queued
-from workers.worker_helpers import settled
 
+from tests.support.stub_engine import metrics_text
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import settled
 from tidal_workers.claim import URGENT_READ_SECONDS
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import WorkerContext
@@ -106,11 +107,14 @@ def test_a_batch_starved_by_online_load_still_makes_its_floor_rate(rt, make_batc
     n = 12
     calm, urgent = urgent_pair(rt, make_batch, n)
     seen_at: list[float] = []
+
+    def arrivals_until_done() -> bool:
+        """Stamp each request the stub has received since the last look; whether the urgent batch is done."""
+        seen_at.extend([time.monotonic()] * (len(stub.requests) - len(seen_at)))
+        return batch_row(rt, urgent).status != "in_progress"
+
     with worker():
-        deadline = time.monotonic() + 90
-        while batch_row(rt, urgent).status == "in_progress" and time.monotonic() < deadline:
-            seen_at += [time.monotonic()] * (len(stub.requests) - len(seen_at))
-            time.sleep(0.02)
+        wait_for(arrivals_until_done, 90, "the urgent batch to leave in_progress", every=0.02)
         _b, out, err = settled(rt, urgent)
         assert REGISTRY.get_sample_value("tidal_gate_target") == 0  # the gate never opened
     assert len(out) == n and not err

@@ -1,7 +1,7 @@
 """A-P's frozen KV on disk (tidal_workers.frozen): measured per batch, billed over time, deleted at the batch's end.
 
 The folders are what TidalFreezeConnector writes (``<dir>/<batch id>/<prompt hash>/<layer>.safetensors``,
-tests/engine/test_freeze_thaw.py runs it); here they are written directly, on a scripted clock.
+tests/e2e/test_freeze_thaw.py runs it); here they are written directly, on a scripted clock.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy import func
 from sqlalchemy import select
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import ops_batch_ids
-from workers.worker_helpers import queued
-from workers.worker_helpers import validating_batch
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import ops_batch_ids
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import validating_batch
 from tidal_workers.celery_app import make_celery
 from tidal_workers.ingest import after_failed_attempt
 from tidal_workers.ingest import ingest_batch

@@ -12,11 +12,12 @@ import subprocess
 import sys
 
 import pytest
-from workers.worker_helpers import ROOT
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import queued
-from workers.worker_helpers import settings_env
-from workers.worker_helpers import validating_stored_batch
+
+from tests.support.worker_helpers import ROOT
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import settings_env
+from tests.support.worker_helpers import validating_stored_batch
 
 LINES, FILE_BYTES = 50_000, 200 * 1000 * 1000
 BOUND = 100 * 2**20
@@ -37,7 +38,7 @@ def test_a_200_mb_file_is_ingested_within_100_mb_of_the_baseline(rt, settings):
     assert written.lines == LINES and written.bytes >= 0.98 * FILE_BYTES
     batch_id = validating_stored_batch(rt, written)
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests/workers/ingest_memory_probe.py"), batch_id],
+        [sys.executable, str(ROOT / "tests/support/ingest_memory_probe.py"), batch_id],
         env=settings_env(settings),
         cwd=ROOT,
         capture_output=True,

@@ -6,8 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from workers.worker_helpers import wait_for
-
+from tests.support.wait import wait_for
 from tidal_workers.leases import ENGINE_DOWN
 from tidal_workers.leases import PREFETCHED
 from tidal_workers.leases import STOPPING

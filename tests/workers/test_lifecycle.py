@@ -8,14 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import func
 from sqlalchemy import select
 from sqlalchemy import update
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import booked
-from workers.worker_helpers import queued
-from workers.worker_helpers import settled
-from workers.worker_helpers import wait_for
-from workers.worker_helpers import wait_lease_expired
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import booked
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import wait_lease_expired
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import WorkerContext

@@ -11,13 +11,13 @@ import time
 import pytest
 from sqlalchemy import select
 from sqlalchemy import update
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import queued
-from workers.worker_helpers import settled
-from workers.worker_helpers import validating_batch
-from workers.worker_helpers import wait_lease_expired
 
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import validating_batch
+from tests.support.worker_helpers import wait_lease_expired
 from tidal_workers import keys
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import WorkerContext

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import prometheus_client
 import pytest
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import settled
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import settled
 from tidal_workers.store.models import Item
 
 

@@ -10,12 +10,12 @@ import time
 import prometheus_client
 import pytest
 import requests
-from workers.test_engine_outage import on_node
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import queued
-from workers.worker_helpers import settled
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import on_node
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import settled
 from tidal_engine.serve import free_port
 from tidal_workers.execute import execute_item
 from tidal_workers.store.models import Item

@@ -7,10 +7,10 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client import generate_latest
 from sqlalchemy import update
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import queued
-from workers.worker_helpers import wait_lease_expired
 
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import wait_lease_expired
 from tidal_workers import keys
 from tidal_workers.enqueue import rebuild
 from tidal_workers.metrics import register_queue_metrics

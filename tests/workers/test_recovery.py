@@ -9,14 +9,14 @@ import socket
 import time
 
 from sqlalchemy import select
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import held_from
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import settled
-from workers.worker_helpers import spawn
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import held_from
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import spawn
 from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.store.models import Item
 from tidal_workers.task_names import OPS_QUEUE

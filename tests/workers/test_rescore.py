@@ -9,12 +9,12 @@ import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client import generate_latest
 from sqlalchemy import update
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import item_ids
-from workers.worker_helpers import settled
-from workers.worker_helpers import wait_for
 
 from config.celery import celery_config
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import item_ids
+from tests.support.worker_helpers import settled
 from tidal_engine.serve import free_port
 from tidal_workers import keys
 from tidal_workers.metrics import BatchCollector

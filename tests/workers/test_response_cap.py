@@ -6,8 +6,8 @@ import json
 
 import pytest
 from sqlalchemy import select
-from workers.worker_helpers import settled
 
+from tests.support.worker_helpers import settled
 from tidal_workers.execute import TAIL_BYTES
 from tidal_workers.execute import read_capped
 from tidal_workers.execute import usage_in_tail

@@ -1,31 +1,21 @@
-"""Batches of `/v1/responses` requests: validated like OpenAI's, run on the real engine, written as OpenAI writes them."""
+"""Batch lines of `/v1/responses` requests, validated like OpenAI's (a batch of them on the real engine:
+tests/e2e/test_responses_real_engine.py)."""
 
 from __future__ import annotations
 
 import json
 
-import openai
-import pytest
-import requests
-from openai.types.responses import Response
-from worker_helpers import assert_exactly_once
-from worker_helpers import settled
-
+from tests.support.api_helpers import RESPONSES
+from tests.support.api_helpers import responses_line
 from tidal_workers.validate import LineError
 from tidal_workers.validate import parse_line
-
-RESPONSES = "/v1/responses"
-
-
-def line(custom_id: str, **body) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": RESPONSES, "body": {"model": "tiny", **body}}
 
 
 def test_a_responses_line_is_parsed_with_its_prompt_prefix():
     parsed = parse_line(
         1,
         json.dumps(
-            line(
+            responses_line(
                 "r",
                 instructions="Be brief. ",
                 input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
@@ -36,70 +26,13 @@ def test_a_responses_line_is_parsed_with_its_prompt_prefix():
     assert not isinstance(parsed, LineError)
     assert (parsed.url, parsed.model, parsed.prefix_key) == (RESPONSES, "tiny", "Be brief. Hi")
     assert json.loads(parsed.body)["store"] is False  # what the engine is sent: never kept in its memory
-    plain = parse_line(1, json.dumps(line("s", input=[{"role": "user", "content": "Hello"}])), RESPONSES)
+    plain = parse_line(1, json.dumps(responses_line("s", input=[{"role": "user", "content": "Hello"}])), RESPONSES)
     assert plain.prefix_key == "Hello"
 
 
 def test_background_and_streaming_responses_are_line_errors():
-    background = parse_line(1, json.dumps(line("b", input="x", background=True)), RESPONSES)
+    background = parse_line(1, json.dumps(responses_line("b", input="x", background=True)), RESPONSES)
     assert (background.code, background.param) == ("invalid_request", "body.background")
-    stream = parse_line(2, json.dumps(line("s", input="x", stream=True)), RESPONSES)
+    stream = parse_line(2, json.dumps(responses_line("s", input="x", stream=True)), RESPONSES)
     assert (stream.code, stream.param) == ("streaming_unsupported", "body.stream")
-    assert isinstance(parse_line(3, json.dumps(line("c", input="x")), "/v1/chat/completions"), LineError)
-
-
-@pytest.fixture
-def settings(settings, tiny_engine):
-    return settings.replace(vllm_url=tiny_engine.url, request_timeout_seconds=120.0)
-
-
-@pytest.mark.engine
-def test_a_responses_batch_runs_on_the_real_engine(rt, live_api, worker, tiny_engine):
-    lines = [
-        line("text", input="Hello there", max_output_tokens=6),
-        line("messages", instructions="Be brief.", input=[{"role": "user", "content": "Hi"}], max_output_tokens=4),
-        line(
-            "parts",
-            input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
-            max_output_tokens=5,
-        ),
-        line("bad-temperature", input="x", max_output_tokens=4, temperature=-1.0),
-    ]
-    client = openai.OpenAI(base_url=live_api.url + "/v1", api_key="acme-key", max_retries=0)
-    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
-    f = client.files.create(file=("responses.jsonl", data), purpose="batch")
-    batch = client.batches.create(input_file_id=f.id, endpoint=RESPONSES, completion_window="24h")
-    assert (batch.endpoint, batch.status, batch.request_counts.total) == (RESPONSES, "in_progress", 4)
-
-    with worker():
-        b, out, err = settled(rt, batch.id, timeout=180)
-    assert_exactly_once(rt, batch.id, out, err)
-    assert (b.completed, b.failed) == (3, 1)
-
-    usage = {"input": 0, "output": 0}
-    for out_line in out:
-        assert set(out_line) == {"id", "custom_id", "response", "error"} and out_line["error"] is None
-        response = out_line["response"]
-        assert response["status_code"] == 200
-        body = Response.model_validate(response["body"])  # the official SDK's Response type reads it
-        assert body.object == "response" and body.model == tiny_engine.model and body.output
-        assert response["request_id"] == body.id and body.id.startswith("resp_")
-        assert 1 <= body.usage.output_tokens <= body.max_output_tokens
-        assert body.usage.total_tokens == body.usage.input_tokens + body.usage.output_tokens
-        usage["input"] += body.usage.input_tokens
-        usage["output"] += body.usage.output_tokens
-    assert {x["custom_id"] for x in out} == {"text", "messages", "parts"}
-
-    # The engine's 4xx is the request's own fault: an error-file line with the engine's status and body.
-    (failed,) = err
-    assert failed["custom_id"] == "bad-temperature" and failed["response"]["status_code"] == 400
-    assert "temperature" in failed["response"]["body"]["error"]["message"]
-
-    # The batch's usage is OpenAI's batch usage object, summed from the responses' usage.
-    done = client.batches.retrieve(batch.id)
-    assert (done.usage.input_tokens, done.usage.output_tokens) == (usage["input"], usage["output"])
-    assert done.usage.total_tokens == usage["input"] + usage["output"]
-    text = requests.get(
-        f"{live_api.url}/v1/files/{done.output_file_id}/content", headers={"Authorization": "Bearer acme-key"}
-    ).text
-    assert [json.loads(x)["custom_id"] for x in text.splitlines()] == ["text", "messages", "parts"]
+    assert isinstance(parse_line(3, json.dumps(responses_line("c", input="x")), "/v1/chat/completions"), LineError)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import ops_batch_ids
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import ops_batch_ids
 from tidal_workers import result
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.result import Entry
@@ -88,10 +88,9 @@ def test_an_idle_writer_writes_on_the_callers_thread_and_a_busy_one_groups_what_
             )
             assert first_under_way.wait(30)
             rest = [pool.submit(record, rt, c.item_id, c.batch_id, c.lease, done(1), writer.write) for c in claims[1:]]
-            deadline = time.monotonic() + 30
-            while len(writer._queue) < 4:
-                assert time.monotonic() < deadline, "the four outcomes never queued behind the first write"
-                time.sleep(0.01)
+            wait_for(
+                lambda: len(writer._queue) >= 4, 30, "the four outcomes to queue behind the first write", every=0.01
+            )
             rest_queued.set()
             assert [f.result(30) for f in [first, *rest]] == [True] * 5
     finally:

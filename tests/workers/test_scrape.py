@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import requests
-from workers.stub_engine import metrics_text
 
+from tests.support.stub_engine import metrics_text
 from tidal_workers.scrape import fetch
 from tidal_workers.scrape import totals
 

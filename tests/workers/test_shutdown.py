@@ -10,12 +10,12 @@ import time
 
 import pytest
 import requests
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import file_lines
-from workers.worker_helpers import queued
-from workers.worker_helpers import spawn
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import file_lines
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import spawn
 from tidal_engine.serve import free_port
 
 GRACE_S = 10.0

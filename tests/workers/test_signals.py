@@ -9,11 +9,11 @@ per ``model`` (the docs' example: 7 queued, 10 in flight).
 from __future__ import annotations
 
 import pytest
-from test_gate import MetricsServer
-from test_gate import vllm_metrics
 
 from config.settings import GATE_SIGNAL_SOURCES
 from config.settings import SettingsError
+from tests.support.vllm_metrics import MetricsServer
+from tests.support.vllm_metrics import vllm_metrics
 from tidal_workers.gate import AimdGate
 from tidal_workers.gate import MetricsError
 from tidal_workers.gate import parse_pages

@@ -5,8 +5,8 @@ from __future__ import annotations
 import psutil
 import pytest
 import requests
-from worker_helpers import wait_for
 
+from tests.support.wait import wait_for
 from tidal_engine.serve import free_port
 from tidal_workers.health import Check
 

@@ -6,10 +6,10 @@ import re
 
 import pytest
 import requests
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import spawn
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import spawn
 from tidal_engine.serve import free_port
 
 

@@ -151,19 +151,6 @@ def wait_idle(engine_url: str, timeout: float = 120.0) -> float:
         time.sleep(0.5)
 
 
-def wait_until(engine_url: str, ok: t.Callable[[Reading], bool], timeout: float, what: str) -> Reading:
-    """Poll /metrics until ``ok`` holds for a reading; TimeoutError naming ``what`` and the last reading if not."""
-    deadline = time.monotonic() + timeout
-    while not ok(reading := read(engine_url)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{what}: not seen in {engine_url}/metrics within {timeout:g} s (last: {reading.running:g} running, "
-                f"{reading.waiting:g} waiting, KV {reading.kv_usage:.2f})"
-            )
-        time.sleep(0.02)
-    return reading
-
-
 def read_plugin(metrics_url: str) -> dict[str, float]:
     """TidalScheduler's own series (``tidal_sched_*``), summed over labels except the mode, kept per mode."""
     text = requests.get(metrics_url, timeout=2.0).text

@@ -7,6 +7,7 @@ import json
 import httpx
 
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 
 
 def request_line(custom_id: str, content: str = "hello", *, model: str = "tiny", url: str = CHAT, **body) -> dict:
@@ -27,3 +28,8 @@ def error_of(response: httpx.Response) -> dict:
     body = response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
     return body["error"]
+
+
+def responses_line(custom_id: str, **body) -> dict:
+    """A batch input line for `/v1/responses` on the tiny model."""
+    return {"custom_id": custom_id, "method": "POST", "url": RESPONSES, "body": {"model": "tiny", **body}}

@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import requests
-from workers.worker_helpers import CHAT
-from workers.worker_helpers import ROOT
-from workers.worker_helpers import settings_env
-from workers.worker_helpers import wait_for
 
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import CHAT
+from tests.support.worker_helpers import ROOT
+from tests.support.worker_helpers import settings_env
 from tidal_api.cli.services import kill_group
 from tidal_engine.serve import EngineOptions
 from tidal_engine.serve import free_port

@@ -1,4 +1,5 @@
-"""Helpers for dispatch tests: waiting, reading batches and their output files, child processes."""
+"""Helpers of the worker tests (and of every test that runs a batch): reading batches and their output files, the
+environment and start of a `tidal` child process."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import requests
 from sqlalchemy import select
 
 from config.settings import env_name
+from tests.support.wait import wait_for
 from tidal_workers import keys
+from tidal_workers.engine_health import EngineHealth
 from tidal_workers.leases import LeaseBook
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import File
@@ -24,15 +27,21 @@ from tidal_workers.store.models import Item
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+#: The worker tests' settings: short leases, retries and windows, so faults and recovery show up in seconds (over the
+#: stub engine in tests/workers, a real one in tests/e2e). The gate is fixed: the AIMD gate has its own tests; here
+#: the target is max_inflight.
+QUICK = {
+    "gate_mode": "fixed",
+    "lease_seconds": 1.5,
+    "claim_idle_seconds": 0.02,
+    "retry_backoff_seconds": 0.02,
+    "retry_budget": 3,
+    "request_timeout_seconds": 1.0,
+    "max_inflight": 4,
+    "worker_threads": 4,
+    "reclaim_seconds": 0.5,
+    "beat_lock_seconds": 2,
+}
 
 
 def redis_now(rt) -> float:
@@ -180,6 +189,16 @@ def upload_batch(
     )
     assert r.status_code == 200, r.text
     return r.json()["id"]
+
+
+def on_node(rt, n: int = 1):
+    """n claims of this node, booked as the claim loop books them, an open gate, and the node's EngineHealth."""
+    claims = rt.queue.claim(rt.settings.node, n, lease_seconds=30, models=("m",))
+    book = LeaseBook()
+    book.set_target(n)
+    for c in claims:
+        book.add(c.item_id, c.lease)
+    return claims, book, EngineHealth(rt, book)
 
 
 def booked(claim) -> LeaseBook:

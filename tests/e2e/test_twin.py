@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from config import load_settings
+from tests.support.wait import wait_for
 from tidal_engine.serve import free_port
 from tidal_engine.serve import start_twin
 from tidal_engine.step_time import decode_seconds
@@ -28,7 +29,8 @@ TAU = 2048
 
 
 @pytest.fixture(scope="module")
-def twin(tmp_path_factory):
+def traced_twin(tmp_path_factory):
+    """The twin with TidalScheduler, writing each step to its trace: (engine, trace path)."""
     work = tmp_path_factory.mktemp("twin")
     trace = work / "trace.csv"
     settings = load_settings().replace(sched_metrics_port=free_port())
@@ -45,17 +47,8 @@ def complete(url: str, prompt: list[int], max_tokens: int, priority: int = 0, st
     return requests.post(f"{url}/v1/completions", json=body, stream=stream, timeout=300)
 
 
-def wait_for(predicate, deadline_s: float = 120.0):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached before the deadline")
-
-
-def test_the_twin_serves_and_paces_each_step_by_its_profile(twin):
-    engine, trace = twin
+def test_the_twin_serves_and_paces_each_step_by_its_profile(traced_twin):
+    engine, trace = traced_twin
     profile = load_profile(PROFILE)
     prompt = [int(x) for x in np.random.default_rng(1).integers(0, 256, 300)]
     started = time.monotonic()
@@ -81,9 +74,9 @@ def test_the_twin_serves_and_paces_each_step_by_its_profile(twin):
     assert served["id"] == PROFILE and served["max_model_len"] == 8192
 
 
-def test_tidal_scheduler_on_the_twin_shrinks_steps_while_online_traffic_runs(twin):
+def test_tidal_scheduler_on_the_twin_shrinks_steps_while_online_traffic_runs(traced_twin):
     """Batch alone fills τ; while an online request decodes, every step fits the TBT SLO and batch still moves."""
-    engine, trace = twin
+    engine, trace = traced_twin
     profile = load_profile(PROFILE)
     slo_s = load_settings().sched_tbt_slo_ms / 1000
     assert prefill_seconds(profile, TAU) > slo_s  # a full-τ step would break the SLO on this GPU
@@ -95,7 +88,11 @@ def test_tidal_scheduler_on_the_twin_shrinks_steps_while_online_traffic_runs(twi
     ]
     for thread in batch:
         thread.start()
-    wait_for(lambda: any(r["num_tokens"] == TAU for r in read_trace(trace) if r["started_s"] >= started))
+    wait_for(
+        lambda: any(r["num_tokens"] == TAU for r in read_trace(trace) if r["started_s"] >= started),
+        120,
+        f"a step of {TAU} tokens in the trace",
+    )
 
     online = complete(engine.url, [int(x) for x in rng.integers(0, 256, 100)], 30, priority=0, stream=True)
     received = [  # (client time, tokens so far)

@@ -39,7 +39,7 @@ def test_calibrate_times_every_cell_and_writes_a_loadable_profile(tmp_path):
     assert profile.compute_efficiency == fit["compute_efficiency"]
 
 
-H200_RUNS = [Path(__file__).parent / "bench" / "data" / f for f in ("calib", "mixed", "mixed_dense")]
+H200_RUNS = [Path(__file__).parent / "data" / f for f in ("calib", "mixed", "mixed_dense")]
 
 
 def h200_steps() -> list[tuple[Step, float]]:

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
 import requests
 from sqlalchemy import select
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import file_lines
-from workers.worker_helpers import validating_batch
 
 from config import load_settings
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import QUICK
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import file_lines
+from tests.support.worker_helpers import validating_batch
 from tidal_engine.serve import EngineOptions
 from tidal_engine.serve import freeze_connector_args
 from tidal_engine.serve import start_engine
@@ -35,7 +36,7 @@ from tidal_workers.store.models import Item
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-MODEL = "dense"  # the freeze / thaw test's model (tests/engine/test_freeze_thaw.py)
+MODEL = "dense"  # the freeze / thaw test's model (tests/e2e/test_freeze_thaw.py)
 BLOCK = 128  # the CPU backend's KV block: a thaw loads the prompt's whole blocks but its last token's
 TAU = 2048  # a prompt is frozen only when its whole prefill fits one step
 PROMPT_CHARS = (900, 1000, 1100)  # one token a character: under τ, so each is frozen whole
@@ -67,7 +68,7 @@ def freezing_engine(tmp_path_factory):
 @pytest.fixture
 def settings(settings, freezing_engine):
     engine, storage = freezing_engine
-    return settings.replace(
+    return settings.replace(**QUICK).replace(
         vllm_url=engine.url,
         kv_freeze_dir=str(storage),
         gate_mode="fixed",
@@ -132,14 +133,16 @@ def test_a_split_batch_freezes_each_prompt_and_thaws_it_for_its_decode(rt, worke
     assert _phases(rt, batch) == ["prefill"] * 3, "ingest did not split every item"
     before = _counters(engine.url)
 
+    def state() -> str:
+        b = batch_row(rt, batch)
+        return (
+            f"batch {batch} to complete: still {b.status}, phases {_phases(rt, batch)}, completed {b.completed}, "
+            f"failed {b.failed}, frozen {_frozen(storage, batch)}; log {engine.log_path}"
+        )
+
     with worker():
-        deadline = time.monotonic() + 600
-        while (b := batch_row(rt, batch)).status != "completed":
-            assert time.monotonic() < deadline, (
-                f"batch {batch} still {b.status} after 600 s: phases {_phases(rt, batch)}, "
-                f"completed {b.completed}, failed {b.failed}, frozen {_frozen(storage, batch)}; log {engine.log_path}"
-            )
-            time.sleep(0.2)
+        wait_for(lambda: batch_row(rt, batch).status == "completed", 600, state, every=0.2)
+    b = batch_row(rt, batch)
     after = _counters(engine.url)
     out, err = file_lines(rt, b.output_file_id), file_lines(rt, b.error_file_id)
     assert (b.completed, b.failed, err) == (3, 0, []), f"error lines: {err}"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import select
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import settled
 
+from tests.support.worker_helpers import QUICK
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import settled
 from tidal_workers.store.models import Item
 
 pytestmark = pytest.mark.engine
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture
 def settings(settings, tiny_engine):
-    return settings.replace(
+    return settings.replace(**QUICK).replace(
         vllm_url=tiny_engine.url, gate_mode="aimd", request_timeout_seconds=120.0, initial_inflight=2
     )
 

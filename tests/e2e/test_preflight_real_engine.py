@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import prometheus_client
 import pytest
-from workers.worker_helpers import assert_exactly_once
-from workers.worker_helpers import settled
 
+from tests.support.worker_helpers import QUICK
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import settled
 from tidal_workers.preflight import probe
 
 pytestmark = pytest.mark.engine
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture
 def settings(settings, fcfs_engine):
-    return settings.replace(vllm_url=fcfs_engine.url, request_timeout_seconds=120.0, max_inflight=2)
+    return settings.replace(**QUICK).replace(vllm_url=fcfs_engine.url, request_timeout_seconds=120.0, max_inflight=2)
 
 
 def test_an_engine_without_priority_scheduling_fails_no_item(rt, make_batch, worker, fcfs_engine, settings):

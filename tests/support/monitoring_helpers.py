@@ -6,19 +6,20 @@ import json
 import math
 import shutil
 import subprocess
-import time
 import typing as t
 from pathlib import Path
 
 import requests
 import yaml
 
+from tests.support.wait import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "config" / "monitoring"
 PROMETHEUS_YML = MONITORING / "prometheus.yml"
 ALERTS_YML = MONITORING / "alerts.yml"
 DASHBOARD_JSON = MONITORING / "grafana" / "dashboards" / "tidal.json"
-ALERTS_TEST_YML = Path(__file__).with_name("alerts_test.yml")
+ALERTS_TEST_YML = ROOT / "tests" / "monitoring" / "alerts_test.yml"
 JOBS = ("tidal-api", "tidal-worker", "vllm", "tidal-scheduler")
 
 
@@ -59,7 +60,7 @@ def prometheus_config(targets: dict[str, str], rule_file: Path, scrape_seconds: 
 
 
 class Prometheus:
-    """A real Prometheus server on loopback, its data in ``workdir``."""
+    """A real Prometheus server on loopback, its data in ``workdir``; the test stops its ``proc`` (``children``)."""
 
     def __init__(self, config: dict, workdir: Path, port: int):
         workdir.mkdir(parents=True, exist_ok=True)
@@ -84,30 +85,22 @@ class Prometheus:
         self.wait(lambda: requests.get(self.url + "/-/ready", timeout=2).status_code == 200, timeout, "ready")
 
     def wait(self, predicate: t.Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Until ``predicate`` holds (a refused connection is not yet); at once an error if Prometheus exited."""
+
+        def holds() -> bool:
             assert self.proc.poll() is None, f"prometheus exited: {self.log.read_text()[-2000:]}"
             try:
-                if predicate():
-                    return
+                return predicate()
             except requests.ConnectionError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"prometheus: timed out after {timeout} s waiting for {what}")
+                return False
+
+        wait_for(holds, timeout, f"prometheus: {what}", every=0.2)
 
     def api(self, path: str, **params: t.Any) -> t.Any:
         r = requests.get(self.url + "/api/v1/" + path, params=params, timeout=30)
         body = r.json()
         assert body["status"] == "success", (path, params, body)
         return body["data"]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
 
 
 def finite_points(series: list[dict]) -> int:

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import pytest
 import requests
-from workers.worker_helpers import batch_row
-from workers.worker_helpers import queued
-from workers.worker_helpers import settled
-from workers.worker_helpers import spawn
+
+from tests.support.worker_helpers import QUICK
+from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import queued
+from tests.support.worker_helpers import settled
+from tests.support.worker_helpers import spawn
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+@pytest.fixture
+def settings(settings):
+    return settings.replace(**QUICK)
 
 
 def test_each_node_claims_only_its_engines_models_and_an_unserved_batch_waits(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import json
-import time
 
 import openai
 import pytest
+
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import QUICK
 
 pytestmark = pytest.mark.engine
 
@@ -17,7 +19,7 @@ N = 8
 
 @pytest.fixture
 def settings(settings, tiny_engine):
-    return settings.replace(
+    return settings.replace(**QUICK).replace(
         vllm_url=tiny_engine.url, gate_mode="aimd", request_timeout_seconds=120.0, initial_inflight=2, max_inflight=4
     )
 
@@ -42,11 +44,18 @@ def test_sdk_batch_completes_on_the_real_engine(live_api, worker, tiny_engine):
     ]
     upload = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+    def finished():
+        """The batch, once it has ended."""
+        now = client.batches.retrieve(batch.id)
+        return now if now.status in ("completed", "failed", "expired") else None
+
+    def state() -> str:
+        now = client.batches.retrieve(batch.id)
+        return f"the batch to end: still {now.status}, {now.request_counts}"
+
     with worker():
-        deadline = time.monotonic() + 240
-        while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired"):
-            assert time.monotonic() < deadline, f"batch still {batch.status}: {batch.request_counts}"
-            time.sleep(0.5)
+        batch = wait_for(finished, 240, state, every=0.5)
     assert batch.status == "completed" and batch.error_file_id is None
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (N, N, 0)
 

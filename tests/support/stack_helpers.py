@@ -10,9 +10,9 @@ import uuid
 from pathlib import Path
 
 import sqlalchemy as sa
-from workers.worker_helpers import settled
 
 from config import Settings
+from tests.support.worker_helpers import settled
 from tidal_api.cli.services import pg_bin
 
 

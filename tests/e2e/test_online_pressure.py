@@ -17,10 +17,11 @@ import time
 import pytest
 import requests
 from prometheus_client import REGISTRY
-from workers.worker_helpers import settled
-from workers.worker_helpers import wait_for
 
 from config import load_settings
+from tests.support.wait import wait_for
+from tests.support.worker_helpers import QUICK
+from tests.support.worker_helpers import settled
 from tidal_workers.gate import parse_metrics
 from tidal_workers.scrape import fetch
 
@@ -44,7 +45,7 @@ def engine_20(tmp_path_factory):
 
 @pytest.fixture
 def settings(settings, engine_20):
-    return settings.replace(
+    return settings.replace(**QUICK).replace(
         vllm_url=engine_20.url,
         gate_mode="fixed",
         max_inflight=OURS,

@@ -1,4 +1,4 @@
-"""Run by tests/workers/test_ingest_memory.py in a child process: ingest one batch, print memory as JSON.
+"""Run by tests/workers/test_ingest_memory.py as a script in a child process: ingest one batch, print memory as JSON.
 
 Baseline: the process's resident set once everything ingest uses is imported and connected, just before it runs.
 Peak: the kernel's high-water mark of this process's resident set (``VmHWM``), reset at the baseline. Not
