@@ -58,6 +58,11 @@ key                                                type    content
                                                            passes (``last_at``, ``last_done``, ``mean``,
                                                            ``weight``, ``seen``); lost = the estimate starts over.
                                                            Expires after 4 tau.
+``tidal:trate:{len(tenant)}:{tenant}:{model}``     HASH    the same estimator for one tenant's batches of a
+                                                           model together, fed the items they settle (its
+                                                           laxity is the tenant's), and ``b:{batch}`` -> each
+                                                           batch's settled count at the last pass (so a batch
+                                                           that ended since still counts its last items).
 ``tidal:urgent``                                   SET     batches past ``floor_urgency``, rebuilt by every
                                                            re-score pass: the claim loop's floor admits them.
 ``tidal:built``                                    STRING  JSON ``{"layout": 2, "at": time}`` of the last rebuild
@@ -105,6 +110,7 @@ BATCH_PREFIX = NS + "batch:"
 READY_PREFIX, READY_SUFFIX = NS + "b:", ":ready"
 ITEM_PREFIX = NS + "item:"
 RATE_PREFIX = NS + "rate:"
+TENANT_RATE_PREFIX = NS + "trate:"
 NODE_PREFIX, NODE_SUFFIX, MODELS_SUFFIX = NS + "node:", ":inflight", ":models"
 LEVELS_PREFIX = NS + "ql:"
 TENANTS_PREFIX = NS + "qt:"
@@ -131,6 +137,10 @@ def phase_batches(phase: str, model: str) -> str:
 
 def rate(batch_id: str) -> str:
     return f"{RATE_PREFIX}{batch_id}"
+
+
+def tenant_rate(model: str, tenant: str) -> str:
+    return f"{TENANT_RATE_PREFIX}{len(tenant.encode())}:{tenant}:{model}"
 
 
 def item(item_id: int | str) -> str:
