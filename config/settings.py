@@ -414,7 +414,7 @@ class Settings(SchedulerSettings):
     )
     floor_urgency: float = _setting(
         0.9,
-        "Urgency past which the token-bucket floor admits a batch even when the gate is closed.",
+        "Urgency past which the token-bucket floor admits a batch's tenant even when the gate is closed.",
         ge=0,
         le=1,
     )
@@ -425,8 +425,14 @@ class Settings(SchedulerSettings):
     )
     floor_rate: float = _setting(
         0.5,
-        "Guaranteed items per second per urgent batch per node, past the gate; 0 turns the floor off.",
+        "Guaranteed items per second per node for each tenant with urgent batches (one token bucket per tenant, however many batches it has), past the gate; 0 turns the floor off.",
         ge=0,
+    )
+    floor_share: float = _setting(
+        0.1,
+        "Most of a node's worker pool (`TIDAL_WORKER_THREADS`, by default the gate's ceiling + `TIDAL_DISPATCH_PREFETCH` + 2) the floor may hold past the gate, all urgent tenants together: at most max(1, ⌊share × pool⌋) items at once (19 of a 196-thread pool); the tenants take the room in turn.",
+        gt=0,
+        le=1,
     )
     rescore_seconds: float = _setting(5.0, "Period of beat's laxity re-score.", gt=0)
     reclaim_seconds: float = _setting(5.0, "Period of beat's expired-lease sweep.", gt=0)

@@ -264,6 +264,20 @@ class Queue:
     def urgent(self) -> set[str]:
         return t.cast(set[str], self.redis.smembers(keys.URGENT))
 
+    def urgent_by_tenant(self) -> dict[str, list[str]]:
+        """The urgent batches by tenant, each tenant's earliest deadline first (the floor serves tenants, not
+        batches); a batch no longer open in Redis is left out."""
+        ids = sorted(self.urgent())
+        with self.redis.pipeline(transaction=False) as p:
+            for batch_id in ids:
+                p.hmget(keys.batch(batch_id), "score", "tenant")
+            placed = p.execute()
+        by_tenant: dict[str, list[tuple[int, str]]] = {}
+        for batch_id, (score, tenant) in zip(ids, placed):
+            if score is not None and tenant is not None:
+                by_tenant.setdefault(tenant, []).append((int(float(score)) % PRIORITY_SCALE, batch_id))
+        return {tenant: [b for _, b in sorted(batches)] for tenant, batches in sorted(by_tenant.items())}
+
     def depth_by_band(self) -> dict[str, int]:
         """Queued items per priority band (items waiting here are invisible to Flower)."""
         flat = self._depth(keys=[keys.BATCHES])
