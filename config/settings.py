@@ -61,7 +61,7 @@ class TenantLimits:
     open_batches: int
     stored_bytes: int
     enqueued_tokens: t.Mapping[str, int]  # model -> limit; ``*`` for every other model
-    weight: float = 1.0  # share of claims among tenants queued at the same priority (round robin at equal weights)
+    weight: float = 1.0  # share of claims among tenants queued for a model, any priority (round robin at equal weights)
 
     def tokens_for(self, model: str) -> int:
         return self.enqueued_tokens.get(model, self.enqueued_tokens["*"])
@@ -252,7 +252,7 @@ class Settings(SchedulerSettings):
     )
     tenant_limits: str = _setting(
         "{}",
-        'JSON: tenant -> its own limits, any of `open_batches`, `stored_bytes`, `enqueued_tokens` (a number, or model -> number with `*` for other models), `weight` (its share of claims among tenants whose batches are queued at the same priority for the same model, a number from 0.001 to 1000; default 1: items in turn); unnamed limits and tenants get the `TIDAL_LIMIT_*` defaults and weight 1. Example: `{"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}, "weight": 3}}`.',
+        'JSON: tenant -> its own limits, any of `open_batches`, `stored_bytes`, `enqueued_tokens` (a number, or model -> number with `*` for other models), `weight` (its share of claims among tenants whose batches are queued for the same model, whatever their priorities, a number from 0.001 to 1000; default 1: items in turn); unnamed limits and tenants get the `TIDAL_LIMIT_*` defaults and weight 1. Example: `{"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}, "weight": 3}}`.',
     )
 
     # --- workers -----------------------------------------------------------

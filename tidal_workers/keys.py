@@ -8,17 +8,22 @@ the same, and a release without them requeues a split item it reclaims as a whol
 key                                                type    content
 =================================================  ======  =========================================================
 ``tidal:ql:{model}``                               ZSET    the model's priority levels holding queued batches:
-                                                           priority -> priority. A claim starts at the lowest
-                                                           level of the models its node serves.
-``tidal:qt:{priority}:{model}``                    ZSET    the tenants with queued batches at that level:
-                                                           tenant -> pass (virtual time). A claim serves the
-                                                           lowest pass and adds ``1 / weight`` to it per item
-                                                           (stride scheduling: items shared by weight, round
-                                                           robin at equal weights, across the fleet).
-``tidal:qv:{model}``                               HASH    priority -> the level's virtual time (the pass of its
-                                                           last claimed item): a tenant joining a level starts
-                                                           there, so it neither waits behind nor jumps ahead of
-                                                           the tenants already queued. Dropped with the level.
+                                                           priority -> priority. A tenant's claims take its most
+                                                           urgent level first.
+``tidal:qt:{priority}:{model}``                    ZSET    the tenants with queued batches at that level (the
+                                                           scores are no longer read: see ``tidal:qs``).
+``tidal:qs:{model}``                               ZSET    the tenants with queued whole items of the model, at
+                                                           any level: tenant -> pass. A claim serves the lowest
+                                                           pass (ties: the tenant holding the most urgent level)
+                                                           and adds ``1 / weight`` to it per item (stride
+                                                           scheduling: items shared by weight, round robin at
+                                                           equal weights, across the fleet and the levels). Kept
+                                                           by ``CLAIM``: a tenant joining starts at the lowest
+                                                           pass of those queued; it goes with the claim that
+                                                           finds the model empty.
+``tidal:qv:{model}``                               HASH    layout 2's per-level virtual times: no longer written
+                                                           (the passes moved to ``tidal:qs``); ``link`` still
+                                                           reads it (absent: 0) and ``prune`` deletes fields.
 ``tidal:qb:{priority}:{len(tenant)}:{tenant}:{model}``  ZSET    one tenant's batches at one level: batch -> deadline
                                                            (EDF within a tenant). ``len`` is in UTF-8 bytes, so a
                                                            tenant or model holding ``:`` cannot collide.
@@ -64,7 +69,8 @@ key                                                type    content
                                                            batch's settled count at the last pass (so a batch
                                                            that ended since still counts its last items).
 ``tidal:urgent``                                   SET     batches past ``floor_urgency``, rebuilt by every
-                                                           re-score pass: the claim loop's floor admits them.
+                                                           re-score pass: the claim loop's floor admits their
+                                                           tenants.
 ``tidal:built``                                    STRING  JSON ``{"layout": 2, "at": time}`` of the last rebuild
                                                            from SQL. Absent (Redis lost its data) or of another
                                                            layout (an upgrade): the next worker pass rebuilds.
@@ -76,8 +82,9 @@ key                                                type    content
                                                            records its own.
 =================================================  ======  =========================================================
 
-A claim therefore reads model -> priority -> tenant -> batch -> item: priority first, then the tenants' shares,
-then the tenant's earliest deadline, then prompt-prefix order inside the batch. Split items wait outside
+A claim therefore reads model -> tenant -> priority -> batch -> item: the tenants' shares first (models served by one
+node take turns), then the tenant's most urgent level, its earliest deadline there, then prompt-prefix order inside
+the batch. Split items wait outside
 that walk, by phase: a phase claim reads ``tidal:qp:{phase}:{model}`` (lowest priority, then deadline) and the
 batch's set of that phase, and an item's hash says where it goes back. Items' phases live in SQL
 (``items.phase``), so a rebuild puts each one back in the right set. In every name the free-form parts
@@ -116,6 +123,7 @@ LEVELS_PREFIX = NS + "ql:"
 TENANTS_PREFIX = NS + "qt:"
 VTIME_PREFIX = NS + "qv:"
 TENANT_BATCHES_PREFIX = NS + "qb:"
+SHARES_PREFIX = NS + "qs:"
 PHASE_BATCHES_PREFIX = NS + "qp:"
 
 
@@ -163,6 +171,10 @@ def vtime(model: str) -> str:
     return f"{VTIME_PREFIX}{model}"
 
 
+def shares(model: str) -> str:
+    return f"{SHARES_PREFIX}{model}"
+
+
 def tenants(model: str, priority: int) -> str:
     return f"{TENANTS_PREFIX}{priority}:{model}"
 
@@ -189,6 +201,7 @@ function K.item(i) return {_lua(ITEM_PREFIX)} .. i end
 function K.node_inflight(n) return {_lua(NODE_PREFIX)} .. n .. {_lua(NODE_SUFFIX)} end
 function K.levels(m) return {_lua(LEVELS_PREFIX)} .. m end
 function K.vtime(m) return {_lua(VTIME_PREFIX)} .. m end
+function K.shares(m) return {_lua(SHARES_PREFIX)} .. m end
 function K.tenants(m, p) return {_lua(TENANTS_PREFIX)} .. p .. ':' .. m end
 function K.tenant_batches(m, p, t) return {_lua(TENANT_BATCHES_PREFIX)} .. p .. ':' .. #t .. ':' .. t .. ':' .. m end
 """

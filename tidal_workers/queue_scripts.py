@@ -161,11 +161,12 @@ CLAIM = (
 -- ARGV[7 + 2k ..] = the models the node's engine serves
 -- One claim pass in one call. First the split items, phase by phase: the lowest-score batch (priority, then
 -- deadline) of those models with items of that phase queued, at most the phase's highest score, its lowest
--- ordinals, then the next batch. Then whole items, item by item, as if one at a time: the lowest priority queued
--- for any of those models (models tied there take turns, from `turn`); at that level the tenant of lowest pass,
--- whose pass then grows by 1 / its weight per item; that tenant's earliest-deadline batch; its lowest ordinals.
--- A tenant takes at once the items it would take in a row (all of them when it is alone at the level). Leases
--- each item. Returns {item id, lease, batch id, ...}, split items first.
+-- ordinals, then the next batch. Then whole items, item by item, as if one at a time: the models with whole items
+-- queued take turns (from `turn`); in the model, the tenant of lowest pass, whatever the levels its batches are at
+-- (ties: the tenant holding the most urgent level, then by name), whose pass then grows by 1 / its weight per
+-- item; that tenant's most urgent level, its earliest-deadline batch there, its lowest ordinals. A tenant takes at
+-- once the items it would take in a row (all of them when it is alone). Leases each item.
+-- Returns {item id, lease, batch id, ...}, split items first.
 """
     + _PLACEMENT
     + _LEASE
@@ -195,53 +196,95 @@ for j = 0, k - 1 do
   end
 end
 if ARGV[5] ~= '1' then return out end
-local turn = tonumber(ARGV[4])
-local function level()
-  local best, tied = nil, {}
-  for _, m in ipairs(models) do
-    local top = redis.call('ZRANGE', K.levels(m), 0, 0, 'WITHSCORES')
-    if #top > 0 then
-      local p = tonumber(top[2])
-      if best == nil or p < best then
-        best, tied = p, {m}
-      elseif p == best then
-        tied[#tied + 1] = m
+-- Per model, the tenants with whole items queued at any level -> their levels, most urgent first. The model's
+-- passes (K.shares) follow: a tenant that left is dropped, one that came starts at the lowest pass of those
+-- queued (it neither waits behind them nor takes a burst to catch up), and a model with none loses its passes.
+local queued, active = {}, {}
+for _, m in ipairs(models) do
+  local held, order = {}, {}
+  for _, p in ipairs(redis.call('ZRANGE', K.levels(m), 0, -1)) do
+    local ts = redis.call('ZRANGE', K.tenants(m, p), 0, -1)
+    if #ts == 0 then redis.call('ZREM', K.levels(m), p) end
+    for _, tenant in ipairs(ts) do
+      if not held[tenant] then
+        held[tenant] = {}
+        order[#order + 1] = tenant
       end
+      table.insert(held[tenant], tonumber(p))
     end
   end
-  if best == nil then return nil, nil, 0 end
-  turn = turn + 1
-  return tied[turn % #tied + 1], best, #tied
-end
--- Every pass claims items or removes something empty, so the loop ends.
-while want > 0 do
-  local m, p, tied = level()
-  if not m then break end
-  local ts = K.tenants(m, p)
-  local top = redis.call('ZRANGE', ts, 0, 1, 'WITHSCORES')
-  if #top == 0 then
-    redis.call('ZREM', K.levels(m), p)
+  local sh = K.shares(m)
+  if #order == 0 then
+    redis.call('DEL', sh)
   else
-    local tenant, pass = top[1], tonumber(top[2])
-    local b = redis.call('ZRANGE', K.tenant_batches(m, p, tenant), 0, 0)[1]
-    if not b then
-      prune(m, p, tenant)
-    else
-      local weight = tonumber(redis.call('HGET', K.WEIGHTS, tenant) or 1)
-      local run = 1  -- items in a row: while its pass stays below the next tenant's (a tie goes back to ZRANGE)
-      if tied == 1 then
-        run = want
-        if #top > 2 then run = math.max(1, math.ceil((tonumber(top[4]) - pass) * weight)) end
+    local least, kept = nil, {}
+    local passes = redis.call('ZRANGE', sh, 0, -1, 'WITHSCORES')
+    for i = 1, #passes, 2 do
+      if held[passes[i]] then
+        kept[passes[i]] = true
+        least = least or tonumber(passes[i + 1])
+      else
+        redis.call('ZREM', sh, passes[i])
       end
-      local popped = redis.call('ZPOPMIN', K.ready(b), math.min(run, want))
-      local got = #popped / 2
-      if got > 0 then
-        lease(popped, b, K.ITEM)
-        redis.call('ZADD', ts, pass + got / weight, tenant)
-        redis.call('HSET', K.vtime(m), p, pass + (got - 1) / weight)
-        want = want - got
-      end
-      if redis.call('EXISTS', K.ready(b)) == 0 then unlink_at(b, m, p, tenant) end
+    end
+    for _, tenant in ipairs(order) do
+      if not kept[tenant] then redis.call('ZADD', sh, least or 0, tenant) end
+    end
+    queued[m] = held
+    active[#active + 1] = m
+  end
+end
+-- A tenant's level p emptied: the tenant leaves the model's passes with its last level, the model its turns with
+-- its last tenant.
+local function left(m, tenant, p)
+  if redis.call('EXISTS', K.tenant_batches(m, p, tenant)) == 1 then return end
+  local levels = queued[m][tenant]
+  table.remove(levels, 1)
+  if #levels > 0 then return end
+  queued[m][tenant] = nil
+  redis.call('ZREM', K.shares(m), tenant)
+  if redis.call('EXISTS', K.shares(m)) == 0 then
+    for i, x in ipairs(active) do
+      if x == m then table.remove(active, i) break end
+    end
+  end
+end
+local turn = tonumber(ARGV[4])
+-- Every pass claims items or removes something empty, so the loop ends.
+while want > 0 and #active > 0 do
+  turn = turn + 1
+  local m = active[turn % #active + 1]
+  local held, sh = queued[m], K.shares(m)
+  local top = redis.call('ZRANGE', sh, 0, 1, 'WITHSCORES')
+  local tenant, pass = top[1], tonumber(top[2])
+  local tied = #top > 2 and tonumber(top[4]) == pass
+  if tied then
+    for _, other in ipairs(redis.call('ZRANGEBYSCORE', sh, pass, pass)) do
+      if held[other][1] < held[tenant][1] then tenant = other end
+    end
+  end
+  local p = held[tenant][1]
+  local b = redis.call('ZRANGE', K.tenant_batches(m, p, tenant), 0, 0)[1]
+  if not b then
+    prune(m, p, tenant)
+    left(m, tenant, p)
+  else
+    local weight = tonumber(redis.call('HGET', K.WEIGHTS, tenant) or 1)
+    local run = 1  -- items in a row: while its pass stays below the next tenant's (a tie goes back to the top)
+    if #active == 1 and not tied then
+      run = want
+      if #top > 2 then run = math.max(1, math.ceil((tonumber(top[4]) - pass) * weight)) end
+    end
+    local popped = redis.call('ZPOPMIN', K.ready(b), math.min(run, want))
+    local got = #popped / 2
+    if got > 0 then
+      lease(popped, b, K.ITEM)
+      redis.call('ZADD', sh, pass + got / weight, tenant)
+      want = want - got
+    end
+    if redis.call('EXISTS', K.ready(b)) == 0 then
+      unlink_at(b, m, p, tenant)
+      left(m, tenant, p)
     end
   end
 end
@@ -256,7 +299,8 @@ CLAIM_BATCH = (
 -- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds
 -- ARGV[4] = batch id  ARGV[5..] = the models the node's engine serves
 -- The floor's claim: pops the lowest-ordinal items of one named batch, whatever its score and its tenant's
--- share (the floor serves urgency), if the node serves its model, and leases each one: whole items first, then
+-- pass (the floor serves urgency, one bucket per tenant, capped by the claim loop), if the node serves its model,
+-- and leases each one: whole items first, then
 -- split ones (the phase split), decodes before prefills, whatever the node's slack. Returns {item id, lease, batch id, ...}.
 """
     + _PLACEMENT
