@@ -10,17 +10,20 @@ key                                                type    content
 ``tidal:ql:{model}``                               ZSET    the model's priority levels holding queued batches:
                                                            priority -> priority. A tenant's claims take its most
                                                            urgent level first.
-``tidal:qt:{priority}:{model}``                    ZSET    the tenants with queued batches at that level (the
-                                                           scores are no longer read: see ``tidal:qs``).
+``tidal:qt:{priority}:{model}``                    ZSET    the tenants with queued batches at that level ->
+                                                           -1 once a claim has taken the tenant into the
+                                                           model's passes (``tidal:qs``), else the score
+                                                           ``link`` gave it (0 or more): how a claim finds the
+                                                           tenants new to the model without reading them all.
 ``tidal:qs:{model}``                               ZSET    the tenants with queued whole items of the model, at
                                                            any level: tenant -> pass. A claim serves the lowest
-                                                           pass (ties: the tenant holding the most urgent level)
-                                                           and adds ``1 / weight`` to it per item (stride
-                                                           scheduling: items shared by weight, round robin at
-                                                           equal weights, across the fleet and the levels). Kept
-                                                           by ``CLAIM``: a tenant joining starts at the lowest
-                                                           pass of those queued; it goes with the claim that
-                                                           finds the model empty.
+                                                           pass (ties by name) and adds ``1 / weight`` to it
+                                                           per item (stride scheduling: items shared by weight,
+                                                           round robin at equal weights, across the fleet and
+                                                           the levels). Kept by ``CLAIM``: a tenant joining
+                                                           starts at the lowest pass of those queued, one found
+                                                           with nothing queued leaves, and the key goes with the
+                                                           claim that finds the model empty.
 ``tidal:qv:{model}``                               HASH    layout 2's per-level virtual times: no longer written
                                                            (the passes moved to ``tidal:qs``); ``link`` still
                                                            reads it (absent: 0) and ``prune`` deletes fields.

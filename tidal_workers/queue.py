@@ -4,12 +4,11 @@ keeps them atomic is in ``queue_scripts.py``.
 A claim walks model -> tenant -> priority level -> batch -> item (layout: ``keys.py``): the models the node's engine
 serves take turns; in a model, the tenant whose turn it is (stride scheduling over all the model's levels: each item
 claimed adds ``1 / weight`` to its tenant's pass, so tenants share items by weight, round robin at equal weights,
-whichever node claims and whatever their batches' priorities; ties go to the tenant holding the most urgent level),
-then that tenant's most urgent level, its earliest deadline there, then prompt-prefix ordinal. Priority thus orders
-a tenant's own batches and the engine's queue (the priority each request is sent with), never another tenant's
-share (issue 37, M2). Escalating a batch moves it between levels with a few ZADD/ZREM, whatever its size. Kombu's
-own Redis priorities are ten FIFO lists that cannot re-order a queued message, which is why only *claimed* items
-become Celery messages.
+whichever node claims and whatever their batches' priorities), then that tenant's most urgent level, its earliest
+deadline there, then prompt-prefix ordinal. Priority thus orders a tenant's own batches and the engine's queue (the
+priority each request is sent with), never another tenant's share (issue 37, M2). Escalating a batch moves it
+between levels with a few ZADD/ZREM, whatever its size. Kombu's own Redis priorities are ten FIFO lists that cannot
+re-order a queued message, which is why only *claimed* items become Celery messages.
 """
 
 from __future__ import annotations

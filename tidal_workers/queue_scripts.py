@@ -162,10 +162,10 @@ CLAIM = (
 -- One claim pass in one call. First the split items, phase by phase: the lowest-score batch (priority, then
 -- deadline) of those models with items of that phase queued, at most the phase's highest score, its lowest
 -- ordinals, then the next batch. Then whole items, item by item, as if one at a time: the models with whole items
--- queued take turns (from `turn`); in the model, the tenant of lowest pass, whatever the levels its batches are at
--- (ties: the tenant holding the most urgent level, then by name), whose pass then grows by 1 / its weight per
--- item; that tenant's most urgent level, its earliest-deadline batch there, its lowest ordinals. A tenant takes at
--- once the items it would take in a row (all of them when it is alone). Leases each item.
+-- queued take turns (from `turn`); in the model, the tenant of lowest pass whatever the levels its batches are at
+-- (ties by name), whose pass then grows by 1 / its weight per item; that tenant's most urgent level, its
+-- earliest-deadline batch there, its lowest ordinals. A tenant takes at once the items it would take in a row (all
+-- of them when it is alone). Leases each item.
 -- Returns {item id, lease, batch id, ...}, split items first.
 """
     + _PLACEMENT
@@ -196,82 +196,66 @@ for j = 0, k - 1 do
   end
 end
 if ARGV[5] ~= '1' then return out end
--- Per model, the tenants with whole items queued at any level -> their levels, most urgent first. The model's
--- passes (K.shares) follow: a tenant that left is dropped, one that came starts at the lowest pass of those
--- queued (it neither waits behind them nor takes a burst to catch up), and a model with none loses its passes.
-local queued, active = {}, {}
-for _, m in ipairs(models) do
-  local held, order = {}, {}
+-- The model's most urgent level holding batches of `tenant`, or nil: it has none queued.
+local function level_of(m, tenant)
   for _, p in ipairs(redis.call('ZRANGE', K.levels(m), 0, -1)) do
-    local ts = redis.call('ZRANGE', K.tenants(m, p), 0, -1)
-    if #ts == 0 then redis.call('ZREM', K.levels(m), p) end
-    for _, tenant in ipairs(ts) do
-      if not held[tenant] then
-        held[tenant] = {}
-        order[#order + 1] = tenant
-      end
-      table.insert(held[tenant], tonumber(p))
-    end
+    if redis.call('EXISTS', K.tenant_batches(m, p, tenant)) == 1 then return p end
   end
-  local sh = K.shares(m)
-  if #order == 0 then
-    redis.call('DEL', sh)
-  else
-    local least, kept = nil, {}
-    local passes = redis.call('ZRANGE', sh, 0, -1, 'WITHSCORES')
-    for i = 1, #passes, 2 do
-      if held[passes[i]] then
-        kept[passes[i]] = true
-        least = least or tonumber(passes[i + 1])
-      else
-        redis.call('ZREM', sh, passes[i])
-      end
-    end
-    for _, tenant in ipairs(order) do
-      if not kept[tenant] then redis.call('ZADD', sh, least or 0, tenant) end
-    end
-    queued[m] = held
-    active[#active + 1] = m
-  end
+  return nil
 end
--- A tenant's level p emptied: the tenant leaves the model's passes with its last level, the model its turns with
--- its last tenant.
-local function left(m, tenant, p)
-  if redis.call('EXISTS', K.tenant_batches(m, p, tenant)) == 1 then return end
-  local levels = queued[m][tenant]
-  table.remove(levels, 1)
-  if #levels > 0 then return end
-  queued[m][tenant] = nil
-  redis.call('ZREM', K.shares(m), tenant)
-  if redis.call('EXISTS', K.shares(m)) == 0 then
-    for i, x in ipairs(active) do
-      if x == m then table.remove(active, i) break end
+-- The model's passes (K.shares) take in the tenants that came to one of its levels since the last claim: link()
+-- puts a tenant on a level at a score of 0 or more, and a claim marks it there with -1 once the passes hold it (with
+-- `all`, every tenant is taken: the passes were lost). A tenant new to the passes starts at the lowest pass of those
+-- queued, so it neither waits behind them nor takes a burst to catch up; a tenant found with nothing queued (its
+-- batches dropped) leaves them first. Returns whether the model has a tenant to serve.
+local function join(m, all)
+  local sh, least = K.shares(m), nil
+  while true do
+    local top = redis.call('ZRANGE', sh, 0, 0, 'WITHSCORES')
+    if #top == 0 then break end
+    if level_of(m, top[1]) then
+      least = tonumber(top[2])
+      break
     end
+    redis.call('ZREM', sh, top[1])
+  end
+  for _, p in ipairs(redis.call('ZRANGE', K.levels(m), 0, -1)) do
+    local ts = K.tenants(m, p)
+    if all and redis.call('EXISTS', ts) == 0 then redis.call('ZREM', K.levels(m), p) end
+    for _, tenant in ipairs(redis.call('ZRANGEBYSCORE', ts, all and '-inf' or 0, '+inf')) do
+      redis.call('ZADD', sh, 'NX', least or 0, tenant)
+      redis.call('ZADD', ts, 'XX', -1, tenant)
+    end
+  end
+  return redis.call('EXISTS', sh) == 1
+end
+local active = {}  -- the models with a tenant to serve, in turn
+for _, m in ipairs(models) do
+  if redis.call('EXISTS', K.levels(m)) == 0 then
+    redis.call('DEL', K.shares(m))  -- nobody queued: the passes go
+  elseif join(m, false) or join(m, true) then
+    active[#active + 1] = m
   end
 end
 local turn = tonumber(ARGV[4])
 -- Every pass claims items or removes something empty, so the loop ends.
 while want > 0 and #active > 0 do
   turn = turn + 1
-  local m = active[turn % #active + 1]
-  local held, sh = queued[m], K.shares(m)
+  local slot = turn % #active + 1
+  local m = active[slot]
+  local sh = K.shares(m)
   local top = redis.call('ZRANGE', sh, 0, 1, 'WITHSCORES')
   local tenant, pass = top[1], tonumber(top[2])
-  local tied = #top > 2 and tonumber(top[4]) == pass
-  if tied then
-    for _, other in ipairs(redis.call('ZRANGEBYSCORE', sh, pass, pass)) do
-      if held[other][1] < held[tenant][1] then tenant = other end
-    end
-  end
-  local p = held[tenant][1]
-  local b = redis.call('ZRANGE', K.tenant_batches(m, p, tenant), 0, 0)[1]
-  if not b then
-    prune(m, p, tenant)
-    left(m, tenant, p)
+  local p = tenant and level_of(m, tenant)
+  if not tenant then
+    table.remove(active, slot)
+  elseif not p then
+    redis.call('ZREM', sh, tenant)  -- nothing queued any more
   else
+    local b = redis.call('ZRANGE', K.tenant_batches(m, p, tenant), 0, 0)[1]
     local weight = tonumber(redis.call('HGET', K.WEIGHTS, tenant) or 1)
-    local run = 1  -- items in a row: while its pass stays below the next tenant's (a tie goes back to the top)
-    if #active == 1 and not tied then
+    local run = 1  -- items in a row: while its pass stays below the next tenant's (a tie goes back to ZRANGE)
+    if #active == 1 then
       run = want
       if #top > 2 then run = math.max(1, math.ceil((tonumber(top[4]) - pass) * weight)) end
     end
@@ -284,7 +268,7 @@ while want > 0 and #active > 0 do
     end
     if redis.call('EXISTS', K.ready(b)) == 0 then
       unlink_at(b, m, p, tenant)
-      left(m, tenant, p)
+      if not level_of(m, tenant) then redis.call('ZREM', sh, tenant) end
     end
   end
 end

@@ -81,7 +81,7 @@ def test_a_stalled_batch_escalates_to_the_floor_and_its_queue_score_follows(rt, 
     assert batch_row(rt, batch).priority == priorities[-1]
 
 
-def test_a_rescore_reorders_the_claim_order(rt, make_batch):
+def test_a_rescore_moves_the_queue_score_but_takes_no_other_tenants_turn(rt, make_batch):
     on_time = make_batch(3, expires_in=20 * 3600)
     behind = make_batch(3, tenant="globex")  # the later deadline: claimed second, until it falls behind
     set_counts(rt, behind, total=1_000_000)
@@ -93,8 +93,8 @@ def test_a_rescore_reorders_the_claim_order(rt, make_batch):
     assert batch_row(rt, behind).priority == 1 and batch_row(rt, on_time).priority == 100
     assert rt.queue.queued_batches() == [behind, on_time]
     claimed = [c.item_id for c in rt.queue.claim(NODE, 6, 30, ["m"])]
-    # The late tenant goes first whenever the tenants' turns tie; it takes its turns, not the other's (M2).
-    assert claimed == [i for pair in zip(item_ids(rt, behind), item_ids(rt, on_time)) for i in pair]
+    # Escalated, globex is sent to vLLM at priority 1, but takes its turns, not acme's (issue 37, M2).
+    assert claimed == [i for pair in zip(item_ids(rt, on_time), item_ids(rt, behind)) for i in pair]
 
 
 def test_a_batch_waiting_behind_its_siblings_is_not_urgent(rt, make_batch):
