@@ -66,7 +66,7 @@ class TenantLimits:
     open_batches: int
     stored_bytes: int
     enqueued_tokens: t.Mapping[str, int]  # model -> limit; ``*`` for every other model
-    weight: float = 1.0  # share of claims among tenants queued at the same priority (round robin at equal weights)
+    weight: float = 1.0  # share of claims among tenants queued for a model, any priority (round robin at equal weights)
 
     def tokens_for(self, model: str) -> int:
         return self.enqueued_tokens.get(model, self.enqueued_tokens["*"])
@@ -258,7 +258,7 @@ class Settings(SchedulerSettings):
     )
     tenant_limits: str = _setting(
         "{}",
-        'JSON: tenant -> its own limits, any of `open_batches`, `stored_bytes`, `enqueued_tokens` (a number, or model -> number with `*` for other models), `weight` (its share of claims among tenants whose batches are queued at the same priority for the same model, a number from 0.001 to 1000; default 1: items in turn); unnamed limits and tenants get the `TIDAL_LIMIT_*` defaults and weight 1. Example: `{"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}, "weight": 3}}`.',
+        'JSON: tenant -> its own limits, any of `open_batches`, `stored_bytes`, `enqueued_tokens` (a number, or model -> number with `*` for other models), `weight` (its share of claims among tenants whose batches are queued for the same model, whatever their priorities, a number from 0.001 to 1000; default 1: items in turn); unnamed limits and tenants get the `TIDAL_LIMIT_*` defaults and weight 1. Example: `{"acme": {"open_batches": 500, "enqueued_tokens": {"*": 5000000000}, "weight": 3}}`.',
     )
 
     # --- workers -----------------------------------------------------------
@@ -420,7 +420,7 @@ class Settings(SchedulerSettings):
     )
     floor_urgency: float = _setting(
         0.9,
-        "Urgency past which the token-bucket floor admits a batch even when the gate is closed.",
+        "Urgency past which the token-bucket floor admits a batch's tenant even when the gate is closed.",
         ge=0,
         le=1,
     )
@@ -431,8 +431,14 @@ class Settings(SchedulerSettings):
     )
     floor_rate: float = _setting(
         0.5,
-        "Guaranteed items per second per urgent batch per node, past the gate; 0 turns the floor off.",
+        "Guaranteed items per second per node for each tenant with urgent batches (one token bucket per tenant, however many batches it has), past the gate; 0 turns the floor off.",
         ge=0,
+    )
+    floor_share: float = _setting(
+        0.1,
+        "Most of a node's worker pool (`TIDAL_WORKER_THREADS`, by default the gate's ceiling + `TIDAL_DISPATCH_PREFETCH` + 2) the floor may hold past the gate, all urgent tenants together: at most max(1, ⌊share × pool⌋) items at once (19 of a 196-thread pool); the tenants take the room in turn.",
+        gt=0,
+        le=1,
     )
     rescore_seconds: float = _setting(5.0, "Period of beat's laxity re-score.", gt=0)
     reclaim_seconds: float = _setting(5.0, "Period of beat's expired-lease sweep.", gt=0)

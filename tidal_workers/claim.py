@@ -6,11 +6,13 @@ renewal thread (``renewal.py``) and, with the AIMD gate, the gate's scrape
 thread. Each pass claims up to the gate's target plus ``dispatch_prefetch``,
 less what the node's LeaseBook holds; the target itself bounds the node's
 requests at the engine, which each task waits for (``leases.py``). Past the
-gate, the floor admits each urgent batch (``tidal:urgent``, kept by the
-re-score) at up to ``floor_rate`` items/s on this node through a per-batch
-token bucket, so a batch about to miss its window still progresses when the
-gate is closed; those items count as held and at the engine like any other,
-so an open gate simply claims that many fewer. Split items (the phase split) are claimed
+gate, the floor admits each tenant with urgent batches (``tidal:urgent``, kept
+by the re-score) at up to ``floor_rate`` items/s on this node through one token
+bucket per tenant, however many urgent batches it has, and all tenants together
+to at most ``floor_share`` of the pool (issue 37, M2), so a batch about to miss
+its window still progresses when the gate is closed; those items count as held
+and at the engine like any other, so an open gate simply claims that many
+fewer. Split items (the phase split) are claimed
 first in each pass's room, by phase, as ``policy.phase.claimable_phases``
 admits: a prefill while the engine has prefill slack (the gate's reading), a
 decode while the gate's target exceeds what the node holds, and either for a
@@ -47,6 +49,7 @@ from tidal_workers.leases import STOPPING
 from tidal_workers.leases import trusted_until
 from tidal_workers.policy.laxity import PRIORITY_MAX
 from tidal_workers.policy.laxity import TokenBucket
+from tidal_workers.policy.laxity import floor_slots
 from tidal_workers.policy.laxity import priority_for
 from tidal_workers.policy.phase import Phase
 from tidal_workers.policy.phase import SplitConfig
@@ -74,24 +77,42 @@ class ClaimLoop:
         self.settings = ctx.rt.settings
         self.threads = pool_threads(self.settings)  # one claimed item per pool thread
         self.stopping = threading.Event()
-        self.buckets: dict[str, TokenBucket] = {}  # urgent batch -> its floor bucket on this node
+        self.buckets: dict[str, TokenBucket] = {}  # tenant with urgent batches -> its floor bucket on this node
+        self.urgent: dict[str, list[str]] = {}  # tenant -> its urgent batches, earliest deadline first
+        self.floor_turn = 0  # rotates which tenant takes the floor's room first, for when it is short
         self.urgent_read_at = -math.inf  # when tidal:urgent was last read (the tick's clock)
         self.served = ctx.served  # only batches of these models are claimed here (renewal re-reads the list)
         self.split = SplitConfig()
 
     def floor(self, now: float, held: int, models: tuple[str, ...]) -> list[Claim]:
-        """Claims the token buckets of urgent batches admit now, past the gate (never past the threads)."""
+        """Claims the floor admits now, past the gate: a token of a tenant's bucket buys one item of its
+        earliest-deadline urgent batch that has one; all tenants together hold at most the floor's slots (a share
+        of the pool), taking the room in turn, and never more than the threads."""
         s, q = self.settings, self.rt.queue
         if s.floor_rate <= 0:  # the floor is off
             return []
         if not 0 <= now - self.urgent_read_at < URGENT_READ_SECONDS:  # the re-score rebuilds it every few seconds
             self.urgent_read_at = now
-            self.buckets = {b: self.buckets.get(b) or TokenBucket(s.floor_rate) for b in sorted(q.urgent())}
+            self.urgent = q.urgent_by_tenant()
+            self.buckets = {tenant: self.buckets.get(tenant) or TokenBucket(s.floor_rate) for tenant in self.urgent}
+        room = min(self.threads - held, floor_slots(self.threads, s.floor_share) - self.leases.floor_held())
+        tenants = list(self.buckets)
+        self.floor_turn += 1
+        first = self.floor_turn % len(tenants) if tenants else 0
         claims: list[Claim] = []
-        for batch_id, bucket in self.buckets.items():
-            while held + len(claims) < self.threads and bucket.take(now):
-                claims += q.claim_batch(s.node, batch_id, 1, s.lease_seconds, models)
+        for tenant in tenants[first:] + tenants[:first]:
+            if len(claims) < room and self.buckets[tenant].take(now):
+                claims += self.first_claimable(self.urgent[tenant], models)
         return claims
+
+    def first_claimable(self, batch_ids: list[str], models: tuple[str, ...]) -> list[Claim]:
+        """One item of the first of ``batch_ids`` that has one queued for a model served here (none: [])."""
+        s = self.settings
+        for batch_id in batch_ids:
+            claim = self.rt.queue.claim_batch(s.node, batch_id, 1, s.lease_seconds, models)
+            if claim:
+                return claim
+        return []
 
     def phases(self, target: int, held: int) -> list[tuple[str, int]]:
         """Phase split: the phases this pass claims split items of, decodes first (they finish items), each with the

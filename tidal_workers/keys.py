@@ -8,17 +8,25 @@ the same, and a release without them requeues a split item it reclaims as a whol
 key                                                type    content
 =================================================  ======  =========================================================
 ``tidal:ql:{model}``                               ZSET    the model's priority levels holding queued batches:
-                                                           priority -> priority. A claim starts at the lowest
-                                                           level of the models its node serves.
-``tidal:qt:{priority}:{model}``                    ZSET    the tenants with queued batches at that level:
-                                                           tenant -> pass (virtual time). A claim serves the
-                                                           lowest pass and adds ``1 / weight`` to it per item
-                                                           (stride scheduling: items shared by weight, round
-                                                           robin at equal weights, across the fleet).
-``tidal:qv:{model}``                               HASH    priority -> the level's virtual time (the pass of its
-                                                           last claimed item): a tenant joining a level starts
-                                                           there, so it neither waits behind nor jumps ahead of
-                                                           the tenants already queued. Dropped with the level.
+                                                           priority -> priority. A tenant's claims take its most
+                                                           urgent level first.
+``tidal:qt:{priority}:{model}``                    ZSET    the tenants with queued batches at that level ->
+                                                           -1 once a claim has taken the tenant into the
+                                                           model's passes (``tidal:qs``), else the score
+                                                           ``link`` gave it (0 or more): how a claim finds the
+                                                           tenants new to the model without reading them all.
+``tidal:qs:{model}``                               ZSET    the tenants with queued whole items of the model, at
+                                                           any level: tenant -> pass. A claim serves the lowest
+                                                           pass (ties by name) and adds ``1 / weight`` to it
+                                                           per item (stride scheduling: items shared by weight,
+                                                           round robin at equal weights, across the fleet and
+                                                           the levels). Kept by ``CLAIM``: a tenant joining
+                                                           starts at the lowest pass of those queued, one found
+                                                           with nothing queued leaves, and the key goes with the
+                                                           claim that finds the model empty.
+``tidal:qv:{model}``                               HASH    layout 2's per-level virtual times: no longer written
+                                                           (the passes moved to ``tidal:qs``); ``link`` still
+                                                           reads it (absent: 0) and ``prune`` deletes fields.
 ``tidal:qb:{priority}:{len(tenant)}:{tenant}:{model}``  ZSET    one tenant's batches at one level: batch -> deadline
                                                            (EDF within a tenant). ``len`` is in UTF-8 bytes, so a
                                                            tenant or model holding ``:`` cannot collide.
@@ -58,8 +66,14 @@ key                                                type    content
                                                            passes (``last_at``, ``last_done``, ``mean``,
                                                            ``weight``, ``seen``); lost = the estimate starts over.
                                                            Expires after 4 tau.
+``tidal:trate:{len(tenant)}:{tenant}:{model}``     HASH    the same estimator for one tenant's batches of a
+                                                           model together, fed the items they settle (its
+                                                           laxity is the tenant's), and ``b:{batch}`` -> each
+                                                           batch's settled count at the last pass (so a batch
+                                                           that ended since still counts its last items).
 ``tidal:urgent``                                   SET     batches past ``floor_urgency``, rebuilt by every
-                                                           re-score pass: the claim loop's floor admits them.
+                                                           re-score pass: the claim loop's floor admits their
+                                                           tenants.
 ``tidal:built``                                    STRING  JSON ``{"layout": 2, "at": time}`` of the last rebuild
                                                            from SQL. Absent (Redis lost its data) or of another
                                                            layout (an upgrade): the next worker pass rebuilds.
@@ -71,8 +85,9 @@ key                                                type    content
                                                            records its own.
 =================================================  ======  =========================================================
 
-A claim therefore reads model -> priority -> tenant -> batch -> item: priority first, then the tenants' shares,
-then the tenant's earliest deadline, then prompt-prefix order inside the batch. Split items wait outside
+A claim therefore reads model -> tenant -> priority -> batch -> item: the tenants' shares first (models served by one
+node take turns), then the tenant's most urgent level, its earliest deadline there, then prompt-prefix order inside
+the batch. Split items wait outside
 that walk, by phase: a phase claim reads ``tidal:qp:{phase}:{model}`` (lowest priority, then deadline) and the
 batch's set of that phase, and an item's hash says where it goes back. Items' phases live in SQL
 (``items.phase``), so a rebuild puts each one back in the right set. In every name the free-form parts
@@ -105,11 +120,13 @@ BATCH_PREFIX = NS + "batch:"
 READY_PREFIX, READY_SUFFIX = NS + "b:", ":ready"
 ITEM_PREFIX = NS + "item:"
 RATE_PREFIX = NS + "rate:"
+TENANT_RATE_PREFIX = NS + "trate:"
 NODE_PREFIX, NODE_SUFFIX, MODELS_SUFFIX = NS + "node:", ":inflight", ":models"
 LEVELS_PREFIX = NS + "ql:"
 TENANTS_PREFIX = NS + "qt:"
 VTIME_PREFIX = NS + "qv:"
 TENANT_BATCHES_PREFIX = NS + "qb:"
+SHARES_PREFIX = NS + "qs:"
 PHASE_BATCHES_PREFIX = NS + "qp:"
 
 
@@ -133,6 +150,10 @@ def rate(batch_id: str) -> str:
     return f"{RATE_PREFIX}{batch_id}"
 
 
+def tenant_rate(model: str, tenant: str) -> str:
+    return f"{TENANT_RATE_PREFIX}{len(tenant.encode())}:{tenant}:{model}"
+
+
 def item(item_id: int | str) -> str:
     return f"{ITEM_PREFIX}{item_id}"
 
@@ -151,6 +172,10 @@ def levels(model: str) -> str:
 
 def vtime(model: str) -> str:
     return f"{VTIME_PREFIX}{model}"
+
+
+def shares(model: str) -> str:
+    return f"{SHARES_PREFIX}{model}"
 
 
 def tenants(model: str, priority: int) -> str:
@@ -179,6 +204,7 @@ function K.item(i) return {_lua(ITEM_PREFIX)} .. i end
 function K.node_inflight(n) return {_lua(NODE_PREFIX)} .. n .. {_lua(NODE_SUFFIX)} end
 function K.levels(m) return {_lua(LEVELS_PREFIX)} .. m end
 function K.vtime(m) return {_lua(VTIME_PREFIX)} .. m end
+function K.shares(m) return {_lua(SHARES_PREFIX)} .. m end
 function K.tenants(m, p) return {_lua(TENANTS_PREFIX)} .. p .. ':' .. m end
 function K.tenant_batches(m, p, t) return {_lua(TENANT_BATCHES_PREFIX)} .. p .. ':' .. #t .. ':' .. t .. ':' .. m end
 """

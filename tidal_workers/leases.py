@@ -79,6 +79,11 @@ class LeaseBook:
             self._held[item_id] = Held(lease, CLAIMED, time.monotonic(), floor, trusted_until)
             HELD.set(len(self._held))
 
+    def floor_held(self) -> int:
+        """Attempts the SLA floor admitted that this node still holds (the floor's cap counts these)."""
+        with self._cond:
+            return sum(held.floor for held in self._held.values())
+
     def set_target(self, target: int) -> None:
         with self._cond:
             if target != self.target:

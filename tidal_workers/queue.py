@@ -1,12 +1,14 @@
 """The item queue: Redis sorted sets by model, priority, tenant and batch, and leases with fencing; the Lua that
 keeps them atomic is in ``queue_scripts.py``.
 
-A claim walks model -> priority level -> tenant -> batch -> item (layout: ``keys.py``): the lowest priority
-queued for the models the node's engine serves, then the tenant whose turn it is (stride scheduling: each item
-claimed adds ``1 / weight`` to its tenant's pass, so tenants at one level share items by weight, round robin at
-equal weights, whichever node claims), then that tenant's earliest deadline, then prompt-prefix ordinal. Escalating
-a batch moves it between levels with a few ZADD/ZREM, whatever its size. Kombu's own Redis priorities are ten FIFO
-lists that cannot re-order a queued message, which is why only *claimed* items become Celery messages.
+A claim walks model -> tenant -> priority level -> batch -> item (layout: ``keys.py``): the models the node's engine
+serves take turns; in a model, the tenant whose turn it is (stride scheduling over all the model's levels: each item
+claimed adds ``1 / weight`` to its tenant's pass, so tenants share items by weight, round robin at equal weights,
+whichever node claims and whatever their batches' priorities), then that tenant's most urgent level, its earliest
+deadline there, then prompt-prefix ordinal. Priority thus orders a tenant's own batches and the engine's queue (the
+priority each request is sent with), never another tenant's share (issue 37, M2). Escalating a batch moves it
+between levels with a few ZADD/ZREM, whatever its size. Kombu's own Redis priorities are ten FIFO lists that cannot
+re-order a queued message, which is why only *claimed* items become Celery messages.
 """
 
 from __future__ import annotations
@@ -148,8 +150,8 @@ class Queue:
     ) -> list[Claim]:
         """Atomically lease up to ``n`` items of the given models in one call: first the split items of each
         ``(phase, max priority)`` in ``phases``, in order (batch score order, then ordinal), then, if ``whole``,
-        whole items in claim order: priority, then the tenants' weighted turns, then the tenant's earliest
-        deadline, then prompt-prefix ordinal."""
+        whole items in claim order: the models' turns, the tenants' weighted turns (across levels), then the
+        tenant's most urgent level, its earliest deadline, then prompt-prefix ordinal."""
         if n <= 0 or not models:
             return []
         turn = self._turn
@@ -263,6 +265,20 @@ class Queue:
 
     def urgent(self) -> set[str]:
         return t.cast(set[str], self.redis.smembers(keys.URGENT))
+
+    def urgent_by_tenant(self) -> dict[str, list[str]]:
+        """The urgent batches by tenant, each tenant's earliest deadline first (the floor serves tenants, not
+        batches); a batch no longer open in Redis is left out."""
+        ids = sorted(self.urgent())
+        with self.redis.pipeline(transaction=False) as p:
+            for batch_id in ids:
+                p.hmget(keys.batch(batch_id), "score", "tenant")
+            placed = p.execute()
+        by_tenant: dict[str, list[tuple[int, str]]] = {}
+        for batch_id, (score, tenant) in zip(ids, placed):
+            if score is not None and tenant is not None:
+                by_tenant.setdefault(tenant, []).append((int(float(score)) % PRIORITY_SCALE, batch_id))
+        return {tenant: [b for _, b in sorted(batches)] for tenant, batches in sorted(by_tenant.items())}
 
     def depth_by_band(self) -> dict[str, int]:
         """Queued items per priority band (items waiting here are invisible to Flower)."""

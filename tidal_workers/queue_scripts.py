@@ -161,11 +161,12 @@ CLAIM = (
 -- ARGV[7 + 2k ..] = the models the node's engine serves
 -- One claim pass in one call. First the split items, phase by phase: the lowest-score batch (priority, then
 -- deadline) of those models with items of that phase queued, at most the phase's highest score, its lowest
--- ordinals, then the next batch. Then whole items, item by item, as if one at a time: the lowest priority queued
--- for any of those models (models tied there take turns, from `turn`); at that level the tenant of lowest pass,
--- whose pass then grows by 1 / its weight per item; that tenant's earliest-deadline batch; its lowest ordinals.
--- A tenant takes at once the items it would take in a row (all of them when it is alone at the level). Leases
--- each item. Returns {item id, lease, batch id, ...}, split items first.
+-- ordinals, then the next batch. Then whole items, item by item, as if one at a time: the models with whole items
+-- queued take turns (from `turn`); in the model, the tenant of lowest pass whatever the levels its batches are at
+-- (ties by name), whose pass then grows by 1 / its weight per item; that tenant's most urgent level, its
+-- earliest-deadline batch there, its lowest ordinals. A tenant takes at once the items it would take in a row (all
+-- of them when it is alone). Leases each item.
+-- Returns {item id, lease, batch id, ...}, split items first.
 """
     + _PLACEMENT
     + _LEASE
@@ -195,53 +196,79 @@ for j = 0, k - 1 do
   end
 end
 if ARGV[5] ~= '1' then return out end
-local turn = tonumber(ARGV[4])
-local function level()
-  local best, tied = nil, {}
-  for _, m in ipairs(models) do
-    local top = redis.call('ZRANGE', K.levels(m), 0, 0, 'WITHSCORES')
-    if #top > 0 then
-      local p = tonumber(top[2])
-      if best == nil or p < best then
-        best, tied = p, {m}
-      elseif p == best then
-        tied[#tied + 1] = m
-      end
+-- The model's most urgent level holding batches of `tenant`, or nil: it has none queued.
+local function level_of(m, tenant)
+  for _, p in ipairs(redis.call('ZRANGE', K.levels(m), 0, -1)) do
+    if redis.call('EXISTS', K.tenant_batches(m, p, tenant)) == 1 then return p end
+  end
+  return nil
+end
+-- The model's passes (K.shares) take in the tenants that came to one of its levels since the last claim: link()
+-- puts a tenant on a level at a score of 0 or more, and a claim marks it there with -1 once the passes hold it (with
+-- `all`, every tenant is taken: the passes were lost). A tenant new to the passes starts at the lowest pass of those
+-- queued, so it neither waits behind them nor takes a burst to catch up; a tenant found with nothing queued (its
+-- batches dropped) leaves them first. Returns whether the model has a tenant to serve.
+local function join(m, all)
+  local sh, least = K.shares(m), nil
+  while true do
+    local top = redis.call('ZRANGE', sh, 0, 0, 'WITHSCORES')
+    if #top == 0 then break end
+    if level_of(m, top[1]) then
+      least = tonumber(top[2])
+      break
+    end
+    redis.call('ZREM', sh, top[1])
+  end
+  for _, p in ipairs(redis.call('ZRANGE', K.levels(m), 0, -1)) do
+    local ts = K.tenants(m, p)
+    if all and redis.call('EXISTS', ts) == 0 then redis.call('ZREM', K.levels(m), p) end
+    for _, tenant in ipairs(redis.call('ZRANGEBYSCORE', ts, all and '-inf' or 0, '+inf')) do
+      redis.call('ZADD', sh, 'NX', least or 0, tenant)
+      redis.call('ZADD', ts, 'XX', -1, tenant)
     end
   end
-  if best == nil then return nil, nil, 0 end
-  turn = turn + 1
-  return tied[turn % #tied + 1], best, #tied
+  return redis.call('EXISTS', sh) == 1
 end
+local active = {}  -- the models with a tenant to serve, in turn
+for _, m in ipairs(models) do
+  if redis.call('EXISTS', K.levels(m)) == 0 then
+    redis.call('DEL', K.shares(m))  -- nobody queued: the passes go
+  elseif join(m, false) or join(m, true) then
+    active[#active + 1] = m
+  end
+end
+local turn = tonumber(ARGV[4])
 -- Every pass claims items or removes something empty, so the loop ends.
-while want > 0 do
-  local m, p, tied = level()
-  if not m then break end
-  local ts = K.tenants(m, p)
-  local top = redis.call('ZRANGE', ts, 0, 1, 'WITHSCORES')
-  if #top == 0 then
-    redis.call('ZREM', K.levels(m), p)
+while want > 0 and #active > 0 do
+  turn = turn + 1
+  local slot = turn % #active + 1
+  local m = active[slot]
+  local sh = K.shares(m)
+  local top = redis.call('ZRANGE', sh, 0, 1, 'WITHSCORES')
+  local tenant, pass = top[1], tonumber(top[2])
+  local p = tenant and level_of(m, tenant)
+  if not tenant then
+    table.remove(active, slot)
+  elseif not p then
+    redis.call('ZREM', sh, tenant)  -- nothing queued any more
   else
-    local tenant, pass = top[1], tonumber(top[2])
     local b = redis.call('ZRANGE', K.tenant_batches(m, p, tenant), 0, 0)[1]
-    if not b then
-      prune(m, p, tenant)
-    else
-      local weight = tonumber(redis.call('HGET', K.WEIGHTS, tenant) or 1)
-      local run = 1  -- items in a row: while its pass stays below the next tenant's (a tie goes back to ZRANGE)
-      if tied == 1 then
-        run = want
-        if #top > 2 then run = math.max(1, math.ceil((tonumber(top[4]) - pass) * weight)) end
-      end
-      local popped = redis.call('ZPOPMIN', K.ready(b), math.min(run, want))
-      local got = #popped / 2
-      if got > 0 then
-        lease(popped, b, K.ITEM)
-        redis.call('ZADD', ts, pass + got / weight, tenant)
-        redis.call('HSET', K.vtime(m), p, pass + (got - 1) / weight)
-        want = want - got
-      end
-      if redis.call('EXISTS', K.ready(b)) == 0 then unlink_at(b, m, p, tenant) end
+    local weight = tonumber(redis.call('HGET', K.WEIGHTS, tenant) or 1)
+    local run = 1  -- items in a row: while its pass stays below the next tenant's (a tie goes back to ZRANGE)
+    if #active == 1 then
+      run = want
+      if #top > 2 then run = math.max(1, math.ceil((tonumber(top[4]) - pass) * weight)) end
+    end
+    local popped = redis.call('ZPOPMIN', K.ready(b), math.min(run, want))
+    local got = #popped / 2
+    if got > 0 then
+      lease(popped, b, K.ITEM)
+      redis.call('ZADD', sh, pass + got / weight, tenant)
+      want = want - got
+    end
+    if redis.call('EXISTS', K.ready(b)) == 0 then
+      unlink_at(b, m, p, tenant)
+      if not level_of(m, tenant) then redis.call('ZREM', sh, tenant) end
     end
   end
 end
@@ -256,7 +283,8 @@ CLAIM_BATCH = (
 -- ARGV[1] = node  ARGV[2] = most items to claim  ARGV[3] = lease seconds
 -- ARGV[4] = batch id  ARGV[5..] = the models the node's engine serves
 -- The floor's claim: pops the lowest-ordinal items of one named batch, whatever its score and its tenant's
--- share (the floor serves urgency), if the node serves its model, and leases each one: whole items first, then
+-- pass (the floor serves urgency, one bucket per tenant, capped by the claim loop), if the node serves its model,
+-- and leases each one: whole items first, then
 -- split ones (the phase split), decodes before prefills, whatever the node's slack. Returns {item id, lease, batch id, ...}.
 """
     + _PLACEMENT

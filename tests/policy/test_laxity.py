@@ -12,8 +12,11 @@ from tidal_workers.policy.laxity import RateEstimator
 from tidal_workers.policy.laxity import TokenBucket
 from tidal_workers.policy.laxity import drain_seconds
 from tidal_workers.policy.laxity import floor_engaged
+from tidal_workers.policy.laxity import floor_slots
 from tidal_workers.policy.laxity import laxity_seconds
 from tidal_workers.policy.laxity import priority_for
+from tidal_workers.policy.laxity import settled_since
+from tidal_workers.policy.laxity import tenant_laxities
 from tidal_workers.policy.laxity import urgency
 
 SETTINGS = load_settings({})
@@ -187,6 +190,80 @@ def test_floor_engaged():
     assert not floor_engaged(0.89)
     assert floor_engaged(0.9)
     assert floor_engaged(0.95, threshold=0.95)
+
+
+def test_floor_slots_are_a_share_of_the_pool_and_at_least_one():
+    assert floor_slots(196, 0.1) == 19
+    assert floor_slots(4, 0.5) == 2
+    assert floor_slots(4, 0.1) == 1
+    assert floor_slots(10, 1.0) == 10
+
+
+@pytest.mark.parametrize("rate", [None, 0.0, 0.5, 12.0])
+@pytest.mark.parametrize("remaining", [0, 1, 5_000, 1_000_000])
+def test_a_tenant_with_one_batch_reads_as_that_batch(rate, remaining):
+    now = 1_000.0
+    assert tenant_laxities(now, [(now + WINDOW, remaining)], rate) == [
+        laxity_seconds(now + WINDOW, now, remaining, rate)
+    ]
+
+
+@pytest.mark.parametrize("rate", [None, 0.0, 0.01, 1.0, 12.0])
+@pytest.mark.parametrize("parts", [[100_000], [1_000] * 100, [99_001] + [10] * 99 + [0] * 5, [1, 99_999]])
+def test_items_split_into_batches_of_one_deadline_are_as_urgent_as_one_batch(rate, parts):
+    """M2: 100 batches are no more urgent than one batch holding their items, whatever the rate."""
+    whole = laxity_seconds(WINDOW, 0.0, sum(parts), rate)
+    split = tenant_laxities(0.0, [(WINDOW, n) for n in parts], rate)
+    assert all(lax == whole for lax, n in zip(split, parts) if n > 0)
+    assert all(lax == WINDOW for lax, n in zip(split, parts) if n == 0)  # finished: holds up nobody
+
+
+def test_a_late_batch_raises_the_batches_due_before_it_but_not_after():
+    h = 3600.0
+    batches = [(60 * h, 10), (1 * h, 10), (2 * h, 100_000)]  # any order in, the same order out
+    late, first, last = tenant_laxities(0.0, batches, rate=1.0)
+    assert first == last == 2 * h - 100_010  # the first is drained before the late one: it holds it up
+    assert late == 60 * h - 100_020  # due after: on time at the tenant's rate, whatever is late before it
+    assert urgency(first, H) == 1.0 and urgency(late, H) == 0.0
+
+
+def test_settled_since_counts_each_batchs_rise_from_its_last_count():
+    before = {"a": 10, "b": 5, "gone": 7}
+    now = {"a": 25, "b": 3, "gone": 9, "new": 40}  # b's count was rebuilt lower; gone left with 9; new is a baseline
+    assert settled_since(before, now) == 15 + 0 + 2
+    assert settled_since({}, now) == 0
+
+
+def test_a_split_tenant_draining_one_batch_at_a_time_never_escalates():
+    """M2's scenario on the policy alone: 100 batches of 1,000 items, due together in 24 h, drained earliest
+    deadline first at 12/s (the tenant's share: about 2 h 19 m of work). Judged batch by batch, every batch still
+    waiting reads rate 0 after one tau and urgency 1; judged as the tenant's, none moves from priority 100."""
+    tau, step, n, size = 900.0, 5.0, 100, 1_000
+    done = [0] * n
+    per_batch = [RateEstimator(tau=tau).observe(0.0, 0) for _ in range(n)]
+    tenant = RateEstimator(tau=tau).observe(0.0, 0)
+    t, seen, settled = 0.0, dict.fromkeys(range(n), 0), 0
+    worst_per_batch, worst_tenant = 0.0, 0.0
+    while sum(done) < n * size:
+        t += step
+        left = 12 * int(step)
+        for i in range(n):  # earliest deadline first: ties by batch, as the queue orders them
+            took = min(left, size - done[i])
+            done[i], left = done[i] + took, left - took
+        now = {str(i): done[i] for i in range(n)}
+        settled += settled_since({str(i): c for i, c in seen.items()}, now)
+        seen = dict(enumerate(done))
+        tenant = tenant.observe(t, settled)
+        per_batch = [est.observe(t, done[i]) for i, est in enumerate(per_batch)]
+        open_ = [i for i in range(n) if done[i] < size]
+        worst_per_batch = max(
+            [worst_per_batch]
+            + [urgency(laxity_seconds(WINDOW, t, size - done[i], per_batch[i].rate), H) for i in open_]
+        )
+        laxities = tenant_laxities(t, [(WINDOW, size - done[i]) for i in open_], tenant.rate)
+        worst_tenant = max([worst_tenant] + [urgency(lax, H) for lax in laxities])
+    assert worst_per_batch == 1.0  # the bug: a sibling waiting its turn reads as stalled
+    assert worst_tenant == 0.0 and t < 2.5 * 3600
 
 
 def test_token_bucket_admits_its_rate_and_no_more():

@@ -1,5 +1,5 @@
-"""Claims by model and by tenant on real Redis: a node claims only its engine's models, and tenants queued at the
-same priority share items by weight whichever node claims, with priority first and deadline order in a tenant."""
+"""Claims by model and by tenant on real Redis: a node claims only its engine's models, and tenants share items by
+weight whichever node claims and whatever their batches' priorities, with priority then deadline order in a tenant."""
 
 from __future__ import annotations
 
@@ -77,12 +77,42 @@ def test_tenants_share_claims_by_weight(rt, make_batch, settings, weights, per_c
     assert abs(got["acme"] * weights[1] - got["globex"] * weights[0]) <= max(weights)  # within one turn, in fact
 
 
-def test_priority_comes_before_the_tenants_turns(rt, make_batch):
+def test_priority_takes_no_other_tenants_turn(rt, make_batch):
+    """Issue 37, M2: priority came before the tenants' turns, so a tenant with escalated batches took every item."""
     make_batch(5, tenant="acme", priority=100)
-    urgent = make_batch(3, tenant="globex", priority=40)
-    first = rt.queue.claim(NODES[0], 4, 30, ["m"])
-    assert [c.batch_id for c in first[:3]] == [urgent] * 3
-    assert tenants_of(rt, first) == ["globex"] * 3 + ["acme"]
+    make_batch(3, tenant="globex", priority=40)
+    assert tenants_of(rt, rt.queue.claim(NODES[0], 7, 30, ["m"])) == ["acme", "globex"] * 3 + ["acme"]
+
+
+def test_a_tenants_most_urgent_level_comes_first_then_its_deadlines(rt, make_batch):
+    calm = make_batch(2, priority=100, expires_in=3600)
+    late = make_batch(2, priority=40, expires_in=7200)
+    later = make_batch(2, priority=40, expires_in=7300)
+    assert [c.batch_id for c in rt.queue.claim(NODES[0], 6, 30, ["m"])] == [late] * 2 + [later] * 2 + [calm] * 2
+
+
+@pytest.mark.parametrize(("weights", "per_call"), [((1, 1), 1), ((1, 1), 6), ((1, 3), 4), ((3, 1), 5)])
+def test_escalated_batches_take_no_more_than_their_tenants_weight(rt, make_batch, settings, weights, per_call):
+    """Issue 37, M2: a tenant whose batches sit at priority 1 and 7 shares the model with one at 100 by weight."""
+    rt.settings = settings.replace(
+        tenant_limits=json.dumps({"acme": {"weight": weights[0]}, "globex": {"weight": weights[1]}})
+    )
+    for i, priority in enumerate((1, 7, 7)):
+        make_batch(100, tenant="acme", priority=priority, expires_in=3600 + i)
+    make_batch(300, tenant="globex", priority=100)
+
+    got = Counter(tenants_of(rt, claim_in_turns(rt, 240, per_call)))
+
+    assert abs(got["acme"] * weights[1] - got["globex"] * weights[0]) <= max(weights)  # within one turn
+
+
+def test_escalated_tenants_take_turns_whatever_their_levels(rt, make_batch):
+    make_batch(30, tenant="globex", priority=5)
+    first = make_batch(10, tenant="acme", priority=9, expires_in=3600)
+    late = make_batch(10, tenant="acme", priority=1, expires_in=7200)
+    claims = claim_in_turns(rt, 40, per_call=5)
+    assert tenants_of(rt, claims) == ["acme", "globex"] * 20  # ties by name, as at one level
+    assert [c.batch_id for c in claims if c.batch_id in (first, late)] == [late] * 10 + [first] * 10
 
 
 def test_a_tenant_arriving_late_takes_turns_from_then_on_without_a_burst(rt, make_batch):
@@ -99,9 +129,10 @@ def test_a_rebuild_keeps_the_tenants_passes(rt, make_batch):
     make_batch(30, tenant="acme")
     make_batch(30, tenant="globex")
     claim_in_turns(rt, 9, per_call=3)
-    before = rt.redis.zrange(keys.tenants("m", 100), 0, -1, withscores=True)
+    before = rt.redis.zrange(keys.shares("m"), 0, -1, withscores=True)
+    assert before == [("globex", 4.0), ("acme", 5.0)]
     assert rebuild(rt) == 51
-    assert rt.redis.zrange(keys.tenants("m", 100), 0, -1, withscores=True) == before
+    assert rt.redis.zrange(keys.shares("m"), 0, -1, withscores=True) == before
 
 
 def test_a_node_claims_only_the_models_its_engine_serves(rt, make_batch):
@@ -116,14 +147,15 @@ def test_a_node_claims_only_the_models_its_engine_serves(rt, make_batch):
     assert queued(rt, nobody) == 2 and nobody in rt.queue.queued_batches()  # waits, queued
 
 
-def test_models_tied_at_a_level_take_turns_on_a_node_serving_both(rt, make_batch):
+def test_models_take_turns_on_a_node_serving_both(rt, make_batch):
+    """Whatever their levels: a tenant escalated on one model takes no turn of the other's tenants (issue 37, M2)."""
     m = make_batch(6, model="m")
-    n = make_batch(6, model="n")
-    urgent = make_batch(2, model="n", priority=10)
+    n = make_batch(6, model="n", tenant="globex")
+    urgent = make_batch(2, model="n", tenant="globex", priority=10)
     claims = rt.queue.claim(NODES[0], 10, 30, ["m", "n"])
-    batches = [c.batch_id for c in claims]
-    assert batches[:2] == [urgent] * 2  # priority first, across models
-    assert Counter(batches[2:]) == {m: 4, n: 4} and all(a != b for a, b in itertools.pairwise(batches[2:]))
+    models = ["m" if c.batch_id == m else "n" for c in claims]
+    assert Counter(models) == {"m": 5, "n": 5} and all(a != b for a, b in itertools.pairwise(models))
+    assert [c.batch_id for c in claims if c.batch_id != m] == [urgent] * 2 + [n] * 3  # in a tenant, priority first
 
 
 def test_the_floor_claims_only_a_served_model(rt, make_batch):
@@ -134,15 +166,17 @@ def test_the_floor_claims_only_a_served_model(rt, make_batch):
 
 
 def test_rescore_moves_a_batch_between_levels_and_emptied_levels_leave_no_keys(rt, make_batch):
-    a = make_batch(3, tenant="acme")
+    a = make_batch(4, tenant="acme")
     b = make_batch(3, tenant="globex")
     deadline = float(rt.redis.hget(keys.batch(b), "score")) % 1e10
     assert rt.queue.rescore(b, 7, deadline)
     assert rt.redis.zrange(keys.levels("m"), 0, -1) == ["7", "100"]
-    assert [c.batch_id for c in rt.queue.claim(NODES[0], 3, 30, ["m"])] == [b] * 3
+    assert [c.batch_id for c in rt.queue.claim(NODES[0], 6, 30, ["m"])] == [a, b] * 3
     assert rt.redis.zrange(keys.levels("m"), 0, -1) == ["100"]  # level 7 emptied: gone, with its tenants
-    assert rt.queue.drop_batch(a) == 3
+    assert rt.redis.zrange(keys.shares("m"), 0, -1) == ["acme"]  # globex left with its last batch
+    assert rt.queue.drop_batch(a) == 1
     assert structure_keys(rt) == [] and rt.queue.queued_batches() == []
+    assert rt.queue.claim(NODES[0], 1, 30, ["m"]) == [] and not rt.redis.exists(keys.shares("m"))  # then the passes
 
 
 def test_reclaimed_items_relink_their_batch(rt, make_batch):

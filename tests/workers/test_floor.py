@@ -1,9 +1,11 @@
-"""The SLA floor: an urgent batch is admitted at floor_rate per node past a closed gate, on real Redis and SQL."""
+"""The SLA floor: a tenant's urgent batches are admitted at floor_rate per node past a closed gate, within the floor's
+share of the pool, on real Redis and SQL."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 import pytest
 from prometheus_client import REGISTRY
@@ -94,12 +96,49 @@ def test_the_claim_loop_reads_the_urgent_batches_at_most_once_a_second(rt, make_
     loop = loop_for(rt, 0, [], settle=True)
     t0 = time.time()
     loop.tick(t0)
-    assert set(loop.buckets) == {urgent}
+    assert loop.urgent == {"acme": [urgent]} and set(loop.buckets) == {"acme"}
     rt.queue.set_urgent([])
     loop.tick(t0 + URGENT_READ_SECONDS / 2)
-    assert set(loop.buckets) == {urgent}  # the reading of a second ago still serves
+    assert set(loop.buckets) == {"acme"}  # the reading of a second ago still serves
     loop.tick(t0 + URGENT_READ_SECONDS)
     assert loop.buckets == {}
+
+
+def test_a_tenant_with_many_urgent_batches_gets_one_floor(rt, make_batch):
+    """Issue 37, M2: the floor was one bucket per urgent batch, so a tenant that split its work into many batches
+    had as many floors. One bucket per tenant now, spent on its earliest-deadline urgent batch."""
+    urgent = [make_batch(100, expires_in=600 + i) for i in range(6)]
+    rescore(rt)
+    assert rt.queue.urgent() == set(urgent)
+    sent: list = []
+    loop = loop_for(rt, 0, sent, settle=True)
+    t0 = time.time()
+    for k in range(201):  # ten simulated seconds, a pass every 50 ms
+        loop.tick(t0 + 0.05 * k)
+    assert len(sent) == 1 + FLOOR_RATE * 10  # one tenant's floor, not six
+    assert {c.batch_id for c in sent} == {urgent[0]}
+
+
+def test_the_floor_holds_at_most_its_share_of_the_pool_and_tenants_take_turns(rt, make_batch, settings):
+    """Issue 37, M2: however many urgent batches and tenants, the floor holds at most TIDAL_FLOOR_SHARE of the pool
+    past the gate (here half of 4 threads), and the tenants share that room."""
+    rt.settings = settings.replace(floor_share=0.5)
+    acme = [make_batch(20, expires_in=600 + i) for i in range(3)]
+    globex = make_batch(20, tenant="globex", expires_in=600)
+    rescore(rt)
+    assert rt.queue.urgent() == {*acme, globex}
+    sent: list = []
+    loop = loop_for(rt, 0, sent, settle=False)  # the engine never answers: what the floor admits stays held
+    t0 = time.time()
+    for k in range(201):
+        loop.tick(t0 + 0.05 * k)
+        assert loop.leases.floor_held() <= 2
+    assert Counter(c.batch_id for c in sent) == {acme[0]: 1, globex: 1}
+    first = sent[0]
+    rt.queue.complete(first.item_id, first.lease)
+    loop.leases.discard(first.item_id, first.lease)  # one answered: room for one more
+    loop.tick(t0 + 11)
+    assert len(sent) == 3 and loop.leases.floor_held() == 2
 
 
 def test_a_batch_starved_by_online_load_still_makes_its_floor_rate(rt, make_batch, stub, worker):

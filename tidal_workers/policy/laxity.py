@@ -6,10 +6,16 @@ urgency u = clamp(1 - laxity / H, 0, 1); priority = round(100 - 99 u).
 While a batch drains at its observed rate the two time terms cancel and its
 laxity is constant, so a healthy batch never escalates however much of its
 window has passed; only a falling rate (or the deadline itself) moves it.
+
+A tenant's batches of one model are judged together (``tenant_laxities``): its
+claims drain them earliest deadline first at the tenant's share, so the rate
+that matters is the tenant's over all of them, and a batch waiting behind a
+sibling is not late for it.
 """
 
 from __future__ import annotations
 
+import collections.abc as cabc
 import dataclasses
 import math
 
@@ -85,6 +91,41 @@ def laxity_seconds(expires_at: float, now: float, remaining: int, rate: float | 
     return (expires_at - now) - drain_seconds(remaining, rate)
 
 
+def tenant_laxities(now: float, batches: cabc.Sequence[tuple[float, int]], rate: float | None) -> list[float]:
+    """The laxity of each of one tenant's batches of a model, given as ``(expires_at, remaining)`` (any order; the
+    answer in the same order), when the tenant drains them earliest deadline first at ``rate``, its observed rate
+    over all of them.
+
+    A batch is done once it and every batch due before it are: ``L_i = (expires_i - now) - drain(remaining due by
+    i)``. A batch with items left holds up every batch due after it, so its laxity is the least ``L`` of itself and
+    those; one with nothing left holds up nobody and keeps ``expires - now``. One batch therefore reads as
+    ``laxity_seconds``, and the same items split into many batches of the same deadlines read as that one batch,
+    never more urgent: the sibling that waits while another drains is not late for waiting.
+    """
+    order = sorted(range(len(batches)), key=lambda i: batches[i][0])
+    own: list[float] = []
+    due = 0
+    for i in order:
+        expires_at, remaining = batches[i]
+        due += max(0, remaining)
+        own.append(laxity_seconds(expires_at, now, due if remaining > 0 else 0, rate))
+    out = [0.0] * len(batches)
+    least = math.inf
+    for k in reversed(range(len(order))):
+        least = min(least, own[k])
+        out[order[k]] = least if batches[order[k]][1] > 0 else own[k]
+    return out
+
+
+def settled_since(before: cabc.Mapping[str, int], now: cabc.Mapping[str, int]) -> int:
+    """Items a tenant's batches settled between two looks, from each batch's settled count then and now.
+
+    A batch first seen now counts from now (its baseline); one whose count fell (a rebuilt count) adds nothing.
+    ``now`` holds the batches that left since the last look too, at their final counts, so their last items count.
+    """
+    return sum(max(0, done - before[batch]) for batch, done in now.items() if batch in before)
+
+
 def urgency(laxity: float, horizon: float) -> float:
     """0 while the laxity is at least the horizon H, rising to 1 as it reaches 0."""
     return min(1.0, max(0.0, 1.0 - laxity / horizon))
@@ -105,12 +146,19 @@ def floor_engaged(urgency: float, threshold: float = 0.9) -> bool:
     return urgency >= threshold
 
 
+def floor_slots(pool: int, share: float) -> int:
+    """The most items the floor may hold on a node with ``pool`` threads, all urgent tenants together: a share of
+    the pool, at least one (the floor is a minimum for the urgent, not a second gate to pass)."""
+    return max(1, math.floor(share * pool))
+
+
 @dataclasses.dataclass
 class TokenBucket:
     """Admits up to ``rate`` per second with bursts of ``burst``; starts full.
 
-    The SLA floor: an urgent batch takes a token per item and is admitted past
-    a closed gate while tokens last. Time only comes in through ``take``.
+    The SLA floor: a tenant with urgent batches takes a token per item and is
+    admitted past a closed gate while tokens last. Time only comes in through
+    ``take``.
     """
 
     rate: float
