@@ -24,9 +24,9 @@ def test_create_answers_validating_and_sends_the_ingest_task(acme, batch_file, r
         input_file_id=batch_file([request_line("1"), request_line("2")]), endpoint=CHAT, completion_window="24h"
     )
     assert b.status == "validating" and b.in_progress_at is None and b.request_counts.total == 0
-    # the message is in the broker's tidal.ops list, as a worker will receive it
-    raw = rt.redis.rpop("tidal.ops")
-    assert raw is not None and rt.redis.llen("tidal.ops") == 0
+    # the message is in the broker's tidal.ingest list, as a worker will receive it
+    raw = rt.redis.rpop("tidal.ingest")
+    assert raw is not None and rt.redis.llen("tidal.ingest") == 0
     message = json.loads(raw)
     assert message["headers"]["task"] == "tidal.ingest"
     args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
@@ -42,14 +42,14 @@ def test_a_broker_that_is_down_loses_nothing_and_reconcile_resends_the_ingest(ac
     rt.settings = settings.replace(broker_url="redis://127.0.0.1:1/0")  # nothing listens on port 1
     rt.__dict__.pop("celery", None)  # the Celery app is built lazily from the settings
     b = acme.batches.create(input_file_id=batch_file([request_line("1")]), endpoint=CHAT, completion_window="24h")
-    assert b.status == "validating" and rt.redis.llen("tidal.ops") == 0
+    assert b.status == "validating" and rt.redis.llen("tidal.ingest") == 0
 
     rt.settings = up
     rt.__dict__.pop("celery", None)
     reconcile(rt, now=time.time() + 60)  # too soon: the batch may still be on its way through a slow broker
-    assert rt.redis.llen("tidal.ops") == 0
+    assert rt.redis.llen("tidal.ingest") == 0
     reconcile(rt, now=time.time() + settings.ingest_resend_seconds)
-    message = json.loads(rt.redis.rpop("tidal.ops"))
+    message = json.loads(rt.redis.rpop("tidal.ingest"))
     assert message["headers"]["task"] == "tidal.ingest"
     args, _, _ = json.loads(base64.b64decode(message["body"]))
     ingest_batch(rt, *args)

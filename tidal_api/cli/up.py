@@ -119,7 +119,7 @@ def up(flower: bool, demo: bool, dev: bool) -> None:
             sup.env["TIDAL_ENV"] = "dev"
         sup.start("api", tidal + ["serve"])
         sup.start("worker", tidal + ["worker"])
-        sup.start("ops", tidal + ["worker", "--ops"])  # ingest and the sweeps, beside the GPU node's worker
+        sup.start("ops", tidal + ["worker", "--ops"])  # finalize, the sweeps and ingest, beside the GPU node's worker
         sup.start("beat", tidal + ["beat"])
         if flower:
             sup.start("flower", tidal + ["flower", "--address", "127.0.0.1"])
