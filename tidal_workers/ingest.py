@@ -26,6 +26,7 @@ So one tenant's files never hold every ingest thread, and no message loops in th
 from __future__ import annotations
 
 import array
+import io
 import logging
 import time
 import typing as t
@@ -79,6 +80,40 @@ def request_ingest(rt: Runtime, batch_id: str) -> bool:
             "batch %s: the broker did not take its ingest task (%s); reconcile will send it again", batch_id, exc
         )
         return False
+
+
+def token_error(message: str) -> dict[str, t.Any]:
+    """The ``errors.data`` entry of a batch the enqueued-token quota refuses, as OpenAI writes it."""
+    return LineError("token_limit_exceeded", None, message, None).as_dict()
+
+
+class TokenFloor(t.NamedTuple):
+    model: str
+    tokens: int
+
+
+def token_floor(rt: Runtime, blob: str, endpoint: str) -> TokenFloor | None:
+    """A lower bound on a large input file's estimated tokens, read before its ingest is queued: the tokens of the
+    whole lines in its first ``TIDAL_SYNC_VALIDATE_BYTES``, which costs what validating a small file inline does.
+
+    Every request of a batch counts against the quota, so a batch whose first lines alone are over what its tenant
+    has left would be refused by the ingest's verdict on the whole file too: it is refused at once, and costs no
+    ingest. None when the prefix says nothing sure (no whole line, a line error: the ingest reports the file's
+    errors) or could not be read (the ingest reads it again, and retries what fails).
+    """
+    try:
+        with rt.blobs.open(blob) as f:
+            head = f.read(rt.settings.sync_validate_bytes)
+    except Exception as exc:  # a hint only: storage trouble is the ingest's to report, not the create's
+        log.warning("the input file %s could not be read for its token estimate (%s); ingest decides", blob, exc)
+        return None
+    head = head[: head.rfind(b"\n") + 1]
+    if not head:
+        return None
+    prefix = validate_file(io.BytesIO(head), endpoint, rt.settings)
+    if prefix.errors or prefix.model is None:
+        return None
+    return TokenFloor(prefix.model, prefix.tokens)
 
 
 def claim_key(p: ParsedLine) -> tuple[str, int]:
@@ -324,8 +359,7 @@ def _ingest(rt: Runtime, batch_id: str, begun: _Attempt) -> None:
     with rt.store.transaction() as s:
         lock_tenant(s, tenant)  # the quota is decided and the tokens taken in this one transaction
         if over := token_limit_message(s, rt.settings, tenant, model, first.tokens):
-            error = LineError("token_limit_exceeded", None, over, None)
-            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model, errors=[error.as_dict()])
+            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model, errors=[token_error(over)])
             return
         if not _claim(
             s,

@@ -8,6 +8,8 @@ import time
 
 import pytest
 from api_helpers import CHAT
+from api_helpers import error_of
+from api_helpers import jsonl
 from api_helpers import request_line
 
 from tidal_workers.ingest import ingest_batch
@@ -54,3 +56,31 @@ def test_a_broker_that_is_down_loses_nothing_and_reconcile_resends_the_ingest(ac
     args, _, _ = json.loads(base64.b64decode(message["body"]))
     ingest_batch(rt, *args)
     assert acme.batches.retrieve(b.id).status == "in_progress"
+
+
+def test_a_second_batch_on_a_file_still_validating_is_refused_until_the_first_has_left_validating(
+    acme, globex, batch_file, http, rt
+):
+    """100 batches on one 200 MB file would be 100 ingests of it: while one validates it, another is a 409."""
+    file_id = batch_file([request_line("1"), request_line("2")])
+    first = acme.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+    body = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
+    r = http.post("/v1/batches", json=body)
+    assert r.status_code == 409
+    assert error_of(r) == {
+        "message": f"File {file_id} is still being validated for batch {first.id}. Create another batch on it once "
+        "that one has left 'validating'.",
+        "type": "invalid_request_error",
+        "param": "input_file_id",
+        "code": "input_file_in_use",
+    }
+    assert rt.redis.llen("tidal.ingest") == 1  # the first batch's ingest only
+    assert [b.id for b in acme.batches.list()] == [first.id]  # nothing stored for the refused one
+    # another tenant's batches are not its business (and that file is not theirs to name)
+    other = globex.files.create(file=("in.jsonl", jsonl([request_line("1")])), purpose="batch").id
+    assert globex.batches.create(input_file_id=other, endpoint=CHAT, completion_window="24h").status == "validating"
+
+    ingest_batch(rt, first.id)  # what the task does
+    # validated: as OpenAI allows, another batch may run the same file
+    second = acme.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+    assert second.status == "validating" and acme.batches.retrieve(first.id).status == "in_progress"
