@@ -9,17 +9,21 @@ from __future__ import annotations
 import typing as t
 
 from celery import Celery
+from kombu.entity import Queue
 
 from config.settings import Settings
 from tidal_workers import keys
 from tidal_workers import task_names
 
 #: What each kind of worker consumes, besides the ``<hostname>.dq2`` queue Celery's ``worker_direct`` adds to every
-#: worker. The ops worker (``tidal worker --ops``) takes ``tidal.ops``: ingest, the sweeps and any other work that
-#: must not share a process with a GPU node's requests (an input file that kills its process would take the node's
-#: in-flight items with it). A GPU node's worker (``tidal worker``) excludes it: it runs only the items it claims.
-OPS_WORKER_QUEUES = (task_names.OPS_QUEUE,)
-GPU_WORKER_EXCLUDED_QUEUES = (task_names.OPS_QUEUE,)
+#: worker. The ops worker (``tidal worker --ops``) is two Celery workers, each its own process with its own threads:
+#: its control part takes ``tidal.ops`` (finalize and the sweeps), its ingest part ``tidal.ingest``, so ingests
+#: holding every ingest thread never hold a finalize or a sweep back. Neither shares a process with a GPU node's
+#: requests (an input file that kills its process would take the node's in-flight items with it): a GPU node's
+#: worker (``tidal worker``) excludes both and runs only the items it claims.
+OPS_CONTROL, OPS_INGEST = "control", "ingest"  # the ops worker's parts (`tidal worker --ops --part ...`)
+OPS_PART_QUEUES = {OPS_CONTROL: (task_names.OPS_QUEUE,), OPS_INGEST: (task_names.INGEST_QUEUE,)}
+GPU_WORKER_EXCLUDED_QUEUES = (task_names.OPS_QUEUE, task_names.INGEST_QUEUE)
 
 
 def _sweep(task: str, period: float) -> dict[str, t.Any]:
@@ -42,6 +46,8 @@ def celery_config(settings: Settings) -> dict[str, t.Any]:
         **_transport(settings.celery_broker_url),
         "broker_connection_retry_on_startup": True,
         "task_default_queue": task_names.OPS_QUEUE,
+        # Declared, so a worker given no queue (a test's in-process worker, Flower's view) takes both ops queues.
+        "task_queues": [Queue(name) for name in (task_names.OPS_QUEUE, task_names.INGEST_QUEUE)],
         "task_ignore_result": True,
         "task_serializer": "json",
         "accept_content": ["json"],

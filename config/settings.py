@@ -343,7 +343,17 @@ class Settings(SchedulerSettings):
     )
     ops_worker_threads: int = _setting(
         2,
-        "Threads of the ops worker (`tidal worker --ops`: ingest and the sweeps); each ingest holds at most about 100 MB.",
+        "Threads of the ops worker's control process (`tidal worker --ops`: finalize and beat's sweeps, the `tidal.ops` queue); ingests never take them.",
+        ge=1,
+    )
+    ingest_worker_threads: int = _setting(
+        2,
+        "Threads of the ops worker's ingest process (the `tidal.ingest` queue): input files validated at once; each ingest holds at most about 100 MB.",
+        ge=1,
+    )
+    ingests_per_tenant: int = _setting(
+        1,
+        "Ingest attempts one tenant may have running at once; its other batches stay `validating` and start as its running ones end, leaving the other ingest threads to other tenants. Ingest is CPU-bound under one interpreter lock, so a tenant's second ingest at once would add no speed, only take a thread.",
         ge=1,
     )
     ingest_attempts: int = _setting(

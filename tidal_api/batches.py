@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from config import Settings
 from tidal_api import expiry
 from tidal_api import idempotency
 from tidal_api import serialize
@@ -33,17 +34,22 @@ from tidal_api.pagination import int_arg
 from tidal_api.pagination import keyset_page
 from tidal_api.pagination import list_body
 from tidal_workers.cancel import cancel_batch
+from tidal_workers.ingest import TokenFloor
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
+from tidal_workers.ingest import token_error
+from tidal_workers.ingest import token_floor
 from tidal_workers.policy.phase import ALWAYS
 from tidal_workers.policy.phase import AUTO
 from tidal_workers.policy.phase import NEVER
 from tidal_workers.policy.phase import SPLIT_MODES
 from tidal_workers.quotas import lock_tenant
 from tidal_workers.quotas import open_batch_message
+from tidal_workers.quotas import token_limit_message
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
+from tidal_workers.store.models import File
 
 ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 COMPLETION_WINDOWS = ("24h",)
@@ -182,19 +188,27 @@ def create() -> Response:
             first = idempotency.earlier(s, tenant, ROUTE, key, asked)
         if first is not None:  # a retry: the batch the first request made, as it stands now
             return _batch_answer(first)
+    with rt.store.read() as s:
+        source = _input_file(s, input_file_id)
+        inline = source.bytes <= rt.settings.sync_validate_bytes
+        blob = source.blob
+    # A large file's first lines, read before any lock is taken: a sure refusal by the token quota costs no ingest.
+    floor = None if inline else token_floor(rt, blob, endpoint)
     now = int(time.time())
     try:
         with rt.store.transaction() as s:
-            source = owned_file(s, input_file_id, param="input_file_id")
-            if source.purpose != "batch":
-                raise invalid_value(
-                    "input_file_id",
-                    f"File {input_file_id} has purpose '{source.purpose}'; a batch input file must have purpose "
-                    "'batch'.",
-                )
-            lock_tenant(s, tenant)  # the open-batch count and the new row in one decision
+            lock_tenant(s, tenant)  # the open-batch count, the quotas and the new row in one decision
             if message := open_batch_message(s, rt.settings, tenant):
                 raise APIError(429, message, code="batch_limit_exceeded")
+            if not inline and (validating := _validating_on(s, tenant, input_file_id)):
+                raise APIError(
+                    409,
+                    f"File {input_file_id} is still being validated for batch {validating}. Create another batch on "
+                    "it once that one has left 'validating'.",
+                    param="input_file_id",
+                    code="input_file_in_use",
+                )
+            refusal = _token_refusal(s, rt.settings, tenant, floor, now) if floor else {}
             batch = Batch(
                 tenant_id=tenant,
                 endpoint=endpoint,
@@ -205,19 +219,53 @@ def create() -> Response:
                 expires_at=now + rt.settings.completion_window_seconds,
                 output_expires_after=output_expires_after,
                 phase_split=options["phase_split"],
+                **refusal,
             )
             s.add(batch)
             s.flush()
             if key is not None:
                 idempotency.record(s, tenant, ROUTE, key, asked, batch.id)
-            inline = source.bytes <= rt.settings.sync_validate_bytes
     except IntegrityError:  # the same key won a race: answer as its retry
         return _batch_answer(idempotency.race_winner(rt.store, tenant, ROUTE, key, asked))
     if inline:
         ingest_batch(rt, batch.id)
-    else:
+    elif not refusal:
         request_ingest(rt, batch.id)  # a broker that is down leaves the batch `validating`, and reconcile resends
     return _batch_answer(batch.id)
+
+
+def _input_file(session: Session, input_file_id: str) -> File:
+    source = owned_file(session, input_file_id, param="input_file_id")
+    if source.purpose != "batch":
+        raise invalid_value(
+            "input_file_id",
+            f"File {input_file_id} has purpose '{source.purpose}'; a batch input file must have purpose 'batch'.",
+        )
+    return source
+
+
+def _token_refusal(session: Session, settings: Settings, tenant: str, floor: TokenFloor, now: int) -> dict[str, t.Any]:
+    """A new batch's failed state when its file's first lines alone are over the tenant's enqueued-token quota,
+    as its ingest would fail it (OpenAI's ``token_limit_exceeded``); {} when they are not."""
+    over = token_limit_message(session, settings, tenant, floor.model, floor.tokens)
+    if over is None:
+        return {}
+    return {"status": BatchStatus.failed.value, "failed_at": now, "model": floor.model, "errors": [token_error(over)]}
+
+
+def _validating_on(session: Session, tenant: str, input_file_id: str) -> str | None:
+    """A batch of the tenant still validating the large file ``input_file_id``: a second would validate it again
+    beside it (100 batches on one 200 MB file, 100 ingests), so it is refused until the first has left
+    `validating`; then another may be created, as OpenAI allows several batches on one file."""
+    return session.scalar(
+        select(Batch.id)
+        .where(
+            Batch.tenant_id == tenant,
+            Batch.input_file_id == input_file_id,
+            Batch.status == BatchStatus.validating.value,
+        )
+        .limit(1)
+    )
 
 
 @bp.get("/<path:batch_id>")

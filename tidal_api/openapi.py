@@ -319,12 +319,17 @@ DOCUMENT: dict[str, t.Any] = {
         "/v1/batches": {
             "post": _op(
                 "Create a batch. Input files up to TIDAL_SYNC_VALIDATE_BYTES are validated before the answer "
-                "(status in_progress or failed); larger ones answer `validating`.",
+                "(status in_progress or failed); larger ones answer `validating`, or `failed` with "
+                "token_limit_exceeded when their first lines alone are over the enqueued-token quota.",
                 _json("Batch", "The batch (or, for a retry under the same Idempotency-Key, the first one)."),
                 (
                     400,
                     404,
-                    _REUSED,
+                    (
+                        409,
+                        f"{_REUSED[1]} Or the input file is still being validated for another of the caller's "
+                        "batches (code input_file_in_use).",
+                    ),
                     (413, "The JSON body is over 64 KB (code request_too_large)."),
                     (429, "The tenant's open batches are at its quota (code batch_limit_exceeded)."),
                 ),

@@ -1,10 +1,10 @@
 """Ingest: validate a `validating` batch's input file and turn its lines into Item rows.
 
-Runs inline in ``POST /v1/batches`` for small files and as the Celery task ``tidal.ingest`` on the ops worker
-(``tidal worker --ops``, never a GPU node's worker) for large ones. Either way it is idempotent: only a batch still
-``validating`` is touched, and the status change and the item rows commit in one transaction, so a redelivered
-task finds the batch moved on and does nothing. That is also why a task the broker never took is simply sent
-again: the batch row in SQL is the record that ingest is owed (``request_ingest``, and beat's reconcile for
+Runs inline in ``POST /v1/batches`` for small files and as the Celery task ``tidal.ingest`` on the ops worker's
+ingest process (``tidal worker --ops``, never a GPU node's worker) for large ones. Either way it is idempotent: only
+a batch still ``validating`` is touched, and the status change and the item rows commit in one transaction, so a
+redelivered task finds the batch moved on and does nothing. That is also why a task the broker never took is simply
+sent again: the batch row in SQL is the record that ingest is owed (``request_ingest``, and beat's reconcile for
 batches left ``validating``).
 
 Memory is bounded whatever the file's size: the file is read twice as a stream. The first pass validates it and
@@ -16,11 +16,17 @@ Attempts are counted in SQL before each one starts (``batches.ingest_attempts``)
 (killed, out of memory) counts too. An attempt that raises is retried with backoff (``retry_delay``); one that
 died is sent again by reconcile (``resend_due``); after ``TIDAL_INGEST_ATTEMPTS`` the batch fails with
 ``ingest_failed``. An input that kills its process therefore costs a bounded number of attempts, never a loop.
+
+One tenant runs at most ``TIDAL_INGESTS_PER_TENANT`` attempts at once on the ops worker: a message for a tenant at
+its limit does nothing (no attempt counted) and its batch stays `validating`; whichever of the tenant's attempts
+ends next sends the ingest of its oldest batch left waiting (``send_next``), and reconcile resends any left behind.
+So one tenant's files never hold every ingest thread, and no message loops in the broker while it waits.
 """
 
 from __future__ import annotations
 
 import array
+import io
 import logging
 import time
 import typing as t
@@ -67,13 +73,47 @@ def request_ingest(rt: Runtime, batch_id: str) -> bool:
     batch has waited ``ingest_resend_seconds``.
     """
     try:
-        rt.celery.send_task(task_names.INGEST, args=[batch_id], queue=task_names.OPS_QUEUE)
+        rt.celery.send_task(task_names.INGEST, args=[batch_id], queue=task_names.INGEST_QUEUE)
         return True
     except OperationalError as exc:
         log.warning(
             "batch %s: the broker did not take its ingest task (%s); reconcile will send it again", batch_id, exc
         )
         return False
+
+
+def token_error(message: str) -> dict[str, t.Any]:
+    """The ``errors.data`` entry of a batch the enqueued-token quota refuses, as OpenAI writes it."""
+    return LineError("token_limit_exceeded", None, message, None).as_dict()
+
+
+class TokenFloor(t.NamedTuple):
+    model: str
+    tokens: int
+
+
+def token_floor(rt: Runtime, blob: str, endpoint: str) -> TokenFloor | None:
+    """A lower bound on a large input file's estimated tokens, read before its ingest is queued: the tokens of the
+    whole lines in its first ``TIDAL_SYNC_VALIDATE_BYTES``, which costs what validating a small file inline does.
+
+    Every request of a batch counts against the quota, so a batch whose first lines alone are over what its tenant
+    has left would be refused by the ingest's verdict on the whole file too: it is refused at once, and costs no
+    ingest. None when the prefix says nothing sure (no whole line, a line error: the ingest reports the file's
+    errors) or could not be read (the ingest reads it again, and retries what fails).
+    """
+    try:
+        with rt.blobs.open(blob) as f:
+            head = f.read(rt.settings.sync_validate_bytes)
+    except Exception as exc:  # a hint only: storage trouble is the ingest's to report, not the create's
+        log.warning("the input file %s could not be read for its token estimate (%s); ingest decides", blob, exc)
+        return None
+    head = head[: head.rfind(b"\n") + 1]
+    if not head:
+        return None
+    prefix = validate_file(io.BytesIO(head), endpoint, rt.settings)
+    if prefix.errors or prefix.model is None:
+        return None
+    return TokenFloor(prefix.model, prefix.tokens)
 
 
 def claim_key(p: ParsedLine) -> tuple[str, int]:
@@ -128,17 +168,39 @@ class _Attempt(t.NamedTuple):
     expires_at: int
 
 
-def _begin_attempt(rt: Runtime, batch_id: str) -> _Attempt | None:
+#: What ``_begin_attempt`` answers when the tenant already runs its allowed attempts: the batch waits its turn.
+WAIT: t.Final = "wait"
+
+
+def _running(s: Session, settings: Settings, tenant: str, batch_id: str, now: float) -> int:
+    """The tenant's other ingest attempts running now: begun and not yet presumed dead (``resend_due``)."""
+    begun = s.execute(
+        select(Batch.created_at, Batch.ingest_started_at, Batch.ingest_attempts).where(
+            Batch.tenant_id == tenant,
+            Batch.status == BatchStatus.validating.value,
+            Batch.ingest_started_at.is_not(None),
+            Batch.id != batch_id,
+        )
+    ).all()
+    return sum(now < resend_due(settings, *row) for row in begun)
+
+
+def _begin_attempt(rt: Runtime, batch_id: str, max_running: int | None) -> _Attempt | t.Literal["wait"] | None:
     """Count an attempt (committed before any work, so a process that dies mid-ingest has used it up).
 
-    Returns what the attempt needs of the batch, or None when there is nothing to do: the batch
-    is no longer `validating`, its attempts are used up (reconcile fails it when the last is due), or an attempt
-    is running (a duplicate message: the API's and a resend, or several resends while no ops worker ran).
+    Returns what the attempt needs of the batch; ``WAIT`` when the tenant already runs ``max_running`` attempts
+    (nothing counted); or None when there is nothing to do: the batch is no longer `validating`, its attempts are
+    used up (reconcile fails it when the last is due), or an attempt is running (a duplicate message: the API's and
+    a resend, or several resends while no ops worker ran).
     """
     now = time.time()
     with rt.store.transaction() as s:
-        batch = s.get(Batch, batch_id)
-        if batch is None or batch.status != BatchStatus.validating.value:
+        tenant = s.scalar(select(Batch.tenant_id).where(Batch.id == batch_id))
+        if tenant is None:
+            return None
+        lock_tenant(s, tenant)  # the tenant's running attempts are counted, and this one added, one at a time
+        batch = s.get_one(Batch, batch_id)
+        if batch.status != BatchStatus.validating.value:
             return None
         attempts, started_at = batch.ingest_attempts, batch.ingest_started_at
         if attempts >= rt.settings.ingest_attempts:
@@ -147,6 +209,9 @@ def _begin_attempt(rt: Runtime, batch_id: str) -> _Attempt | None:
         if started_at is not None and now < resend_due(rt.settings, batch.created_at, started_at, attempts):
             log.info("batch %s: ingest attempt %d is running; this message is a duplicate", batch_id, attempts)
             return None
+        if max_running is not None and _running(s, rt.settings, tenant, batch_id, now) >= max_running:
+            log.info("batch %s waits: tenant %s already runs %d ingests", batch_id, tenant, max_running)
+            return WAIT
         counted = rows_updated(
             s,
             update(Batch)
@@ -161,7 +226,29 @@ def _begin_attempt(rt: Runtime, batch_id: str) -> _Attempt | None:
             return None
         source = s.get(File, batch.input_file_id)
         blob = None if source is None or source.deleted else source.blob
-        return _Attempt(batch.endpoint, batch.tenant_id, blob, batch.phase_split, batch.expires_at)
+        return _Attempt(batch.endpoint, tenant, blob, batch.phase_split, batch.expires_at)
+
+
+def send_next(rt: Runtime, tenant: str, ended: str) -> None:
+    """An ingest attempt of ``tenant`` (on batch ``ended``) is over: send the ingest of the tenant's oldest batch
+    that waits with no attempt running, which a message found the tenant at its limit for.
+
+    A batch whose message is still on its way may get a second one: the duplicate does nothing.
+    """
+    with rt.store.read() as s:
+        waiting = s.scalar(
+            select(Batch.id)
+            .where(
+                Batch.tenant_id == tenant,
+                Batch.status == BatchStatus.validating.value,
+                Batch.ingest_started_at.is_(None),
+                Batch.id != ended,  # an attempt that raised is retried after its own backoff
+            )
+            .order_by(Batch.created_at, Batch.id)
+            .limit(1)
+        )
+    if waiting is not None:
+        request_ingest(rt, waiting)
 
 
 def _ranks(keys: list[tuple[str, int]]) -> array.array:
@@ -219,14 +306,24 @@ class _Inserter:
         self.rows, self.bytes = [], 0
 
 
-def ingest_batch(rt: Runtime, batch_id: str) -> None:
+def ingest_batch(rt: Runtime, batch_id: str, max_running: int | None = None) -> bool:
     """Validate the batch's file; then either fail the batch with its line errors, or insert its items and queue them.
 
+    False when the batch must wait its turn, having done nothing: its tenant already runs ``max_running`` attempts
+    (the ops worker's ``TIDAL_INGESTS_PER_TENANT``; None, for the API's inline ingest of a small file: no limit).
     Raises on a failure that is not the file's (SQL, storage): the caller retries (the task) or reconcile does.
     """
-    begun = _begin_attempt(rt, batch_id)
-    if begun is None:
-        return
+    begun = _begin_attempt(rt, batch_id, max_running)
+    if begun == WAIT:
+        return False
+    if isinstance(begun, _Attempt):
+        _ingest(rt, batch_id, begun)
+        send_next(rt, begun.tenant, batch_id)
+    return True
+
+
+def _ingest(rt: Runtime, batch_id: str, begun: _Attempt) -> None:
+    """One counted attempt of ``ingest_batch``."""
     endpoint, tenant, blob = begun.endpoint, begun.tenant, begun.blob
     keys: list[tuple[str, int]] = []
     try:
@@ -262,8 +359,7 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
     with rt.store.transaction() as s:
         lock_tenant(s, tenant)  # the quota is decided and the tokens taken in this one transaction
         if over := token_limit_message(s, rt.settings, tenant, model, first.tokens):
-            error = LineError("token_limit_exceeded", None, over, None)
-            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model, errors=[error.as_dict()])
+            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model, errors=[token_error(over)])
             return
         if not _claim(
             s,
@@ -291,15 +387,19 @@ def ingest_batch(rt: Runtime, batch_id: str) -> None:
 def after_failed_attempt(rt: Runtime, batch_id: str, exc: BaseException) -> float | None:
     """An ingest attempt raised ``exc``: the delay before the next attempt, or None after the last (batch failed)."""
     with rt.store.transaction() as s:
-        attempts = s.scalar(
-            select(Batch.ingest_attempts).where(Batch.id == batch_id, Batch.status == BatchStatus.validating.value)
-        )
-        if attempts is None:
+        row = s.execute(
+            select(Batch.ingest_attempts, Batch.tenant_id).where(
+                Batch.id == batch_id, Batch.status == BatchStatus.validating.value
+            )
+        ).one_or_none()
+        if row is None:
             return None
+        attempts, tenant = row
         # The attempt is over: the next message may start one at once.
         s.execute(
             update(Batch).where(Batch.id == batch_id, Batch.ingest_attempts == attempts).values(ingest_started_at=None)
         )
+    send_next(rt, tenant, batch_id)
     if attempts < rt.settings.ingest_attempts:
         log.warning("batch %s: ingest attempt %d failed (%s); retrying", batch_id, attempts, exc)
         return retry_delay(rt.settings, attempts)

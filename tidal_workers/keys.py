@@ -94,7 +94,7 @@ batch's set of that phase, and an item's hash says where it goes back. Items' ph
 come after the fixed-form ones, the model last and a tenant after its length, so no two names collide whatever
 ``:`` a model or tenant holds.
 
-Celery's broker keys (``<worker>.dq2``, ``tidal.ops``, ``_kombu.*``) share the DB.
+Celery's broker keys (``<worker>.dq2``, ``tidal.ops``, ``tidal.ingest``, ``_kombu.*``) share the DB.
 The Lua scripts in ``queue.py`` build names with :data:`LUA`, generated below from the same prefixes, so the
 layout is still written only here (one Redis, not Cluster: the scripts build those names at run time).
 """

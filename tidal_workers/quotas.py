@@ -6,7 +6,8 @@ two creates racing for a tenant's last slot are decided one after the other, on 
 
 How each is answered, as OpenAI answers its own:
 
-- enqueued tokens: the batch fails validation with ``token_limit_exceeded``, its message naming the limit;
+- enqueued tokens: the batch fails validation with ``token_limit_exceeded``, its message naming the limit (a large
+  file's batch already at create, with no ingest, when its first lines alone are over: ``ingest.token_floor``);
 - open batches: ``POST /v1/batches`` answers 429 ``batch_limit_exceeded``;
 - stored bytes (files and frozen KV): ``POST /v1/files`` answers 400 ``storage_limit_exceeded``, and ingest splits
   no item of a tenant at the limit (no more KV frozen).

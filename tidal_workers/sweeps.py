@@ -1,4 +1,5 @@
-"""Periodic sweeps (sent by beat to ``tidal.ops``) and the ``tidal.ingest`` task, all run by the ops worker.
+"""Beat's periodic sweeps and the finalize task (on the ``tidal.ops`` queue: the ops worker's control process), and
+the ``tidal.ingest`` task (on the ``tidal.ingest`` queue: the ops worker's ingest process).
 
 Every sweep is idempotent, so a sweep that fires twice, or races a worker
 doing the same thing, changes nothing the second time. Claim threads also
@@ -132,9 +133,11 @@ def retention_task(self: Task) -> dict[str, int | list[str]]:
 
 @shared_task(name=task_names.INGEST, bind=True, max_retries=None)  # batches.ingest_attempts bounds the retries
 def ingest_task(self: Task, batch_id: str) -> None:
+    """On the ops worker's ingest process; a batch whose tenant runs its ``TIDAL_INGESTS_PER_TENANT`` ingests
+    waits in SQL (``ingest_batch`` answers False) until one of them ends and sends it again."""
     rt = worker_context(self.app).rt
     try:
-        ingest_batch(rt, batch_id)
+        ingest_batch(rt, batch_id, rt.settings.ingests_per_tenant)
     except Exception as exc:
         delay = after_failed_attempt(rt, batch_id, exc)
         if delay is not None:

@@ -1,4 +1,4 @@
-"""The names Tidal's Celery messages travel under, written once: tasks and the shared queue.
+"""The names Tidal's Celery messages travel under, written once: tasks and the ops worker's two queues.
 
 Whoever sends a task (the API, the claim thread, beat's schedule in ``config/celery.py``)
 and the worker that registers it use these constants, never string literals. Redis keys
@@ -7,13 +7,16 @@ Tidal owns are in ``keys.py``; Celery's own broker keys are named after these qu
 
 from __future__ import annotations
 
-#: Ingest and the sweeps: consumed by the ops worker (``tidal worker --ops``) only, never by a GPU node's worker,
-#: which takes only its own worker-direct queue (``<hostname>.dq2``); see ``config/celery.py``.
+#: Finalize and the sweeps: consumed by the ops worker's control process (``tidal worker --ops``), never by a GPU
+#: node's worker, which takes only its own worker-direct queue (``<hostname>.dq2``); see ``config/celery.py``.
 OPS_QUEUE = "tidal.ops"
+#: Ingest, on its own queue and threads (the ops worker's ingest process): a queue full of long ingests never holds
+#: a finalize or a sweep back.
+INGEST_QUEUE = "tidal.ingest"
 
 #: One claimed item, sent by the claim thread to its own worker's direct queue.
 RUN_ITEM = "tidal.run_item"
-#: Validate a large input file and create its items (the API sends it; reconcile resends it).
+#: Validate a large input file and create its items (the API sends it to ``INGEST_QUEUE``; reconcile resends it).
 INGEST = "tidal.ingest"
 #: Settle one batch whose work may be over (``finalize.maybe_finalize``), sent to ``OPS_QUEUE`` by the item task
 #: that released its batch's last lease: finalization never runs on a GPU node's claim path.

@@ -1,5 +1,6 @@
 """Per-tenant quotas over real HTTP: open batches (429), stored bytes (400), enqueued tokens per model (the batch
-fails validation with token_limit_exceeded). Nothing refused is stored or queued."""
+fails validation with token_limit_exceeded, at create when a large file's first lines alone are over). Nothing
+refused is stored or queued."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.support.api_helpers import error_of
 from tests.support.api_helpers import jsonl
 from tests.support.api_helpers import request_line
 from tidal_workers import keys
+from tidal_workers.ingest import ingest_batch
 from tidal_workers.policy.body import Bounds
 from tidal_workers.policy.body import estimate_tokens
 from tidal_workers.store.models import Batch
@@ -52,8 +54,8 @@ def _upload(http: httpx.Client, content: bytes) -> httpx.Response:
     return http.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"})
 
 
-def _lines(model: str = "tiny") -> bytes:
-    return jsonl([request_line(f"r{i}", f"hello {i}", model=model, max_tokens=MAX_TOKENS) for i in range(LINES)])
+def _lines(model: str = "tiny", n: int = LINES) -> bytes:
+    return jsonl([request_line(f"r{i}", f"hello {i}", model=model, max_tokens=MAX_TOKENS) for i in range(n)])
 
 
 def test_enqueued_tokens_per_model_fail_the_batch_that_would_pass_them(http, rt):
@@ -124,3 +126,51 @@ def test_stored_bytes_refuse_an_upload_past_the_quota_and_keep_nothing(http, rt)
     # deleting frees the room
     assert http.delete(f"/v1/files/{first.json()['id']}").status_code == 200
     assert _upload(http, b"y" * 6_000).status_code == 200
+
+
+def test_a_large_file_whose_first_lines_alone_are_over_the_token_quota_fails_at_create_with_no_ingest(
+    http, rt, settings
+):
+    """Tokens are estimated before an ingest is queued: from the whole lines in the file's first
+    TIDAL_SYNC_VALIDATE_BYTES (what is validated inline anyway). Every line counts, so first lines over the quota
+    are a sure refusal: the batch fails at once as its ingest would fail it, and costs no ingest."""
+    rt.settings = settings.replace(sync_validate_bytes=len(_lines()))  # LINES lines are read; larger files queue
+    # 50 lines with no max_tokens: each counts at the model's 32k output limit, far past acme's tokens
+    unbounded = jsonl([request_line(f"r{i}", f"hello {i}") for i in range(50)])
+    batch = _create(http, _upload(http, unbounded).json()["id"]).json()
+    assert (batch["status"], batch["model"], batch["request_counts"]["total"]) == ("failed", "tiny", 0)
+    assert batch["failed_at"] is not None and batch["in_progress_at"] is None
+    line_tokens = _tokens(request_line("x", max_tokens=MAX_TOKENS))
+    read = unbounded[: rt.settings.sync_validate_bytes].count(b"\n")  # the whole lines the estimate reads
+    first_lines = sum(_tokens(request_line(f"r{i}", f"hello {i}")) for i in range(read))
+    assert batch["errors"] == {
+        "object": "list",
+        "data": [
+            {
+                "code": "token_limit_exceeded",
+                "line": None,
+                "param": None,
+                "message": f"Enqueued token limit reached for tiny for tenant acme. Limit: {2 * LINES * line_tokens:,} "
+                f"enqueued tokens; this batch needs {first_lines:,} (estimated) and unfinished batches hold 0. "
+                "Please try again once some in_progress batches have been completed.",
+            }
+        ],
+    }
+    assert rt.redis.llen("tidal.ingest") == 0  # refused before any ingest was queued
+
+    # A tenant at its quota: each further large batch is refused at once, however many it creates.
+    for _ in range(2):
+        assert _create(http, _upload(http, _lines()).json()["id"]).json()["status"] == "in_progress"  # inline
+    large = _upload(http, _lines(n=2 * LINES)).json()["id"]  # past the inline size
+    assert [_create(http, large).json()["status"] for _ in range(3)] == ["failed"] * 3
+    assert rt.redis.llen("tidal.ingest") == 0
+
+
+def test_first_lines_under_the_token_quota_leave_the_verdict_to_the_ingest(http, rt, settings):
+    """The estimate is a lower bound: a file whose first lines fit is queued, and its ingest judges the whole."""
+    rt.settings = settings.replace(sync_validate_bytes=len(_lines()))
+    three_batches = _lines(n=3 * LINES)  # its first LINES lines fit; the whole is past the 2 * LINES lines allowed
+    batch = _create(http, _upload(http, three_batches).json()["id"]).json()
+    assert batch["status"] == "validating" and rt.redis.llen("tidal.ingest") == 1
+    ingest_batch(rt, batch["id"])  # what the task does
+    assert http.get(f"/v1/batches/{batch['id']}").json()["errors"]["data"][0]["code"] == "token_limit_exceeded"

@@ -31,7 +31,7 @@ rt = Runtime(load_settings())
 app = create_app(runtime=rt)
 with app.test_client() as client:
     client.get("/openapi.json")  # a request through the views: every blueprint is loaded
-rt.celery.send_task("tidal.ingest", args=["batch_probe"], queue="tidal.ops")
+rt.celery.send_task("tidal.ingest", args=["batch_probe"], queue="tidal.ingest")
 print(json.dumps({
     "modules": sorted(m for m in sys.modules if m.startswith("tidal_workers")),
     "tasks": sorted(name for name in rt.celery.tasks if name.startswith("tidal.")),
@@ -48,5 +48,5 @@ def test_the_api_process_loads_nothing_of_the_worker(rt):
     assert "tidal_workers.runtime" in seen["modules"]  # the probe did build the API's Runtime
     assert seen["tasks"] == []  # sending needs names only: no task is registered
     # ... and the message reached the broker, as a worker would receive it
-    message = json.loads(rt.redis.rpop("tidal.ops"))
+    message = json.loads(rt.redis.rpop("tidal.ingest"))
     assert message["headers"]["task"] == "tidal.ingest" and message["headers"]["argsrepr"] == "['batch_probe']"

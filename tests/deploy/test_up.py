@@ -26,7 +26,7 @@ from tests.support.deploy_helpers import ROOT
 from tests.support.deploy_helpers import tidal_env
 from tests.support.wait import wait_for
 from tidal_api.cli.services import PrivateRedis
-from tidal_api.cli.up import last_error
+from tidal_api.cli.supervise import last_error
 from tidal_api.cli.up import why_dev_mode
 from tidal_engine.serve import free_port
 from tidal_workers import keys

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import errno
 import io
 import json
 import os
@@ -121,17 +122,17 @@ def spawn(settings, *args: str, log: Path) -> subprocess.Popen:
     )
 
 
-def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions") -> str:
-    """acme's batch over a stored input file, still `validating`, as POST /v1/batches leaves it before ingest."""
-    return validating_stored_batch(rt, rt.blobs.write_stream(io.BytesIO(data)), endpoint)
+def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions", tenant: str = "acme") -> str:
+    """A tenant's batch over a stored input file, still `validating`, as POST /v1/batches leaves it before ingest."""
+    return validating_stored_batch(rt, rt.blobs.write_stream(io.BytesIO(data)), endpoint, tenant)
 
 
-def validating_stored_batch(rt, written, endpoint: str = "/v1/chat/completions") -> str:
+def validating_stored_batch(rt, written, endpoint: str = "/v1/chat/completions", tenant: str = "acme") -> str:
     """``validating_batch`` over a blob already written (``Written``: name, bytes, lines)."""
     now = int(time.time())
     with rt.store.transaction() as s:
         f = File(
-            tenant_id="acme",
+            tenant_id=tenant,
             filename="in.jsonl",
             purpose="batch",
             bytes=written.bytes,
@@ -141,12 +142,22 @@ def validating_stored_batch(rt, written, endpoint: str = "/v1/chat/completions")
         )
         s.add(f)
         s.flush()
-        b = Batch(tenant_id="acme", endpoint=endpoint, input_file_id=f.id, created_at=now, expires_at=now + 86400)
+        b = Batch(tenant_id=tenant, endpoint=endpoint, input_file_id=f.id, created_at=now, expires_at=now + 86400)
         s.add(b)
     return b.id
 
 
 CHAT = "/v1/chat/completions"
+
+
+def open_for_writing(fifo: Path) -> int | None:
+    """The write end of a named pipe once a reader has it open (or is blocked opening it), else None."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # no reader yet
+            return None
+        raise
 
 
 def upload_batch(
@@ -209,12 +220,10 @@ def booked(claim) -> LeaseBook:
     return book
 
 
-def ops_batch_ids(rt, task: str) -> list[str]:
-    """The batch ids (first argument) of the ``task`` messages waiting in the ops queue, taken out of it."""
-    from tidal_workers.task_names import OPS_QUEUE
-
+def ops_batch_ids(rt, task: str, queue: str = "tidal.ops") -> list[str]:
+    """The batch ids (first argument) of the ``task`` messages waiting in an ops queue, taken out of it."""
     ids = []
-    while (raw := rt.redis.rpop(OPS_QUEUE)) is not None:
+    while (raw := rt.redis.rpop(queue)) is not None:
         message = json.loads(raw)
         if message["headers"]["task"] == task:
             ids.append(json.loads(base64.b64decode(message["body"]))[0][0])

@@ -27,6 +27,7 @@ from tidal_workers.store.models import Item
 from tidal_workers.sweeps import expire_due
 from tidal_workers.sweeps import reconcile
 from tidal_workers.task_names import INGEST
+from tidal_workers.task_names import INGEST_QUEUE
 
 CHAT = "/v1/chat/completions"
 
@@ -114,7 +115,7 @@ def test_fifty_thousand_lines(rt):
 
 def _ingest_messages(rt) -> list[str]:
     """Batch ids of the `tidal.ingest` messages waiting in the ops queue (taken out of it)."""
-    return ops_batch_ids(rt, INGEST)
+    return ops_batch_ids(rt, INGEST, INGEST_QUEUE)
 
 
 def _attempted(rt, batch_id, attempts: int, started_at: int) -> None:
@@ -178,7 +179,7 @@ def test_an_attempt_that_raises_is_retried_with_backoff_until_the_batch_fails(rt
     assert after_failed_attempt(rt, batch_id, IsADirectoryError()) == 0.05
     assert retry_delay(rt.settings, 2) == 0.1 and retry_delay(rt.settings, 3) == 0.2
 
-    app = make_celery(rt.settings, ops=True)  # the ops worker's app, consuming tidal.ops
+    app = make_celery(rt.settings, "ingest")  # the ops worker's ingest part; given no queue, it takes both
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False, loglevel="WARNING"):
         request_ingest(rt, batch_id)  # attempt 2, then 3 after its backoff, then the verdict
         wait_for(lambda: batch_row(rt, batch_id).status == "failed", 30, "the batch to fail")

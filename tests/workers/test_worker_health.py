@@ -55,7 +55,7 @@ def test_the_ops_worker_serves_metrics_and_readiness_of_its_dependencies(rt, set
 
     ops = settings.replace(ops_metrics_port=free_port(), worker_metrics_port=0, worker_metrics_host="127.0.0.2")
     base = f"http://127.0.0.2:{ops.ops_metrics_port}"
-    app = make_celery(ops, ops=True)
+    app = make_celery(ops, "control")  # the part that serves the ops worker's endpoints
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False, loglevel="WARNING"):
         wait_for(lambda: requests.get(base + "/health", timeout=2).json() == {"status": "ok"}, what="/health")
         r = requests.get(base + "/ready", timeout=10)

@@ -10,10 +10,7 @@ each child SIGTERM (``PR_SET_PDEATHSIG``), and each shuts its own children down.
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,100 +26,10 @@ from config import load_settings
 from config.redact import redacted
 from config.settings import child_environ
 from tidal_api.cli.services import cache_redis_command
+from tidal_api.cli.supervise import Stop
+from tidal_api.cli.supervise import Supervisor
+from tidal_api.cli.supervise import stop_on_signals
 from tidal_engine.serve import die_with_parent
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-LOG_TAIL_BYTES = 64 * 1024  # where a child's last error is looked for: its traceback, if any, ends in there
-FIX = re.compile(r"`(tidal [^`]+)`")  # a command an error message names as its fix, e.g. `tidal storage check --reset`
-
-
-class Stop(Exception):
-    """A stop signal arrived; the stack is stopped in reverse start order."""
-
-
-def _stop_on(signum: int, _frame: object) -> None:
-    # While the stack is being stopped, a second signal must not cut that short.
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    raise Stop(signal.Signals(signum).name)
-
-
-class Supervisor:
-    """Children started in order, stopped in reverse; SIGTERM first, SIGKILL after a grace period."""
-
-    def __init__(self, env: dict[str, str], log_dir: Path):
-        self.env = env
-        self.log_dir = log_dir
-        self.children: list[tuple[str, subprocess.Popen]] = []
-        self.log_starts: dict[str, int] = {}  # each child's log is appended to: where this run's part begins
-
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "ab")
-        self.log_starts[name] = log.seek(0, os.SEEK_END)
-        proc = subprocess.Popen(
-            argv,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),
-        )
-        self.children.append((name, proc))
-        click.echo(f"  {name:<7} pid {proc.pid:<7} log {self.log_dir / (name + '.log')}")
-        return proc
-
-    def first_exited(self) -> tuple[str, int] | None:
-        for name, proc in self.children:
-            if proc.poll() is not None:
-                return name, proc.returncode
-        return None
-
-    def why_exited(self, name: str, status: int) -> str:
-        """What `tidal up` says of a child that exited: its status, its log's last error, the fix that names."""
-        log = self.log_dir / f"{name}.log"
-        error = last_error(log, self.log_starts.get(name, 0))
-        lines = [f"{name} exited with status {status}" + (f": {error}" if error else "")]
-        if error and (fix := FIX.search(error)):
-            lines.append(f"  fix: {fix.group(1)}")
-        lines.append(f"  its log: {log}")
-        return "\n".join(lines)
-
-    def stop(self, grace: float = 15.0) -> None:
-        for _name, proc in reversed(self.children):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for name, proc in reversed(self.children):
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                click.echo(f"  {name} did not stop in {grace:.0f} s: killed")
-                proc.kill()
-                proc.wait()
-
-
-def last_error(log: Path, since: int = 0) -> str | None:
-    """The error a log ends with, after byte ``since``: the exception line of its last traceback (the exception's
-    module path left out), else its last line that says error; None if it holds neither. A URL's password in it is
-    masked: a child's error can quote TIDAL_REDIS_URL or TIDAL_DATABASE_URL."""
-    error = _last_error(log, since)
-    return redacted(error) if error else None
-
-
-def _last_error(log: Path, since: int) -> str | None:
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(since, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
-    if starts:
-        raised = next((line for line in lines[starts[-1] + 1 :] if line and not line[0].isspace()), None)
-        if raised:
-            kind, colon, message = raised.partition(":")
-            return kind.rpartition(".")[2] + colon + message
-    return next((line.strip() for line in reversed(lines) if "error" in line.lower()), None)
 
 
 def ensure_redis(settings: Settings, sup: Supervisor) -> None:
@@ -190,8 +97,7 @@ def why_dev_mode(settings: Settings, asked: bool) -> str | None:
 @click.option("--dev", is_flag=True, help="Dev mode (TIDAL_ENV=dev) whatever keys exist: the key tidal-dev-key works.")
 def up(flower: bool, demo: bool, dev: bool) -> None:
     """Run the whole Tidal stack on this machine until Ctrl-C (or SIGTERM / SIGHUP)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _stop_on)
+    stop_on_signals()
     settings = load_settings()
     tidal = [sys.executable, "-m", "tidal_api.cli"]
     log_dir = Path(settings.home) / "logs"
@@ -214,7 +120,7 @@ def up(flower: bool, demo: bool, dev: bool) -> None:
             sup.env["TIDAL_ENV"] = "dev"
         sup.start("api", tidal + ["serve"])
         sup.start("worker", tidal + ["worker"])
-        sup.start("ops", tidal + ["worker", "--ops"])  # ingest and the sweeps, beside the GPU node's worker
+        sup.start("ops", tidal + ["worker", "--ops"])  # finalize, the sweeps and ingest, beside the GPU node's worker
         sup.start("beat", tidal + ["beat"])
         if flower:
             sup.start("flower", tidal + ["flower", "--address", "127.0.0.1"])
