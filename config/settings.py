@@ -335,6 +335,11 @@ class Settings(SchedulerSettings):
         "Engine deaths an item may be at the engine for (its request broken or timed out while /health fails) before it is written as failed with `engine_crash` rather than handed back: a line that kills the engine is not replayed on every node for its whole window.",
         ge=1,
     )
+    reclaim_limit: int = _setting(
+        3,
+        "Times an item's lease may expire (its worker died: killed, out of memory; or was cut off from Redis past its lease) before the item is written as failed with `worker_lost` rather than queued again: a line that kills its worker is not rerun for its whole window. Hand-backs (an engine outage, a failed preflight, a stopping worker) count nothing.",
+        ge=1,
+    )
     ops_worker_threads: int = _setting(
         2,
         "Threads of the ops worker (`tidal worker --ops`: ingest and the sweeps); each ingest holds at most about 100 MB.",
@@ -343,6 +348,11 @@ class Settings(SchedulerSettings):
     ingest_attempts: int = _setting(
         3,
         "Attempts at validating a batch's input file (ingest) before the batch fails with `ingest_failed`; an attempt whose process died counts.",
+        ge=1,
+    )
+    finalize_attempts: int = _setting(
+        5,
+        "Attempts at writing a finished batch's output and error files before the batch fails with `finalize_failed` (its results stay in SQL); an attempt whose process died counts. Reconcile starts the next one `TIDAL_RECONCILE_SECONDS` after the first, doubling the wait each time.",
         ge=1,
     )
     ingest_backoff_seconds: float = _setting(

@@ -39,6 +39,7 @@ from tidal_workers.policy.phase import ALWAYS
 from tidal_workers.policy.phase import AUTO
 from tidal_workers.policy.phase import NEVER
 from tidal_workers.policy.phase import SPLIT_MODES
+from tidal_workers.quotas import batch_storage_message
 from tidal_workers.quotas import lock_tenant
 from tidal_workers.quotas import open_batch_message
 from tidal_workers.runtime import Runtime
@@ -195,6 +196,8 @@ def create() -> Response:
             lock_tenant(s, tenant)  # the open-batch count and the new row in one decision
             if message := open_batch_message(s, rt.settings, tenant):
                 raise APIError(429, message, code="batch_limit_exceeded")
+            if message := batch_storage_message(s, rt.settings, tenant):
+                raise APIError(400, message, code="storage_limit_exceeded")
             batch = Batch(
                 tenant_id=tenant,
                 endpoint=endpoint,

@@ -11,8 +11,10 @@ import contextlib
 import json
 import threading
 import time
+import uuid
 
 import pytest
+import sqlalchemy as sa
 from celery.contrib.testing.worker import start_worker
 
 from tidal_workers.celery_app import make_celery
@@ -40,6 +42,22 @@ def settings(settings, stub):
         reclaim_seconds=0.5,
         beat_lock_seconds=2,
     )
+
+
+@pytest.fixture
+def empty_store_url(database_url, tmp_path):
+    """An empty database of the session's kind, for a migration test to build from an old revision."""
+    if database_url is None:
+        yield f"sqlite:///{tmp_path / 'old.db'}"
+        return
+    admin = sa.create_engine(database_url, isolation_level="AUTOCOMMIT")
+    name = f"tidal_mig_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as c:
+        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield admin.url.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as c:
+        c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
 
 
 @pytest.fixture
