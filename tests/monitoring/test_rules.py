@@ -23,6 +23,8 @@ ALERTS = {
     "TidalBatchLaxityNegative",
     "TidalPreflightFailing",
     "TidalEngineCrashItem",
+    "TidalWorkerLostItem",
+    "TidalFinalizeFailed",
     "TidalGateStuckAtZero",
 }
 
