@@ -247,7 +247,7 @@ class Settings(SchedulerSettings):
     )
     limit_stored_bytes: int = _setting(
         20 * 1024**3,
-        "Per tenant: bytes of live files (uploads and batch outputs). An upload past it answers 400 `storage_limit_exceeded`.",
+        "Per tenant: bytes of live files (uploads and batch outputs). An upload past it answers 400 `storage_limit_exceeded`, as does a new batch while the tenant is at it; finalize writes a batch's output and error files even past it (they hold the only copy of its results).",
         ge=0,
     )
     tenant_limits: str = _setting(
