@@ -73,7 +73,9 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True)
-class Reclaimed:
+class GivenBack:
+    """What ``give_back`` did with a claim whose lease was current."""
+
     item_id: int
     batch_id: str
     requeued: bool  # False: its batch was dropped, so the item was abandoned
@@ -228,7 +230,7 @@ class Queue:
                 done[i] = bool(flag)
         return done
 
-    def give_back(self, item_id: int, lease: str, as_phase: str = "") -> Reclaimed | None:
+    def give_back(self, item_id: int, lease: str, as_phase: str = "") -> GivenBack | None:
         """Requeue a claim that never reached the engine, if ``lease`` is current (None if not); the item is
         abandoned instead if its batch was dropped. The next claim of it is a new attempt. ``as_phase``: the
         phase it is queued as from now on (Phase split: ``decode`` once its prefill answered); by default its own."""
@@ -236,7 +238,7 @@ class Queue:
         code, batch_id = self._give_back(
             keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[item_id, lease, as_phase]
         )
-        return Reclaimed(item_id, batch_id, int(code) == 1) if int(code) else None
+        return GivenBack(item_id, batch_id, int(code) == 1) if int(code) else None
 
     def lease_current(self, item_id: int, lease: str) -> bool:
         return self.redis.hget(keys.LEASES, str(item_id)) == lease

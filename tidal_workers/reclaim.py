@@ -98,7 +98,7 @@ def reclaim(rt: Runtime, limit: int = 1000) -> list[Reclaimed]:
         counts = count_reclaims(rt, [e.item_id for e in taken])
         at_limit = [e for e in taken if counts.get(e.item_id, 0) >= rt.settings.reclaim_limit]
         written, due = write_outcomes(rt, [lost(e, counts[e.item_id]) for e in at_limit]) if at_limit else ([], [])
-    except BaseException:  # SQL unreachable: every item goes back uncounted, as it would without the cap
+    except BaseException:  # SQL failed: every item goes back (uncounted if the count did not commit), as before
         rt.queue.requeue([(e.item_id, True) for e in taken])
         raise
     gone = {e.item_id for e in at_limit}
