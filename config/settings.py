@@ -253,7 +253,7 @@ class Settings(SchedulerSettings):
     )
     limit_stored_bytes: int = _setting(
         20 * 1024**3,
-        "Per tenant: bytes of live files (uploads and batch outputs). An upload past it answers 400 `storage_limit_exceeded`.",
+        "Per tenant: bytes of live files (uploads and batch outputs). An upload past it answers 400 `storage_limit_exceeded`, as does a new batch while the tenant is at it; finalize writes a batch's output and error files even past it (they hold the only copy of its results).",
         ge=0,
     )
     tenant_limits: str = _setting(
@@ -341,6 +341,11 @@ class Settings(SchedulerSettings):
         "Engine deaths an item may be at the engine for (its request broken or timed out while /health fails) before it is written as failed with `engine_crash` rather than handed back: a line that kills the engine is not replayed on every node for its whole window.",
         ge=1,
     )
+    reclaim_limit: int = _setting(
+        3,
+        "Times an item's lease may expire (its worker died: killed, out of memory; or was cut off from Redis past its lease) before the item is written as failed with `worker_lost` rather than queued again: a line that kills its worker is not rerun for its whole window. Hand-backs (an engine outage, a failed preflight, a stopping worker) count nothing.",
+        ge=1,
+    )
     ops_worker_threads: int = _setting(
         2,
         "Threads of the ops worker's control process (`tidal worker --ops`: finalize and beat's sweeps, the `tidal.ops` queue); ingests never take them.",
@@ -359,6 +364,11 @@ class Settings(SchedulerSettings):
     ingest_attempts: int = _setting(
         3,
         "Attempts at validating a batch's input file (ingest) before the batch fails with `ingest_failed`; an attempt whose process died counts.",
+        ge=1,
+    )
+    finalize_attempts: int = _setting(
+        5,
+        "Attempts at writing a finished batch's output and error files before the batch fails with `finalize_failed` (its results stay in SQL); an attempt whose process died counts. Reconcile starts the next one `TIDAL_RECONCILE_SECONDS` after the first, doubling the wait each time.",
         ge=1,
     )
     ingest_backoff_seconds: float = _setting(

@@ -43,6 +43,7 @@ from tidal_workers.policy.phase import ALWAYS
 from tidal_workers.policy.phase import AUTO
 from tidal_workers.policy.phase import NEVER
 from tidal_workers.policy.phase import SPLIT_MODES
+from tidal_workers.quotas import batch_storage_message
 from tidal_workers.quotas import lock_tenant
 from tidal_workers.quotas import open_batch_message
 from tidal_workers.quotas import token_limit_message
@@ -200,6 +201,8 @@ def create() -> Response:
             lock_tenant(s, tenant)  # the open-batch count, the quotas and the new row in one decision
             if message := open_batch_message(s, rt.settings, tenant):
                 raise APIError(429, message, code="batch_limit_exceeded")
+            if message := batch_storage_message(s, rt.settings, tenant):
+                raise APIError(400, message, code="storage_limit_exceeded")
             if not inline and (validating := _validating_on(s, tenant, input_file_id)):
                 raise APIError(
                     409,

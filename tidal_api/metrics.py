@@ -50,7 +50,8 @@ bp = Blueprint("metrics", __name__)
 
 
 class StoreCollector:
-    """Batches by status, completed items and harvested tokens, straight from SQL."""
+    """Batches by status, completed items, harvested tokens and batches whose files could not be written, straight
+    from SQL."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -64,6 +65,13 @@ class StoreCollector:
                     func.coalesce(func.sum(Batch.input_tokens + Batch.output_tokens), 0),
                 )
             ).one()
+            # Only finalize's attempt cap fails a batch that has made finalize attempts (ingest fails `validating`
+            # ones); batch rows stay, so the count only grows.
+            unwritten = s.scalar(
+                select(func.count())
+                .select_from(Batch)
+                .where(Batch.status == BatchStatus.failed.value, Batch.finalize_attempts > 0)
+            )
         batches = GaugeMetricFamily("tidal_batches", "Batches by status.", labels=["status"])
         for status in BatchStatus:
             batches.add_metric([status.value], by_status.get(status.value, 0))
@@ -73,6 +81,12 @@ class StoreCollector:
         )
         yield CounterMetricFamily(
             "tidal_harvested_tokens", "Input plus output tokens of completed batch items.", value=int(tokens)
+        )
+        yield CounterMetricFamily(
+            "tidal_finalize_failed_batches",
+            "Batches failed with finalize_failed: their output and error files could not be written in "
+            "TIDAL_FINALIZE_ATTEMPTS attempts (their results are kept in SQL).",
+            value=int(unwritten or 0),
         )
 
     def describe(self) -> list[Metric]:

@@ -6,11 +6,17 @@ Pending items of a cancelled or expired batch become batch_cancelled /
 batch_expired error lines. Several workers and sweeps may race here, so each
 move starts with a conditional UPDATE of the batch's status: exactly one caller
 wins, and everything else it writes commits (or not) with that UPDATE.
+
+Attempts at a `finalizing` batch's files are counted in SQL before each one starts (``batches.finalize_attempts``),
+so one whose process dies (killed, out of memory) counts too; reconcile starts the next (``retry_due``). After
+``TIDAL_FINALIZE_ATTEMPTS`` the batch fails with ``finalize_failed`` instead of being tried on every pass for ever,
+its items' results kept in SQL.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import typing as t
 
@@ -20,6 +26,8 @@ from sqlalchemy import select
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from config import Settings
+from tidal_workers import quotas
 from tidal_workers import task_names
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.db import rows_updated
@@ -33,6 +41,10 @@ ROWS = 2000  # most item rows one fetch holds
 #: Most response-body characters one fetch holds: an answer can be tens of MB (logprobs), so rows are fetched in
 #: groups bounded by their bodies' length as well as their number.
 FETCH_CHARS = 32 * 2**20
+
+FINALIZE_FAILED = "finalize_failed"
+
+log = logging.getLogger(__name__)
 
 PENDING_ERRORS = {
     ItemStatus.cancelled: ("batch_cancelled", "This request was not executed because the batch was cancelled."),
@@ -114,6 +126,23 @@ def _write_file(
     return f
 
 
+def _check_storage(rt: Runtime, session: Session, batch: Batch) -> None:
+    """Once a batch's files are added, before they commit: they count against its tenant's stored bytes as any file,
+    and are kept even past the limit, since they hold the only copy of work done and billed. A tenant past it is
+    refused new uploads and batches until it frees room (``quotas``); the operator is told here."""
+    limit = rt.settings.limits_for(batch.tenant_id).stored_bytes
+    stored = quotas.stored_bytes(session, batch.tenant_id)
+    if stored > limit:
+        log.warning(
+            "batch %s: its files take tenant %s to %d stored bytes, past its limit of %d; written anyway, its new "
+            "uploads and batches are refused until it frees room",
+            batch.id,
+            batch.tenant_id,
+            stored,
+            limit,
+        )
+
+
 def _items(session: Session, batch_id: str, completed: bool) -> t.Iterator[Item]:
     """The batch's items of one file, in line order, fetched in groups bounded in rows and in body length."""
     status = Item.status == ItemStatus.completed.value if completed else Item.status != ItemStatus.completed.value
@@ -151,6 +180,7 @@ def _settle(
                 if f is not None:
                     written.append(f.blob)
                 file_ids[f"{kind}_file_id"] = f.id if f is not None else None
+            _check_storage(rt, s, batch)
             s.execute(update(Batch).where(Batch.id == batch_id).values(**file_ids))
     except BaseException:  # nothing committed: leave no orphan blobs behind
         for blob in written:
@@ -169,8 +199,55 @@ def complete(rt: Runtime, batch_id: str) -> bool:
 
 
 def finish_finalizing(rt: Runtime, batch_id: str) -> bool:
-    """finalizing → completed; also how the reconcile sweep finishes a finalizer that died."""
+    """finalizing → completed, in one counted attempt; also how the reconcile sweep finishes a finalizer that died.
+    Once ``TIDAL_FINALIZE_ATTEMPTS`` are used up: finalizing → failed (``give_up``)."""
+    attempts = _count_attempt(rt, batch_id)
+    if attempts is None:
+        return False
+    if attempts >= rt.settings.finalize_attempts:
+        return give_up(rt, batch_id, attempts)
     return _settle(rt, batch_id, BatchStatus.finalizing, BatchStatus.completed)
+
+
+def retry_due(settings: Settings, finalizing_at: float, attempts: int) -> float:
+    """When reconcile starts the next attempt at a `finalizing` batch's files (or gives up, after the last):
+    ``reconcile_seconds`` after it began finalizing, then doubling (+R, +3R, +7R, ...), so a fault that passes
+    (the blob store restarting) costs few attempts and a batch that kills its finalizer fails in bounded time."""
+    return finalizing_at + settings.reconcile_seconds * (2 ** max(attempts, 1) - 1)
+
+
+def _count_attempt(rt: Runtime, batch_id: str) -> int | None:
+    """Count one attempt at a `finalizing` batch's files, committed before it starts; returns the attempts made
+    before it, or None if the batch is not finalizing (another caller finished it, or is counting now). Once they
+    are used up, nothing more is counted."""
+    finalizing = (Batch.id == batch_id, Batch.status == BatchStatus.finalizing.value)
+    with rt.store.transaction() as s:
+        attempts = s.scalar(select(Batch.finalize_attempts).where(*finalizing))
+        if attempts is None or attempts >= rt.settings.finalize_attempts:
+            return attempts
+        stmt = update(Batch).where(*finalizing, Batch.finalize_attempts == attempts)
+        counted = rows_updated(s, stmt.values(finalize_attempts=attempts + 1))
+    return attempts if counted else None
+
+
+def give_up(rt: Runtime, batch_id: str, attempts: int) -> bool:
+    """finalizing → failed with ``finalize_failed`` in its ``errors``: no file is written; request_counts, usage and
+    every item's result stay in SQL (items until ``TIDAL_ITEM_RETENTION_SECONDS``), so the files can be written
+    again once the cause is fixed (docs/reliability.md, "Attempt caps")."""
+    message = (
+        f"The batch's output and error files could not be written: {attempts} attempts failed (each raised an error "
+        "or its process stopped before it finished). The results of its requests are kept; the service's operator "
+        "can write the files again."
+    )
+    error = {"code": FINALIZE_FAILED, "line": None, "message": message, "param": None}
+    now = int(time.time())
+    with rt.store.transaction() as s:
+        stmt = update(Batch).where(Batch.id == batch_id, Batch.status == BatchStatus.finalizing.value)
+        failed = rows_updated(s, stmt.values(status=BatchStatus.failed.value, failed_at=now, errors=[error])) == 1
+    if failed:
+        rt.queue.drop_batch(batch_id)
+        log.error("batch %s failed: its files could not be written in %d attempts", batch_id, attempts)
+    return failed
 
 
 def expire(rt: Runtime, batch_id: str) -> bool:
@@ -240,13 +317,16 @@ def finalize_if_due(rt: Runtime, batch_id: str) -> bool:
 
 __all__ = [
     "COUNTS",
+    "FINALIZE_FAILED",
     "Counts",
     "complete",
     "expire",
     "finalize_if_due",
     "finish_finalizing",
+    "give_up",
     "line",
     "looks_due",
     "maybe_finalize",
     "request_finalize",
+    "retry_due",
 ]

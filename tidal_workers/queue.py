@@ -32,6 +32,7 @@ from tidal_workers.queue_scripts import ENQUEUE
 from tidal_workers.queue_scripts import GIVE_BACK
 from tidal_workers.queue_scripts import RECLAIM
 from tidal_workers.queue_scripts import RENEW
+from tidal_workers.queue_scripts import REQUEUE
 from tidal_workers.queue_scripts import RESCORE
 
 PRIORITY_SCALE = 10_000_000_000  # score = priority * 1e10 + deadline; exact below 2**53
@@ -74,10 +75,22 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True)
-class Reclaimed:
+class GivenBack:
+    """What ``give_back`` did with a claim whose lease was current."""
+
     item_id: int
     batch_id: str
     requeued: bool  # False: its batch was dropped, so the item was abandoned
+
+
+@dataclasses.dataclass(frozen=True)
+class Expired:
+    """An item whose lease ``take_expired`` took off."""
+
+    item_id: int
+    lease: str  # the lease that expired: its attempt is the one that died
+    batch_id: str
+    taken: bool  # False: its batch was dropped, so the item was abandoned; else it waits for ``requeue``
 
 
 class Queue:
@@ -95,6 +108,7 @@ class Queue:
         self._renew = client.register_script(RENEW)
         self._complete = client.register_script(COMPLETE)
         self._reclaim = client.register_script(RECLAIM)
+        self._requeue = client.register_script(REQUEUE)
         self._give_back = client.register_script(GIVE_BACK)
         self._rescore = client.register_script(RESCORE)
         self._drop = client.register_script(DROP)
@@ -218,7 +232,7 @@ class Queue:
                 done[i] = bool(flag)
         return done
 
-    def give_back(self, item_id: int, lease: str, as_phase: str = "") -> Reclaimed | None:
+    def give_back(self, item_id: int, lease: str, as_phase: str = "") -> GivenBack | None:
         """Requeue a claim that never reached the engine, if ``lease`` is current (None if not); the item is
         abandoned instead if its batch was dropped. The next claim of it is a new attempt. ``as_phase``: the
         phase it is queued as from now on (Phase split: ``decode`` once its prefill answered); by default its own."""
@@ -226,15 +240,23 @@ class Queue:
         code, batch_id = self._give_back(
             keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[item_id, lease, as_phase]
         )
-        return Reclaimed(item_id, batch_id, int(code) == 1) if int(code) else None
+        return GivenBack(item_id, batch_id, int(code) == 1) if int(code) else None
 
     def lease_current(self, item_id: int, lease: str) -> bool:
         return self.redis.hget(keys.LEASES, str(item_id)) == lease
 
-    def reclaim_expired(self, limit: int = 1000) -> list[Reclaimed]:
-        """Requeue items whose lease expired (their worker died); abandon those of dropped batches."""
+    def take_expired(self, limit: int = 1000) -> list[Expired]:
+        """Take expired leases off their items (their worker died); abandon the items of dropped batches. The
+        others are queued nowhere until ``requeue`` (``reclaim.py`` counts each reclaim in SQL first)."""
         flat = self._reclaim(keys=[keys.INFLIGHT, keys.LEASES], args=[limit])
-        return [Reclaimed(int(flat[i]), flat[i + 1], bool(int(flat[i + 2]))) for i in range(0, len(flat), 3)]
+        return [Expired(int(flat[i]), flat[i + 1], flat[i + 2], bool(int(flat[i + 3]))) for i in range(0, len(flat), 4)]
+
+    def requeue(self, items: t.Sequence[tuple[int, bool]]) -> int:
+        """For each ``(item id, back)`` of items ``take_expired`` took: back into its batch at its ordinal if
+        ``back``, else forgotten (settled, or written off); returns how many went back."""
+        if not items:
+            return 0
+        return int(self._requeue(keys=[keys.LEASES], args=[x for item_id, back in items for x in (item_id, int(back))]))
 
     # --- reading -----------------------------------------------------------------
     def inflight(self, node: str) -> int:

@@ -351,12 +351,14 @@ return out
 """
 
 RECLAIM = (
-    _PLACEMENT
+    keys.LUA
     + """
--- KEYS[1] = tidal:inflight  KEYS[2] = tidal:lease  ARGV[1] = most leases to reclaim
--- Expired leases go back to their batch at their ordinal, as their phase (``requeue``), and the batch back into
--- the claim structure where its hash places it; an item of a dropped batch is abandoned.
--- Returns {item id, batch id or '', 1 = requeued / 0 = abandoned, ...}.
+-- KEYS[1] = tidal:inflight  KEYS[2] = tidal:lease  ARGV[1] = most leases to take
+-- Takes expired leases (their worker died, or lost Redis past its lease) off their items. An item of a batch still
+-- queued is then neither leased nor queued until ``REQUEUE`` puts it back or forgets it, once SQL has counted the
+-- reclaim (``reclaim.py``); if that never comes (the reclaimer died), the next rebuild queues it again, as any
+-- pending item without a lease. An item of a dropped batch is abandoned.
+-- Returns {item id, its lease, batch id or '', 1 = taken / 0 = abandoned, ...}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
@@ -369,16 +371,42 @@ for _, id in ipairs(expired) do
     local node = string.match(lease, '^(.*)|%d+|%d+$')
     if node then redis.call('ZREM', K.node_inflight(node), id) end
   end
-  local f = redis.call('HMGET', K.item(id), 'batch', 'ord', 'phase')
-  if f[1] and redis.call('EXISTS', K.batch(f[1])) == 1 then
-    requeue(id, f[1], f[2], f[3])
-    out[#out + 1] = id; out[#out + 1] = f[1]; out[#out + 1] = 1
+  local b = redis.call('HGET', K.item(id), 'batch')
+  out[#out + 1] = id; out[#out + 1] = lease or ''; out[#out + 1] = b or ''
+  if b and redis.call('EXISTS', K.batch(b)) == 1 then
+    out[#out + 1] = 1
   else
     redis.call('DEL', K.item(id))
-    out[#out + 1] = id; out[#out + 1] = f[1] or ''; out[#out + 1] = 0
+    out[#out + 1] = 0
   end
 end
 return out
+"""
+)
+
+REQUEUE = (
+    _PLACEMENT
+    + """
+-- KEYS[1] = tidal:lease  ARGV[1..] = item id, 1 = requeue / 0 = forget, pairs: items ``RECLAIM`` took
+-- Puts each item to requeue back in its batch at its ordinal, as its phase (``requeue``), and the batch back into
+-- the claim structure where its hash places it. Forgets each other one (settled, or written off as lost): its hash,
+-- and its place if a rebuild queued it meanwhile. An item a lease holds again (a rebuild queued it and a node
+-- claimed it) is left to that lease; one whose batch was dropped meanwhile is abandoned. Returns how many requeued.
+local n = 0
+for i = 1, #ARGV, 2 do
+  local id = ARGV[i]
+  if redis.call('HEXISTS', KEYS[1], id) == 0 then
+    local f = redis.call('HMGET', K.item(id), 'batch', 'ord', 'phase')
+    if ARGV[i + 1] == '1' and f[1] and redis.call('EXISTS', K.batch(f[1])) == 1 then
+      requeue(id, f[1], f[2], f[3])
+      n = n + 1
+    else
+      if f[1] then redis.call('ZREM', waiting_set(f[1], f[3]), id) end
+      redis.call('DEL', K.item(id))
+    end
+  end
+end
+return n
 """
 )
 

@@ -9,8 +9,11 @@ How each is answered, as OpenAI answers its own:
 - enqueued tokens: the batch fails validation with ``token_limit_exceeded``, its message naming the limit (a large
   file's batch already at create, with no ingest, when its first lines alone are over: ``ingest.token_floor``);
 - open batches: ``POST /v1/batches`` answers 429 ``batch_limit_exceeded``;
-- stored bytes (files and frozen KV): ``POST /v1/files`` answers 400 ``storage_limit_exceeded``, and ingest splits
-  no item of a tenant at the limit (no more KV frozen).
+- stored bytes (files and frozen KV): ``POST /v1/files`` answers 400 ``storage_limit_exceeded``, as does
+  ``POST /v1/batches`` while the tenant is at the limit (its results would need room), and ingest splits no item of
+  a tenant at the limit (no more KV frozen). A batch's output and error files count as files once written; finalize
+  writes them even past the limit (they hold the only copy of work done and billed), so a tenant overshoots by at
+  most the files of the batches it had already started.
 """
 
 from __future__ import annotations
@@ -90,6 +93,18 @@ def open_batch_message(session: Session, settings: Settings, tenant: str) -> str
     )
 
 
+def batch_storage_message(session: Session, settings: Settings, tenant: str) -> str | None:
+    """Why ``tenant`` may not start a batch now (its stored bytes are at its limit), or None if it may."""
+    limit = settings.limits_for(tenant).stored_bytes
+    stored = stored_bytes(session, tenant)
+    if stored < limit:
+        return None
+    return (
+        f"Storage limit reached for tenant {tenant}. Limit: {limit:,} bytes of files; {stored:,} are stored, and a "
+        "batch's output and error files need room. Delete files you no longer need, or wait for them to expire."
+    )
+
+
 def storage_message(settings: Settings, tenant: str, stored: int, adding: int) -> str | None:
     limit = settings.limits_for(tenant).stored_bytes
     if stored + adding <= limit:
@@ -104,6 +119,7 @@ def storage_message(settings: Settings, tenant: str, stored: int, adding: int) -
 __all__ = [
     "OPEN",
     "UNFINISHED",
+    "batch_storage_message",
     "enqueued_tokens",
     "lock_tenant",
     "open_batch_message",

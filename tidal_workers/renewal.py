@@ -3,9 +3,9 @@
 Every ``lease_seconds / 3`` it renews every attempt the LeaseBook holds (a slow
 claim pass, scrape or result write can never let them lapse and the engine's
 work be redone), forgets the ones Redis no longer holds for us, gives back
-claims whose task has not started within a lease (a revoked or lost message), requeues expired
-leases of dead nodes (``RECLAIM``; their batches' finalization goes to the ops
-worker), re-reads the models the engine serves (``served.py``: one GET kept
+claims whose task has not started within a lease (a revoked or lost message), reclaims expired
+leases of dead nodes (``reclaim.py``: requeued, or written off at the reclaim limit; their batches'
+finalization goes to the ops worker), re-reads the models the engine serves (``served.py``: one GET kept
 off the claim thread) and rebuilds the queue from SQL at start and after Redis
 lost its data.
 """
@@ -21,7 +21,7 @@ from tidal_workers.context import WorkerContext
 from tidal_workers.enqueue import rebuild
 from tidal_workers.handback import give_back_unstarted
 from tidal_workers.leases import trusted_until
-from tidal_workers.sweeps import reclaim
+from tidal_workers.reclaim import reclaim
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ reclaim and rebuild on their own, so recovery never waits on beat alone.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 from celery import Task
@@ -26,11 +27,14 @@ from tidal_workers.ingest import give_up
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
 from tidal_workers.ingest import resend_due
+from tidal_workers.reclaim import reclaim
 from tidal_workers.rescore import rescore
 from tidal_workers.retention import sweep as retention_sweep
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
+
+log = logging.getLogger(__name__)
 
 
 def expire_due(rt: Runtime, now: float | None = None) -> list[str]:
@@ -43,18 +47,10 @@ def expire_due(rt: Runtime, now: float | None = None) -> list[str]:
     return [batch_id for batch_id in due if finalize.expire(rt, batch_id)] + expire_unvalidated(rt, now)
 
 
-def reclaim(rt: Runtime) -> int:
-    """Requeue items whose lease expired; ask the ops worker to settle batches whose abandoned items were the last
-    in flight (a GPU node's renewal thread runs this too, and must not write a batch's files)."""
-    reclaimed = rt.queue.reclaim_expired()
-    for batch_id in {r.batch_id for r in reclaimed if not r.requeued and r.batch_id}:
-        finalize.request_finalize(rt, batch_id)
-    return len(reclaimed)
-
-
 def reconcile(rt: Runtime, now: float | None = None) -> int:
     """Rebuild the queue from SQL, send ingest again for batches left `validating` (or fail them once their ingest
-    attempts are used up), and finalize batches whose finalizer never ran or died; returns items queued."""
+    attempts are used up), and finalize batches whose finalizer never ran or died (or fail them once their finalize
+    attempts are used up: ``finalize.retry_due`` spaces the attempts); returns items queued."""
     now = time.time() if now is None else now
     queued = rebuild(rt)
     stuck_since = now - rt.settings.reconcile_seconds
@@ -73,11 +69,11 @@ def reconcile(rt: Runtime, now: float | None = None) -> int:
             )
         )
         cancelling = list(s.scalars(select(Batch.id).where(Batch.status == BatchStatus.cancelling.value)))
-        finalizing = list(
-            s.scalars(
-                select(Batch.id).where(Batch.status == BatchStatus.finalizing.value, Batch.finalizing_at <= stuck_since)
+        finalizing = s.execute(
+            select(Batch.id, Batch.finalizing_at, Batch.finalize_attempts).where(
+                Batch.status == BatchStatus.finalizing.value, Batch.finalizing_at <= stuck_since
             )
-        )
+        ).all()
     for batch_id, created_at, started_at, attempts in unvalidated:
         if now < resend_due(rt.settings, created_at, started_at, attempts):
             continue  # an attempt may still be running
@@ -87,8 +83,13 @@ def reconcile(rt: Runtime, now: float | None = None) -> int:
             give_up(rt, batch_id, "stopped before it finished (its process died: killed, or out of memory)")
     for batch_id in done + cancelling:
         finalize.maybe_finalize(rt, batch_id)
-    for batch_id in finalizing:
-        finalize.finish_finalizing(rt, batch_id)
+    for batch_id, since, attempts in finalizing:  # `since` is never NULL here: the query compared it
+        if now < finalize.retry_due(rt.settings, since or 0.0, attempts):
+            continue  # an attempt may still be running, or the last one failed only just now
+        try:
+            finalize.finish_finalizing(rt, batch_id)
+        except Exception:  # counted; the next pass tries again: one batch's fault never stalls the others'
+            log.exception("batch %s: finalize attempt %d failed", batch_id, attempts + 1)
     return queued
 
 
@@ -107,7 +108,7 @@ def expire_task(self: Task) -> int:
 
 @shared_task(name=task_names.SWEEP_RECLAIM, bind=True)
 def reclaim_task(self: Task) -> int:
-    return reclaim(worker_context(self.app).rt)
+    return len(reclaim(worker_context(self.app).rt))
 
 
 @shared_task(name=task_names.SWEEP_RECONCILE, bind=True)

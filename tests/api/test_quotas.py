@@ -1,24 +1,28 @@
-"""Per-tenant quotas over real HTTP: open batches (429), stored bytes (400), enqueued tokens per model (the batch
-fails validation with token_limit_exceeded, at create when a large file's first lines alone are over). Nothing
-refused is stored or queued."""
+"""Per-tenant quotas over real HTTP: open batches (429), stored bytes (400; outputs count, and a tenant at the limit
+starts no batch), enqueued tokens per model (the batch fails validation with token_limit_exceeded, at create when
+a large file's first lines alone are over). Nothing refused is stored or queued."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import pytest
 from sqlalchemy import func
 from sqlalchemy import select
+from sqlalchemy import update
 
 from tests.support.api_helpers import CHAT
 from tests.support.api_helpers import error_of
 from tests.support.api_helpers import jsonl
 from tests.support.api_helpers import request_line
+from tidal_workers import finalize
 from tidal_workers import keys
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.policy.body import Bounds
 from tidal_workers.policy.body import estimate_tokens
+from tidal_workers.quotas import stored_bytes
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
@@ -174,3 +178,38 @@ def test_first_lines_under_the_token_quota_leave_the_verdict_to_the_ingest(http,
     assert batch["status"] == "validating" and rt.redis.llen("tidal.ingest") == 1
     ingest_batch(rt, batch["id"])  # what the task does
     assert http.get(f"/v1/batches/{batch['id']}").json()["errors"]["data"][0]["code"] == "token_limit_exceeded"
+
+
+def test_outputs_past_the_stored_bytes_are_written_then_new_batches_are_refused(http, rt, caplog):
+    """A batch's output file counts against the stored bytes; finalize writes it even past the limit (the results
+    are the only copy of work done and billed), and the tenant is then refused new uploads and batches until it
+    frees room."""
+    source = _upload(http, _lines()).json()["id"]
+    batch = _create(http, source).json()
+    assert batch["status"] == "in_progress", batch["errors"]
+    body = json.dumps({"object": "chat.completion", "text": "x" * 4_000})  # 3 lines: ~12 KB against 10,000
+    with rt.store.transaction() as s:
+        s.execute(
+            update(Item)
+            .where(Item.batch_id == batch["id"])
+            .values(status="completed", response_status=200, request_id="r", response_body=body)
+        )
+        s.get(Batch, batch["id"]).completed = LINES
+    with caplog.at_level(logging.WARNING, logger="tidal_workers.finalize"):
+        assert finalize.maybe_finalize(rt, batch["id"])  # what the ops worker does once the last item is written
+    assert "past its limit of 10000; written anyway" in caplog.text  # the operator is told
+    done = http.get(f"/v1/batches/{batch['id']}").json()
+    assert done["status"] == "completed" and done["errors"] is None
+    output = http.get(f"/v1/files/{done['output_file_id']}/content")
+    assert output.status_code == 200 and len(output.text.splitlines()) == LINES  # nothing withheld
+    with rt.store.read() as s:
+        assert stored_bytes(s, "acme") == sum(s.scalars(select(File.bytes))) > 10_000  # outputs count
+
+    refused = _create(http, source)
+    assert refused.status_code == 400 and error_of(refused)["code"] == "storage_limit_exceeded", refused.text
+    assert "a batch's output and error files need room" in error_of(refused)["message"]
+    assert _upload(http, b"y").status_code == 400
+    with rt.store.read() as s:
+        assert s.scalar(select(func.count()).select_from(Batch)) == 1  # nothing created
+    assert http.delete(f"/v1/files/{done['output_file_id']}").status_code == 200  # downloaded: room again
+    assert _create(http, source).json()["status"] == "in_progress"

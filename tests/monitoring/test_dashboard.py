@@ -153,6 +153,8 @@ def test_every_dashboard_panel_has_data_from_a_real_run(
             "TidalBatchLaxityNegative",
             "TidalPreflightFailing",
             "TidalEngineCrashItem",
+            "TidalWorkerLostItem",
+            "TidalFinalizeFailed",
             "TidalGateStuckAtZero",
         }
         assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]

@@ -24,6 +24,8 @@ ALERTS = {
     "TidalBatchLaxityNegative",
     "TidalPreflightFailing",
     "TidalEngineCrashItem",
+    "TidalWorkerLostItem",
+    "TidalFinalizeFailed",
     "TidalGateStuckAtZero",
 }
 

@@ -102,4 +102,6 @@ def test_an_outage_longer_than_the_retry_budget_loses_nothing_and_writes_no_erro
     assert_exactly_once(rt, batch, out, err)
     with rt.store.read() as s:
         attempts = [s.get(Item, i).attempts for i in item_ids(rt, batch)]
+        reclaims = [s.get(Item, i).reclaims for i in item_ids(rt, batch)]
     assert sum(a >= 2 for a in attempts) >= 1  # what was sent during the outage went back: a new attempt, no retry
+    assert reclaims == [0] * 8  # handed back by a live worker, never left to expire: no reclaim counted

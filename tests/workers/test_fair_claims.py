@@ -20,6 +20,8 @@ from tidal_workers.context import LeaseBook
 from tidal_workers.context import WorkerContext
 from tidal_workers.enqueue import rebuild
 from tidal_workers.gate import FixedGate
+from tidal_workers.reclaim import Fate
+from tidal_workers.reclaim import reclaim
 from tidal_workers.renewal import Renewal
 from tidal_workers.store.models import Batch
 
@@ -184,8 +186,8 @@ def test_reclaimed_items_relink_their_batch(rt, make_batch):
     (c,) = rt.queue.claim(NODES[0], 1, 0.2, ["m"])
     assert structure_keys(rt) == []
     time.sleep(0.3)
-    (r,) = rt.queue.reclaim_expired()
-    assert r.requeued and r.item_id == c.item_id
+    (r,) = reclaim(rt)
+    assert r.fate is Fate.requeued and r.item_id == c.item_id
     (again,) = rt.queue.claim(NODES[1], 1, 30, ["m"])
     assert again.item_id == c.item_id and again.attempt == 2 and again.batch_id == batch
 

@@ -1,21 +1,29 @@
-"""Finalize's files: engine bodies spliced in as recorded, items fetched in groups bounded in bytes as in rows."""
+"""Finalize's files: engine bodies spliced in as recorded, items fetched in groups bounded in bytes as in rows; a
+batch whose files cannot be written fails after its attempts (issue 37 item 1, review H1), never looping."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
+import pytest
+from sqlalchemy import select
 from sqlalchemy import update
 
 from tests.support.worker_helpers import batch_row
 from tests.support.worker_helpers import file_lines
 from tests.support.worker_helpers import item_ids
+from tidal_api.metrics import StoreCollector
+from tidal_api.serialize import batch_object
 from tidal_workers import finalize
+from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
+from tidal_workers.sweeps import reconcile
 
 
 def answer(rt, batch_id: str, bodies: list[str]) -> None:
-    """Record each item's answer as the result write would: completed, 200, the engine's text."""
+    """Record each item's answer as the result write would: completed, 200, the engine's text, counted."""
     with rt.store.transaction() as s:
         for item_id, body in zip(item_ids(rt, batch_id), bodies, strict=True):
             s.execute(
@@ -25,6 +33,7 @@ def answer(rt, batch_id: str, bodies: list[str]) -> None:
                     status=ItemStatus.completed.value, response_status=200, request_id=f"r{item_id}", response_body=body
                 )
             )
+        s.execute(update(Batch).where(Batch.id == batch_id).values(completed=len(bodies)))
 
 
 def test_a_body_is_spliced_in_as_the_engine_wrote_it_never_parsed_again(rt, make_batch):
@@ -72,3 +81,69 @@ def _output_blob(rt, batch_id: str) -> str:
 
     with rt.store.read() as s:
         return s.get(File, batch_row(rt, batch_id).output_file_id).blob
+
+
+def break_blobs(rt) -> None:
+    """The blob store refuses every write (its folder is a file now): each finalize attempt raises."""
+    shutil.rmtree(rt.blobs.root)
+    rt.blobs.root.write_text("not a folder")
+
+
+def attempts_of(rt, batch_id: str) -> int:
+    return batch_row(rt, batch_id).finalize_attempts
+
+
+def unwritten(rt) -> float:
+    """The API's ``tidal_finalize_failed_batches_total``, read from SQL at scrape time."""
+    (metric,) = [m for m in StoreCollector(rt.store).collect() if m.name == "tidal_finalize_failed_batches"]
+    return metric.samples[0].value
+
+
+def test_a_batch_whose_files_cannot_be_written_fails_after_its_attempts_and_keeps_its_results(rt, make_batch):
+    assert rt.settings.finalize_attempts == 5  # the default
+    batch = make_batch(2, enqueue=False)
+    answer(rt, batch, ['{"n": 0}', '{"n": 1}'])
+    break_blobs(rt)
+    failed_before = unwritten(rt)
+    with pytest.raises(OSError):
+        finalize.maybe_finalize(rt, batch)  # the item task's request: the first attempt
+    since = batch_row(rt, batch).finalizing_at
+    assert (batch_row(rt, batch).status, attempts_of(rt, batch)) == ("finalizing", 1)
+    r = rt.settings.reconcile_seconds
+    for attempts in range(1, 5):  # reconcile's retries, each later than the one before: +R, +3R, +7R, +15R
+        due = since + r * (2**attempts - 1)
+        reconcile(rt, now=due - 1)
+        assert attempts_of(rt, batch) == attempts  # not yet due: no attempt
+        reconcile(rt, now=due)  # the attempt raises; reconcile logs it and goes on
+        assert (batch_row(rt, batch).status, attempts_of(rt, batch)) == ("finalizing", attempts + 1)
+    reconcile(rt, now=since + 31 * r)  # the attempts are used up: the batch fails, no sixth attempt
+    b = batch_row(rt, batch)
+    assert (b.status, b.finalize_attempts, b.output_file_id, b.error_file_id) == ("failed", 5, None, None)
+    assert b.failed_at and b.finalizing_at == since
+    client = batch_object(b, rt.settings, None)  # what GET /v1/batches/{id} answers
+    assert client["status"] == "failed" and client["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    (error,) = client["errors"]["data"]
+    assert error["code"] == "finalize_failed" and "5 attempts failed" in error["message"]
+    with rt.store.read() as s:  # nothing already written is lost
+        kept = s.execute(select(Item.status, Item.response_body).where(Item.batch_id == batch)).all()
+    assert sorted(kept) == [("completed", '{"n": 0}'), ("completed", '{"n": 1}')]
+    assert unwritten(rt) == failed_before + 1
+    reconcile(rt, now=since + 1000 * r)
+    assert batch_row(rt, batch).status == "failed" and attempts_of(rt, batch) == 5  # never tried again
+
+
+def test_a_fault_that_passes_costs_only_the_attempts_it_lasted(rt, make_batch):
+    batch = make_batch(1, enqueue=False)
+    answer(rt, batch, ['{"n": 0}'])
+    break_blobs(rt)
+    with pytest.raises(OSError):
+        finalize.complete(rt, batch)
+    since, r = batch_row(rt, batch).finalizing_at, rt.settings.reconcile_seconds
+    reconcile(rt, now=since + r)
+    assert attempts_of(rt, batch) == 2
+    rt.blobs.root.unlink()
+    rt.blobs.root.mkdir()  # the blob store is back
+    reconcile(rt, now=since + 3 * r)
+    b = batch_row(rt, batch)
+    assert (b.status, b.finalize_attempts) == ("completed", 3) and b.errors is None
+    assert [line["response"]["body"] for line in file_lines(rt, b.output_file_id)] == [{"n": 0}]

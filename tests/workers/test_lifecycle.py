@@ -23,6 +23,7 @@ from tidal_workers.execute import execute_item
 from tidal_workers.finalize import maybe_finalize
 from tidal_workers.gate import FixedGate
 from tidal_workers.leases import LeaseBook
+from tidal_workers.reclaim import reclaim
 from tidal_workers.result import Outcome
 from tidal_workers.result import record
 from tidal_workers.store.models import Batch
@@ -38,7 +39,7 @@ def test_stale_attempt_is_dropped_and_first_write_wins(rt, make_batch, stub):
     batch = make_batch(1)
     (old,) = rt.queue.claim(NODE, 1, 0.2, ["m"])
     wait_lease_expired(rt, old.item_id)
-    rt.queue.reclaim_expired()  # the first worker "died": its lease expired
+    reclaim(rt)  # the first worker "died": its lease expired
     (new,) = rt.queue.claim("node-b", 1, 30, ["m"])
     assert new.item_id == old.item_id and new.attempt == 2
 
@@ -77,7 +78,7 @@ def test_the_book_vouches_for_a_lease_only_until_half_of_it_has_passed(rt, make_
 
     stalled = claim_one(0.2)  # trusted for 0.1 s
     wait_lease_expired(rt, stalled.item_id)
-    rt.queue.reclaim_expired()
+    reclaim(rt)
     (again,) = rt.queue.claim("node-b", 1, 30, ["m"])
     assert again.item_id == stalled.item_id
     assert not book.current(stalled.item_id, stalled.lease)

@@ -1,14 +1,13 @@
 """Revisions 0002-0004 upgrade a store that holds data, on SQLite and PostgreSQL: stored keys get ids and stay
 usable, existing files and batches are numbered in the order lists showed them, and an input file's row can go
 while its batch's stays. The chain runs to the head: an existing batch is never split (0006), its items run
-whole (0007) and have been at no engine death (0008)."""
+whole (0007), have been at no engine death (0008) and never reclaimed, and its batch has made no finalize attempt
+(0009)."""
 
 from __future__ import annotations
 
 import hashlib
-import uuid
 
-import pytest
 import sqlalchemy as sa
 
 from config.settings import Settings
@@ -19,22 +18,6 @@ from tidal_workers.store.migrate import upgrade
 from tidal_workers.store.models import File
 
 T = 1_700_000_000
-
-
-@pytest.fixture
-def url(database_url, tmp_path):
-    """An empty database of the session's kind."""
-    if database_url is None:
-        yield f"sqlite:///{tmp_path / 'old.db'}"
-        return
-    admin = sa.create_engine(database_url, isolation_level="AUTOCOMMIT")
-    name = f"tidal_mig_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as c:
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield admin.url.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as c:
-        c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def _store_at_0001(url: str) -> sa.Engine:
@@ -106,7 +89,8 @@ def _store_at_0001(url: str) -> sa.Engine:
     return engine
 
 
-def test_upgrade_with_data_present(url, tmp_path):
+def test_upgrade_with_data_present(empty_store_url, tmp_path):
+    url = empty_store_url
     engine = _store_at_0001(url)
     upgrade(engine)
     with engine.connect() as c:
@@ -115,12 +99,15 @@ def test_upgrade_with_data_present(url, tmp_path):
         key = c.execute(sa.text("SELECT id, source, revoked_at FROM api_keys")).one()
         items = c.execute(sa.text("SELECT count(*) FROM items")).scalar()
         split = c.execute(
-            sa.text("SELECT b.phase_split, i.phase, i.engine_deaths FROM items i JOIN batches b ON b.id = i.batch_id")
+            sa.text(
+                "SELECT b.phase_split, i.phase, i.engine_deaths, i.reclaims, b.finalize_attempts"
+                " FROM items i JOIN batches b ON b.id = i.batch_id"
+            )
         ).one()
     assert files == ["file-a", "file-b", "file-c"]  # (created_at, id): the order lists showed before
     assert batches == ["batch_y", "batch_z"]
     assert key.id.startswith("key_") and key.source == "config" and key.revoked_at is None and items == 1
-    assert tuple(split) == ("never", "whole", 0)
+    assert tuple(split) == ("never", "whole", 0, 0, 0)
     engine.dispose()
 
     store = Store(

@@ -31,6 +31,8 @@ from tidal_workers.ingest import ingest_batch
 from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.laxity import PRIORITY_MAX
 from tidal_workers.policy.phase import SplitConfig
+from tidal_workers.reclaim import Fate
+from tidal_workers.reclaim import reclaim
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item
 
@@ -190,8 +192,8 @@ def test_an_expired_split_lease_goes_back_as_its_phase(rt, make_batch):
     split(rt, batch, DECODE)
     (claim,) = rt.queue.claim_phase(NODE, DECODE, 1, 0.2, MODELS)
     wait_lease_expired(rt, claim.item_id)
-    (r,) = rt.queue.reclaim_expired()
-    assert r.requeued and waiting(rt, batch, DECODE) == 1 and queued(rt, batch) == 0
+    (r,) = reclaim(rt)
+    assert r.fate is Fate.requeued and waiting(rt, batch, DECODE) == 1 and queued(rt, batch) == 0
 
 
 def test_rebuild_from_sql_restores_each_items_phase(rt, make_batch):

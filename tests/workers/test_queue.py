@@ -17,6 +17,8 @@ from tidal_workers.metrics import register_queue_metrics
 from tidal_workers.queue import WHOLE
 from tidal_workers.queue import batch_score
 from tidal_workers.queue import parse_lease
+from tidal_workers.reclaim import Fate
+from tidal_workers.reclaim import reclaim
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
 
@@ -67,8 +69,8 @@ def test_lease_fencing_renew_complete_and_reclaim(rt, make_batch):
 
     assert rt.queue.renew(NODE, [(second.item_id, second.lease)], lease_seconds=30) == []
     wait_lease_expired(rt, first.item_id)
-    reclaimed = rt.queue.reclaim_expired()
-    assert [(r.item_id, r.requeued) for r in reclaimed] == [(first.item_id, True)]  # the renewed one stays
+    reclaimed = reclaim(rt)
+    assert [(r.item_id, r.fate) for r in reclaimed] == [(first.item_id, Fate.requeued)]  # the renewed one stays
     assert rt.queue.inflight(NODE) == 1
 
     (again,) = rt.queue.claim("other-node", 5, 30, MODELS)
@@ -105,8 +107,8 @@ def test_drop_batch_forgets_queued_items_and_abandons_leased_ones(rt, make_batch
     assert rt.queue.drop_batch(batch) == 4
     assert claim_order(rt, 10) == []
     wait_lease_expired(rt, leased.item_id)
-    (r,) = rt.queue.reclaim_expired()
-    assert (r.item_id, r.batch_id, r.requeued) == (leased.item_id, batch, False)
+    (r,) = rt.queue.take_expired()
+    assert (r.item_id, r.lease, r.batch_id, r.taken) == (leased.item_id, leased.lease, batch, False)
     assert rt.queue.batch_inflight(batch) == 0
     assert not rt.redis.exists(keys.item(leased.item_id), keys.ready(batch), keys.batch(batch))
 

@@ -169,6 +169,9 @@ class Batch(Base):
     # one began (NULL when none runs: not started yet, or the last one raised)
     ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ingest_started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # attempts at writing its files once finalizing, counted before each one starts (so one whose process dies
+    # counts): at TIDAL_FINALIZE_ATTEMPTS the batch fails with `finalize_failed` (finalize.py)
+    finalize_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # quotas and retention
     enqueued_tokens: Mapped[int] = mapped_column(BigInteger, default=0)  # estimate, counted while unfinished
     output_expires_after: Mapped[int | None] = mapped_column(Integer, nullable=True)  # seconds, for its files
@@ -207,6 +210,9 @@ class Item(Base):
     # Times the engine died while this item's request was at it (``poison.py``): at TIDAL_ENGINE_CRASH_LIMIT the
     # item is an `engine_crash` error line, not handed back once more.
     engine_deaths: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Times its lease expired and was reclaimed (``reclaim.py``: its worker died): at TIDAL_RECLAIM_LIMIT the item
+    # is a `worker_lost` error line, not queued once more.
+    reclaims: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     response_body: Mapped[str | None] = mapped_column(Text, nullable=True)
