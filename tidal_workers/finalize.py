@@ -15,6 +15,7 @@ its items' results kept in SQL.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -68,7 +69,13 @@ def line(item: Item) -> bytes:
     if item.error_code is not None:
         error = json.dumps({"code": item.error_code, "message": item.error_message or ""})
     custom_id = json.dumps(item.custom_id)
-    return f'{{"id": "batch_req_{item.id}", "custom_id": {custom_id}, "response": {response}, "error": {error}}}\n'.encode()
+    return f'{{"id": "{request_id_of(item)}", "custom_id": {custom_id}, "response": {response}, "error": {error}}}\n'.encode()
+
+
+def request_id_of(item: Item) -> str:
+    """The line's ``batch_req_`` id: a hash of the batch's id and the line's number, stable across finalize attempts.
+    Not the row id, which counts every item of every tenant and so would tell each tenant the fleet's volume."""
+    return "batch_req_" + hashlib.sha256(f"{item.batch_id}:{item.line}".encode()).hexdigest()[:24]
 
 
 def fetch_groups(sizes: t.Iterable[tuple[int, int]], max_chars: int, max_rows: int) -> t.Iterator[list[int]]:

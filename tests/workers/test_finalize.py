@@ -48,6 +48,20 @@ def test_a_body_is_spliced_in_as_the_engine_wrote_it_never_parsed_again(rt, make
     assert [line["custom_id"] for line in lines] == ["b0-0", "b0-1"]
 
 
+def test_a_lines_id_tells_nothing_of_the_fleet_and_is_the_same_at_every_attempt(rt, make_batch):
+    """``batch_req_`` ids were the item's row id, which counts every tenant's items (review L8); now a hash of the
+    batch's id and the line, so two finalizes of the same batch write the same ids."""
+    batch = make_batch(3, enqueue=False)
+    answer(rt, batch, ["{}"] * 3)
+    assert finalize.complete(rt, batch)
+    ids = [line["id"] for line in file_lines(rt, batch_row(rt, batch).output_file_id)]
+    assert len(set(ids)) == 3 and all(i.startswith("batch_req_") and len(i) == len("batch_req_") + 24 for i in ids)
+    assert not {f"batch_req_{item_id}" for item_id in item_ids(rt, batch)} & set(ids)
+    with rt.store.read() as s:
+        items = s.scalars(select(Item).where(Item.batch_id == batch).order_by(Item.line)).all()
+    assert [finalize.request_id_of(item) for item in items] == ids
+
+
 def test_items_are_fetched_in_groups_bounded_by_their_bodies_length(rt, make_batch, monkeypatch):
     batch = make_batch(7, enqueue=False)
     bodies = [json.dumps({"n": i, "pad": "x" * (100 * i)}) for i in range(7)]
