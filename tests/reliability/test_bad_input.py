@@ -590,6 +590,12 @@ CASES = [
         "storage_limit_exceeded",
     ),
     request("batch_over_open_batch_quota", lambda c: _second_open_batch(c.globex()), 429, "batch_limit_exceeded"),
+    request(  # outputs need room: a tenant whose files fill its stored bytes starts no batch (review H1)
+        "batch_while_stored_bytes_are_full",
+        lambda c: _batch_at_full_storage(c.globex()),
+        400,
+        "storage_limit_exceeded",
+    ),
     # --- reads, cursors and ids
     request("files_limit_negative", lambda c: c.send("GET", "/v1/files", params={"limit": -1}), 400, "invalid_value"),
     request(
@@ -668,6 +674,11 @@ def _replayed_deleted_file(c: Client) -> requests.Response:
     assert c.send("DELETE", f"/v1/files/{file_id}").status_code == 200
     c.files.discard(file_id)
     return c.send("POST", "/v1/files", files={"file": ("in.jsonl", GOOD)}, data={"purpose": "batch"}, headers=key)
+
+
+def _batch_at_full_storage(globex: Client) -> requests.Response:
+    full = GOOD + b"\n" * (TENANT_LIMITS["globex"]["stored_bytes"] - len(GOOD))  # blank lines: still a good file
+    return globex.create(input_file_id=globex.upload(full))
 
 
 def _second_open_batch(globex: Client) -> requests.Response:
