@@ -12,8 +12,8 @@ key                                                type    content
                                                            urgent level first.
 ``tidal:qt:{priority}:{model}``                    ZSET    the tenants with queued batches at that level ->
                                                            -1 once a claim has taken the tenant into the
-                                                           model's passes (``tidal:qs``), else the score
-                                                           ``link`` gave it (0 or more): how a claim finds the
+                                                           model's passes (``tidal:qs``), else 0 (``link``
+                                                           adds it so): how a claim finds the
                                                            tenants new to the model without reading them all.
 ``tidal:qs:{model}``                               ZSET    the tenants with queued whole items of the model, at
                                                            any level: tenant -> pass. A claim serves the lowest
@@ -25,8 +25,8 @@ key                                                type    content
                                                            with nothing queued leaves, and the key goes with the
                                                            claim that finds the model empty.
 ``tidal:qv:{model}``                               HASH    layout 2's per-level virtual times: no longer written
-                                                           (the passes moved to ``tidal:qs``); ``link`` still
-                                                           reads it (absent: 0) and ``prune`` deletes fields.
+                                                           or read (the passes moved to ``tidal:qs``); ``prune``
+                                                           deletes a level's field an upgrade left behind.
 ``tidal:qb:{priority}:{len(tenant)}:{tenant}:{model}``  ZSET    one tenant's batches at one level: batch -> deadline
                                                            (EDF within a tenant). ``len`` is in UTF-8 bytes, so a
                                                            tenant or model holding ``:`` cannot collide.

@@ -32,8 +32,8 @@ local function link(b)
   if not (at.model and at.tenant) then return end
   redis.call('ZADD', K.tenant_batches(at.model, at.p, at.tenant), at.deadline, b)
   local ts = K.tenants(at.model, at.p)
-  if not redis.call('ZSCORE', ts, at.tenant) then  -- joins the level at its virtual time
-    redis.call('ZADD', ts, redis.call('HGET', K.vtime(at.model), at.p) or 0, at.tenant)
+  if not redis.call('ZSCORE', ts, at.tenant) then  -- 0: new to the model's turns (CLAIM marks those it took -1)
+    redis.call('ZADD', ts, 0, at.tenant)
   end
   redis.call('ZADD', K.levels(at.model), at.p, at.p)
 end
@@ -44,7 +44,7 @@ local function prune(m, p, tenant)
   redis.call('ZREM', ts, tenant)
   if redis.call('EXISTS', ts) == 0 then
     redis.call('ZREM', K.levels(m), p)
-    redis.call('HDEL', K.vtime(m), p)
+    redis.call('HDEL', K.vtime(m), p)  -- layout 2's virtual time of the level, if an upgrade left one
   end
 end
 -- Out of tidal:batches unless split items of the batch still wait.
