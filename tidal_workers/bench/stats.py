@@ -4,8 +4,9 @@ them, and the rule that a ratio whose interval spans 1.0 is "no measurable chang
 Pure (no I/O), so the rules are unit-tested apart from any engine. For figures the unit of resampling is the
 repetition: one figure per repetition (a harvest share, a percentile ratio), the repetitions resampled with
 replacement; within-repetition sampling error (a p99 over 1,000 samples) shows up as spread between
-repetitions. ``sample_bootstrap`` resamples raw samples instead (the twin's step intervals), for a statistic of
-one large sample.
+repetitions. ``paired_quantile_ratios`` resamples requests instead, for one window whose online requests are the
+same trace as its baseline's (the frontier's inflation figures): each request carries all its samples (its TTFT, or
+all its gaps between tokens), so the interval keeps the correlation within a request.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import dataclasses
 import random
 import statistics
 import typing as t
+
+import numpy as np
 
 MIN_REPS = 3  # fewer repetitions than this give no interval worth printing
 CONFIDENCE = 0.95
@@ -103,3 +106,41 @@ def interval(values: t.Sequence[float]) -> dict[str, float | int | None]:
     if len(values) >= MIN_REPS:
         return {**bootstrap(values).as_dict()}
     return {"value": statistics.fmean(values) if values else None, "low": None, "high": None, "reps": len(values)}
+
+
+def paired_quantile_ratios(
+    base: t.Sequence[t.Sequence[float]],
+    co: t.Sequence[t.Sequence[float]],
+    quantiles: t.Sequence[float],
+    *,
+    resamples: int = 500,
+    seed: int = 0,
+) -> list[Interval | None]:
+    """Per quantile: quantile of ``co``'s samples ÷ the same of ``base``'s, with a 95 % interval from resampling
+    the requests (request i of each is the same request of one trace, sent in two arms). None where either arm
+    has no samples. ``reps`` in the result is the number of requests."""
+    if len(base) != len(co):
+        raise ValueError("paired arms must hold the same requests")
+    n = len(base)
+    arms = []
+    for arm in (base, co):
+        flat = np.concatenate([np.asarray(x, float) for x in arm]) if n else np.zeros(0)
+        owner = np.repeat(np.arange(n), [len(x) for x in arm])
+        arms.append((flat, owner))
+    if any(len(flat) == 0 for flat, _ in arms):
+        return [None] * len(quantiles)
+    qs = np.asarray(quantiles, float)
+    (fb, ob), (fc, oc) = arms
+    value = np.quantile(fc, qs) / np.quantile(fb, qs)
+    rng = np.random.default_rng(seed)
+    ratios = np.empty((resamples, len(qs)))
+    for i in range(resamples):
+        counts = np.bincount(rng.integers(0, n, n), minlength=n)
+        wb, wc = counts[ob], counts[oc]
+        if not wb.any() or not wc.any():
+            ratios[i] = np.nan
+            continue
+        ratios[i] = np.quantile(np.repeat(fc, wc), qs) / np.quantile(np.repeat(fb, wb), qs)
+    tail = (1 - CONFIDENCE) / 2
+    low, high = np.nanquantile(ratios, [tail, 1 - tail], axis=0)
+    return [Interval(float(v), float(lo), float(hi), n) for v, lo, hi in zip(value, low, high, strict=True)]

@@ -94,27 +94,38 @@ def drift(samples: t.Sequence[Sample]) -> float | None:
     return abs(float(np.mean(second)) - float(np.mean(first))) / mean
 
 
-def blocks(samples: t.Sequence[Sample], block_s: float = BLOCK_S) -> tuple[np.ndarray, np.ndarray]:
-    """Batch prefill and generated tokens per block of ``block_s`` (the last, shorter block kept)."""
-    prefill, generated = [], []
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """A window cut into blocks of about ``BLOCK_S``: per block, its seconds and its counters' increments."""
+
+    seconds: np.ndarray
+    prefill: np.ndarray
+    generated: np.ndarray
+
+
+def blocks(samples: t.Sequence[Sample], block_s: float = BLOCK_S) -> Blocks:
+    """The window's samples cut into blocks of ``block_s`` (the last, shorter block kept)."""
+    seconds, prefill, generated = [], [], []
     start = 0
     for i in range(1, len(samples)):
         if samples[i].at - samples[start].at >= block_s or i == len(samples) - 1:
+            seconds.append(samples[i].at - samples[start].at)
             prefill.append(samples[i].prefill - samples[start].prefill)
             generated.append(samples[i].generated - samples[start].generated)
             start = i
-    return np.array(prefill, float), np.array(generated, float)
+    return Blocks(np.array(seconds, float), np.array(prefill, float), np.array(generated, float))
 
 
 def ratio_interval(
-    prefill: np.ndarray, generated: np.ndarray, resamples: int = RESAMPLES, seed: int = 0
+    numerators: np.ndarray, denominators: np.ndarray, resamples: int = RESAMPLES, seed: int = 0
 ) -> tuple[float, float] | None:
-    """The 95 % interval of Σ prefill ÷ Σ generated, blocks resampled with replacement; None under 3 blocks."""
-    if len(prefill) < 3:
+    """The 95 % interval of Σ numerators ÷ Σ denominators, blocks resampled with replacement; None under 3 blocks.
+    Prefill per generated token (prefill, generated), or a rate (tokens, seconds)."""
+    if len(numerators) < 3:
         return None
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(prefill), (resamples, len(prefill)))
-    num, den = prefill[picks].sum(axis=1), generated[picks].sum(axis=1)
+    picks = rng.integers(0, len(numerators), (resamples, len(numerators)))
+    num, den = numerators[picks].sum(axis=1), denominators[picks].sum(axis=1)
     ratios = np.divide(num, den, out=np.full(resamples, np.inf), where=den > 0)
     tail = (1 - CONFIDENCE) / 2
     low, high = np.quantile(ratios, [tail, 1 - tail])
@@ -154,7 +165,8 @@ def judge(
     prefill = samples[-1].prefill - samples[0].prefill
     generated = samples[-1].generated - samples[0].generated
     ratio = prefill / generated if generated > 0 else None
-    interval = ratio_interval(*blocks(samples))
+    cut = blocks(samples)
+    interval = ratio_interval(cut.prefill, cut.generated)
     d = drift(samples)
     if drift_rule and (d is None or d >= DRIFT_MAX):
         level = "none at the engine" if d is None else f"{100 * d:.1f} %"

@@ -104,6 +104,9 @@ def test_a_window_without_samples_is_invalid():
 def test_blocks_and_within_cut_the_series():
     samples = series([1.0] * 25)
     assert [s.at for s in steady.within(samples, 5, 7)] == [5.0, 6.0, 7.0]
-    prefill, generated = steady.blocks(samples, block_s=10)
-    assert list(generated) == [5000.0, 5000.0, 2000.0]  # t 0-10, 10-20, 20-24
-    assert list(prefill) == [10000.0, 10000.0, 4000.0]
+    cut = steady.blocks(samples, block_s=10)
+    assert list(cut.seconds) == [10.0, 10.0, 4.0]  # t 0-10, 10-20, 20-24
+    assert list(cut.generated) == [5000.0, 5000.0, 2000.0]
+    assert list(cut.prefill) == [10000.0, 10000.0, 4000.0]
+    low, high = steady.ratio_interval(cut.generated, cut.seconds) or (0, 0)
+    assert low == high == 500.0  # a steady rate: every resample of the blocks gives it
