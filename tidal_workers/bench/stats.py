@@ -113,34 +113,57 @@ def paired_quantile_ratios(
     co: t.Sequence[t.Sequence[float]],
     quantiles: t.Sequence[float],
     *,
-    resamples: int = 500,
+    resamples: int = 1000,
     seed: int = 0,
 ) -> list[Interval | None]:
     """Per quantile: quantile of ``co``'s samples ÷ the same of ``base``'s, with a 95 % interval from resampling
     the requests (request i of each is the same request of one trace, sent in two arms). None where either arm
-    has no samples. ``reps`` in the result is the number of requests."""
+    has no samples. ``reps`` in the result is the number of requests. Quantiles interpolate as ``percentile``."""
     if len(base) != len(co):
         raise ValueError("paired arms must hold the same requests")
     n = len(base)
-    arms = []
-    for arm in (base, co):
-        flat = np.concatenate([np.asarray(x, float) for x in arm]) if n else np.zeros(0)
-        owner = np.repeat(np.arange(n), [len(x) for x in arm])
-        arms.append((flat, owner))
-    if any(len(flat) == 0 for flat, _ in arms):
+    arms = [_Arm.of(arm) for arm in (base, co)]
+    if any(len(arm.values) == 0 for arm in arms):
         return [None] * len(quantiles)
     qs = np.asarray(quantiles, float)
-    (fb, ob), (fc, oc) = arms
-    value = np.quantile(fc, qs) / np.quantile(fb, qs)
+    ones = np.ones(n, int)
+    value = t.cast(np.ndarray, arms[1].quantiles(ones, qs)) / t.cast(np.ndarray, arms[0].quantiles(ones, qs))
     rng = np.random.default_rng(seed)
-    ratios = np.empty((resamples, len(qs)))
+    ratios = np.full((resamples, len(qs)), np.nan)
     for i in range(resamples):
         counts = np.bincount(rng.integers(0, n, n), minlength=n)
-        wb, wc = counts[ob], counts[oc]
-        if not wb.any() or not wc.any():
-            ratios[i] = np.nan
-            continue
-        ratios[i] = np.quantile(np.repeat(fc, wc), qs) / np.quantile(np.repeat(fb, wb), qs)
+        b, c = arms[0].quantiles(counts, qs), arms[1].quantiles(counts, qs)
+        if b is not None and c is not None:
+            ratios[i] = c / b
     tail = (1 - CONFIDENCE) / 2
     low, high = np.nanquantile(ratios, [tail, 1 - tail], axis=0)
     return [Interval(float(v), float(lo), float(hi), n) for v, lo, hi in zip(value, low, high, strict=True)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Arm:
+    """One arm's samples sorted once, each with the request it came from."""
+
+    values: np.ndarray
+    owner: np.ndarray
+
+    @classmethod
+    def of(cls, per_request: t.Sequence[t.Sequence[float]]) -> _Arm:
+        values = np.concatenate([np.asarray(x, float) for x in per_request]) if per_request else np.zeros(0)
+        owner = np.repeat(np.arange(len(per_request)), [len(x) for x in per_request])
+        order = np.argsort(values, kind="stable")
+        return cls(values[order], owner[order])
+
+    def quantiles(self, counts: np.ndarray, qs: np.ndarray) -> np.ndarray | None:
+        """The quantiles of the samples with request i's taken counts[i] times (None: none taken), interpolated
+        between order statistics as ``percentile`` does, without building the repeated sample."""
+        cum = np.cumsum(counts[self.owner])
+        total = int(cum[-1])
+        if total == 0:
+            return None
+        h = (total - 1) * qs
+        lo = np.floor(h).astype(int)
+        hi = np.minimum(lo + 1, total - 1)
+        v_lo = self.values[np.searchsorted(cum, lo, side="right")]
+        v_hi = self.values[np.searchsorted(cum, hi, side="right")]
+        return v_lo + (v_hi - v_lo) * (h - lo)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import random
 
+import numpy as np
 import pytest
 
 from tidal_engine.twin import load_profile
@@ -65,3 +67,15 @@ def test_paired_ratios_need_samples_in_both_arms_and_the_same_requests():
     assert stats.paired_quantile_ratios([[], []], [[0.1], [0.2]], [0.5]) == [None]
     with pytest.raises(ValueError, match="same requests"):
         stats.paired_quantile_ratios([[0.1]], [[0.1], [0.2]], [0.5])
+
+
+def test_paired_quantiles_interpolate_as_percentile_does():
+    rng = random.Random(5)
+    per_request = [[rng.random() for _ in range(rng.randint(0, 5))] for _ in range(50)]
+    flat = [x for r in per_request for x in r]
+    ratio = stats.paired_quantile_ratios(per_request, [[2 * x for x in r] for r in per_request], [0.5, 0.9, 0.99])
+    assert [r.value for r in ratio if r] == pytest.approx([2.0, 2.0, 2.0])
+    arm = stats._Arm.of(per_request)
+    ones = np.ones(50, int)
+    expected = [stats.percentile(flat, q) for q in (0.1, 0.5, 0.99)]
+    assert list(arm.quantiles(ones, np.array([0.1, 0.5, 0.99]))) == pytest.approx(expected)
