@@ -24,8 +24,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import traceback
 import typing as t
 from pathlib import Path
+
+from tidal_workers.bench import online
+from tidal_workers.bench.workload import OnlineLoad
 
 TECHNIQUES = ("outside", "inside", "vllm-priority")
 CEILING, ONLINE_ALONE, COSERVED = "ceiling", "online-alone", "coserved"
@@ -140,6 +144,13 @@ class FrontierPlan:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
+def rate_fn(load: OnlineLoad, window_s: float) -> t.Callable[[float], float]:
+    """The load's online rate over its window (a diurnal load's window is one period)."""
+    if load.trace == "diurnal":
+        return online.diurnal(load.rate, load.amplitude, window_s)
+    return online.flat(load.rate)
+
+
 class PlanMismatch(ValueError):
     """The run directory holds another plan: resuming it with this one would mix two experiments."""
 
@@ -180,6 +191,19 @@ class RunDir:
         path = self.path(point)
         _write(path, {"point": point.as_dict(), **record})
         return path
+
+    def fail(self, point: Point, error: BaseException) -> Path:
+        """A point that raised: its error kept under failed/, where a resumed run does not look (it measures the
+        point again)."""
+        path = self.root / "failed" / f"{point.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, {"point": point.as_dict(), "error": "".join(traceback.format_exception(error))})
+        return path
+
+    def failures(self) -> list[dict[str, t.Any]]:
+        """Points that failed and have not been measured since."""
+        found = [json.loads(p.read_text()) for p in sorted((self.root / "failed").glob("*.json"))]
+        return [f for f in found if not self.done(Point(**f["point"]))]
 
     def records(self) -> list[dict[str, t.Any]]:
         """Every point measured so far."""

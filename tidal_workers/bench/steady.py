@@ -185,8 +185,14 @@ def judge(
             f"{completions:.0f} batch completions (fewer than {MIN_COMPLETIONS}) and the ratio's 95 % interval "
             f"{shown} does not contain the steady {steady_ratio:.3f}"
         )
-    if overrun_share is not None and overrun_share > OVERRUN_MAX:
-        reasons.append(
-            f"the twin could not pace {100 * overrun_share:.1f} % of the window's steps (limit {100 * OVERRUN_MAX:.0f} %)"
-        )
+    reasons += overrun_reasons(overrun_share)
     return Verdict(not reasons, tuple(reasons), seconds, d, ratio, steady_ratio, interval, completions, overrun_share)
+
+
+def overrun_reasons(overrun_share: float | None) -> list[str]:
+    """The overrun rule, which every window obeys (an online-alone one too)."""
+    if overrun_share is None or overrun_share <= OVERRUN_MAX:
+        return []
+    return [
+        f"the twin could not pace {100 * overrun_share:.1f} % of the window's steps (limit {100 * OVERRUN_MAX:.0f} %)"
+    ]

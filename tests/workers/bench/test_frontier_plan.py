@@ -90,3 +90,18 @@ def test_a_run_resumes_with_its_plan_and_refuses_another(tmp_path):
     assert again.records() == [{"point": point.as_dict(), "harvest": 1.0}]
     with pytest.raises(fp.PlanMismatch, match="window_s differ"):
         again.open(plan(window_s=60.0))
+
+
+def test_a_failed_point_is_kept_apart_and_measured_again(tmp_path):
+    run = fp.RunDir(tmp_path / "run")
+    run.open(plan())
+    point = plan().points()[2]
+    try:
+        raise TimeoutError("the engine never ran 256 requests at once")
+    except TimeoutError as exc:
+        run.fail(point, exc)
+    assert not run.done(point)  # the next run measures it again
+    (failure,) = run.failures()
+    assert failure["point"] == point.as_dict() and "never ran 256 requests" in failure["error"]
+    run.write(point, {})
+    assert run.failures() == []
