@@ -247,9 +247,10 @@ class Frontier:
         ) as engine:
             yield engine
 
-    def prompts(self, point: Point) -> Prompts:
+    def prompts(self, point: Point, engine: BenchEngine) -> Prompts:
+        """Words of the point's own, in the tokens of ``engine``'s tokenizer (loaded once)."""
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.stock().tokenizer)
+            self._tokenizer = load_tokenizer(engine.tokenizer)
         return Prompts(self._tokenizer, _seed(point.name))
 
     def trace(self, point: Point) -> OnlineTrace:
@@ -291,7 +292,7 @@ class Frontier:
     def ceiling(self, point: Point) -> dict[str, t.Any]:
         engine = self.stock()
         mix = BATCH_MIXES[point.mix]
-        prompts, rng = self.prompts(point), random.Random(_seed(point.name))
+        prompts, rng = self.prompts(point, engine), random.Random(_seed(point.name))
         bodies = (chat_body(engine.model, r) for r in batch_requests(10**9, mix.workload(), prompts, rng))
         trace = Trace(engine.trace_path) if engine.trace_path else None
         mark = trace.mark() if trace else 0
@@ -306,7 +307,7 @@ class Frontier:
 
     def online_alone(self, point: Point) -> dict[str, t.Any]:
         engine = self.stock()
-        lead_in, measured = self.trace(point).requests(self.prompts(point))
+        lead_in, measured = self.trace(point).requests(self.prompts(point, engine))
         trace = Trace(engine.trace_path) if engine.trace_path else None
         mark = trace.mark() if trace else 0
         window = self.plan.window_for(ONLINE_LOADS[str(point.load)].trace)
@@ -332,7 +333,7 @@ class Frontier:
     def vllm_priority(self, point: Point) -> dict[str, t.Any]:
         engine = self.stock()
         mix = BATCH_MIXES[point.mix]
-        prompts, rng = self.prompts(point), random.Random(_seed(point.name))
+        prompts, rng = self.prompts(point, engine), random.Random(_seed(point.name))
         batch = (chat_body(engine.model, r, PRIORITY_MAX) for r in batch_requests(10**9, mix.workload(), prompts, rng))
         lanes = Lanes(engine.url, batch, int(t.cast(float, point.knob)))
 
@@ -358,7 +359,7 @@ class Frontier:
         stack_home = self.run_dir.root / "stacks" / point.name
         shutil.rmtree(stack_home, ignore_errors=True)  # an interrupted earlier try of this point
         with engine_cm as engine:
-            prompts, rng = self.prompts(point), random.Random(_seed(point.name))
+            prompts, rng = self.prompts(point, engine), random.Random(_seed(point.name))
             bodies = [chat_body(engine.model, r) for r in batch_requests(count, mix.workload(), prompts, rng)]
             with TidalStack(
                 self.settings, engine.url, stack_home, gate_mode="aimd", max_inflight=cap, redis_db=self.redis_db

@@ -332,8 +332,8 @@ def plot(report: Report, results: dict[str, t.Any], path: Path) -> Path:
     fig, axes = plt.subplots(len(panels) or 1, 1, figsize=(8, 4.2 * max(len(panels), 1)), squeeze=False)
     for ax, (load, mix) in zip(axes[:, 0], panels):
         here = [r for r in rows if (r["load"], r["mix"]) == (load, mix)]
-        top = max([2.0, *(r["alpha_m"] + 0.2 for r in here if r.get("alpha_m"))])
-        alphas = np.linspace(1.0, top, 15)
+        top = max([2.0, *(1.1 * r["alpha_m"] for r in here if r.get("alpha_m"))])
+        alphas = np.unique(np.concatenate([np.linspace(1.0, 1.5, 11), np.geomspace(1.5, top, 12)]))
         rates = report.rates(load)[:: max(1, len(report.rates(load)) // 8)]
         curve = [report.oracles(mix).h_star_over(a, rates) for a in alphas]
         ax.plot(alphas, curve, color="black", lw=1.2, label="H*(α), the oracle")
@@ -363,7 +363,8 @@ def plot(report: Report, results: dict[str, t.Any], path: Path) -> Path:
                 lw=0.8,
                 label=technique,
             )
-        ax.set_xlabel("α_m: the largest online TTFT / TBT inflation (p50, p99), at least 1.10")
+        ax.set_xscale("log")
+        ax.set_xlabel("α_m: the largest online TTFT / TBT inflation (p50, p99), at least 1.10 (log scale)")
         ax.set_ylabel("batch tokens/s")
         ax.set_title(f"{load}, {mix} batch on {report.plan.profile} (hollow: invalid window)")
         ax.legend(fontsize=8)

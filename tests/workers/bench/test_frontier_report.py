@@ -4,13 +4,16 @@ harvest, paired inflations, α_m and E against the oracle, the table and the agg
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
+from click.testing import CliRunner
 
 from tidal_workers.bench import efficiency
 from tidal_workers.bench import frontier_plan as fp
 from tidal_workers.bench import frontier_report as fr
 from tidal_workers.bench import samples
+from tidal_workers.bench.cli import bench
 
 pytestmark = pytest.mark.no_sql
 
@@ -171,3 +174,23 @@ def test_the_report_reads_a_plan_back_from_its_json():
     again = fp.FrontierPlan(**PLAN.as_dict())
     assert again.points() == PLAN.points()
     assert dataclasses.asdict(again)["loads"] == ["flat-8"]  # lists, as JSON gives them back
+
+
+def test_report_only_rebuilds_the_report_from_the_run_directory(tmp_path):
+    run = fp.RunDir(tmp_path)
+    run.open(PLAN)
+    for p in (point(fp.CEILING), point(fp.ONLINE_ALONE), point(fp.COSERVED)):
+        run.write(p, record(p, tokens_per_s=1700.0 if p.kind == fp.CEILING else 400.0))
+    result = CliRunner().invoke(bench, ["frontier", "--report-only", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "| flat-8 | standard | outside | 8 | 400 [400, 400] |" in (tmp_path / "frontier.md").read_text()
+    assert (tmp_path / "frontier.png").stat().st_size > 0
+    results = json.loads((tmp_path / "frontier.json").read_text())
+    assert results["profile_hash"] and results["failed"] == [] and len(results["rows"]) == 3
+
+
+def test_a_run_directory_refuses_a_command_with_another_plan(tmp_path):
+    fp.RunDir(tmp_path).open(PLAN)
+    result = CliRunner().invoke(bench, ["frontier", "--quick", "--out", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "holds a run with another plan" in result.stderr

@@ -147,7 +147,8 @@ def frontier(
 
 
 def _measure(plan: t.Any, run: t.Any, profile: str, max_num_seqs: int) -> None:
-    """The run itself; SIGTERM ends it as Ctrl-C does, so its engines and workers stop with it."""
+    """The run itself; SIGTERM and SIGINT end it as Ctrl-C does (SIGINT too when started in the background, which
+    ignores it), so its engines and workers stop with it."""
     from tidal_workers.bench.engines import EngineRequest
     from tidal_workers.bench.frontier import Frontier
 
@@ -155,5 +156,6 @@ def _measure(plan: t.Any, run: t.Any, profile: str, max_num_seqs: int) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     request = EngineRequest("twin", profile, max_num_seqs)
     Frontier(plan, request, load_settings(), run, log).run()
