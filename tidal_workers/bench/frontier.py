@@ -35,6 +35,7 @@ import typing as t
 import zlib
 from pathlib import Path
 
+import numpy as np
 import requests
 
 from config import Settings
@@ -497,6 +498,20 @@ def _online_part(
     }
 
 
+def batch_samples(rows: list[dict[str, float]], online: list[tuple[list[dict], float]]) -> list[list[float]]:
+    """The batch's samples ([at from the first row, at the engine, completions, prefill, generated], cumulative) from
+    the engine's counters in ``rows`` less the online tokens of each (records, the instant their trace opened)."""
+    times = [r["at"] for r in rows]
+    prompt, generated = np.zeros(len(rows)), np.zeros(len(rows))
+    for records, opens in online:
+        p, g = samples.cumulative_tokens(records, opens, times)
+        prompt, generated = prompt + p, generated + g
+    return [
+        [r["at"] - times[0], r["at_engine"], r["completions"], r["prompt_tokens"] - p, r["generation_tokens"] - g]
+        for r, p, g in zip(rows, prompt.tolist(), generated.tolist(), strict=True)
+    ]
+
+
 def _window_record(
     engine: BenchEngine,
     observer: Observer,
@@ -514,13 +529,7 @@ def _window_record(
     tokens taken out, the window, and the twin's steps in it."""
     rows = observer.rows
     t0 = rows[0]["at"]
-    times = [r["at"] for r in rows]
-    lead_prompt, lead_gen = samples.cumulative_tokens(lead, lead_opens, times)
-    prompt, gen = samples.cumulative_tokens(records, opens, times)
-    batch = [
-        [r["at"] - t0, r["at_engine"], r["completions"], r["prompt_tokens"] - p1 - p2, r["generation_tokens"] - g1 - g2]
-        for r, p1, p2, g1, g2 in zip(rows, lead_prompt, prompt, lead_gen, gen, strict=True)
-    ]
+    batch = batch_samples(rows, [(lead, lead_opens), (records, opens)])
     steps = trace.window(opens, closes, since=mark) if trace else None
     window = steady.within([steady.Sample(*s) for s in batch], opens - t0, closes - t0)
     generated = window[-1].generated - window[0].generated if len(window) >= 2 else 0.0
