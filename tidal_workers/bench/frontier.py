@@ -201,7 +201,7 @@ class Frontier:
         began = time.monotonic()
         with contextlib.ExitStack() as running:
             self.running = running
-            self.redis_db = running.enter_context(reserved_redis_db(self.settings))
+            self.redis_db = running.enter_context(reserved_redis_db(self.settings, hours=24.0))
             for i, point in enumerate(todo):
                 expected = self.plan.expected_s(todo[i:], traces)
                 elapsed = time.monotonic() - began
@@ -264,6 +264,8 @@ class Frontier:
     # --- points --------------------------------------------------------------------------------------------
 
     def measure(self, point: Point) -> dict[str, t.Any]:
+        if self._stock is not None:  # what a failed point left at the engine would fall into this one's window
+            engine_stats.wait_idle(self._stock.url, timeout=IDLE_TIMEOUT_S)
         began = time.monotonic()
         head: dict[str, t.Any] = {
             "utc_start": provenance.utc_now(),

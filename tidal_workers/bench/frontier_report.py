@@ -199,7 +199,8 @@ class Report:
         value = row["harvest"]["value"]
         measured = self.ceiling(point["mix"])
         if measured is not None and verdict(measured, self.plan, None).valid and value is not None:
-            row["pct_measured_ceiling"] = 100 * value / harvest(measured)["value"]
+            ceiling = harvest(measured)["value"]
+            row["pct_measured_ceiling"] = 100 * value / ceiling if ceiling else None
         row["pct_model_ceiling"] = 100 * value / model_ceiling if value is not None else None
         if baseline is None:
             row["reasons"].append("no online-alone window in its block yet: no inflation, no E")
