@@ -251,7 +251,12 @@ class Stack:
             from tidal_engine.serve import twin_options
 
             options = twin_options(
-                base, self.cfg.profile, max_num_seqs=self.cfg.max_num_seqs, max_model_len=1024, port=free_port()
+                base,
+                self.cfg.profile,
+                max_num_seqs=self.cfg.max_num_seqs,
+                max_model_len=1024,
+                port=free_port(),
+                trace_path=self.log_dir / f"engine-{node}.steps.csv",  # every twin writes its step trace
             )
         else:
             from tidal_engine.tiny import build_tiny

@@ -40,6 +40,7 @@ from tidal_workers.bench.histograms import summarize_histogram
 from tidal_workers.bench.histograms import sums
 from tidal_workers.bench.stack import TidalStack
 from tidal_workers.bench.stats import interval
+from tidal_workers.bench.step_trace import Trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +96,9 @@ class Target(t.Protocol):
     @property
     def occupancy(self) -> Occupancy: ...
 
+    @property
+    def trace(self) -> Trace | None: ...
+
 
 class SampledOccupancy:
     """A vLLM engine's requests (running + waiting) from its /metrics, read every ``period`` seconds: the same
@@ -132,6 +136,7 @@ class TwinTarget:
     url: str
     model: str
     occupancy: SampledOccupancy
+    trace: Trace | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,13 +145,16 @@ class Window:
 
     held_mean: float  # time-weighted mean of requests at the engine
     answers_per_s: float
+    steps: dict[str, t.Any] | None  # the twin's steps in the window (step_trace.py); None for the fixed engine
 
     @classmethod
     def measure(cls, engine: Target, seconds: float) -> Window:
         t0, area0, n0 = engine.occupancy.mark()
+        mark = engine.trace.mark() if engine.trace else 0
         time.sleep(seconds)
         t1, area1, n1 = engine.occupancy.mark()
-        return cls((area1 - area0) / (t1 - t0), (n1 - n0) / (t1 - t0))
+        steps = engine.trace.window(t0, t1, since=mark) if engine.trace else None
+        return cls((area1 - area0) / (t1 - t0), (n1 - n0) / (t1 - t0), steps.as_dict() if steps else None)
 
 
 def closed_loop(engine: Target, cfg: DispatchConfig, scenario: Scenario) -> Window:
@@ -207,10 +215,12 @@ def run_scenario(cfg: DispatchConfig, scenario: Scenario, engine: Target, settin
         settings = settings.replace(dispatch_prefetch=cfg.prefetch)
     with TidalStack(settings, engine.url, home / scenario.name, gate_mode="fixed", max_inflight=cfg.target) as stack:
         for rep in range(cfg.reps):
-            order = ("A", "B") if rep % 2 == 0 else ("B", "A")  # ABBA: drift hits both alike
-            pair: dict[str, t.Any] = {"rep": rep, "order": "".join(order)}
+            order = (
+                ("tidal", "closed_loop") if rep % 2 == 0 else ("closed_loop", "tidal")
+            )  # ABBA: drift hits both alike
+            pair: dict[str, t.Any] = {"rep": rep, "order": ",".join(order)}
             for which in order:
-                if which == "A":
+                if which == "tidal":
                     pair["tidal"] = tidal_run(stack, engine, cfg, scenario)
                 else:
                     pair["closed_loop"] = dataclasses.asdict(closed_loop(engine, cfg, scenario))
@@ -234,7 +244,7 @@ def run(cfg: DispatchConfig, settings: Settings, home: Path) -> list[dict[str, t
         started(request, settings, plugin=False, log_path=home / "twin.log") as twin,
         SampledOccupancy(twin.url) as occupancy,
     ):
-        target = TwinTarget(twin.url, twin.model, occupancy)
+        target = TwinTarget(twin.url, twin.model, occupancy, Trace(twin.trace_path) if twin.trace_path else None)
         return [run_scenario(cfg, scenario, target, settings, home) for scenario in cfg.scenarios]
 
 

@@ -1,5 +1,8 @@
 """The engines a benchmark measures: started here (the GPU-timed twin, or the CPU engine's tiny / dense model)
-or given by URL, each described by what the harvest needs to know about it (slots, budget, tokenizer, flags)."""
+or given by URL, each described by what the harvest needs to know about it (slots, budget, tokenizer, flags).
+
+Every twin started here writes its step trace beside its log (``trace_path``), so each benchmark window can report
+the steps the twin could not pace (step_trace.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ class BenchEngine:
     flags: tuple[str, ...]  # how it was started (`vllm serve` argv), or "external"
     plugin_metrics_url: str | None = None  # TidalScheduler's /metrics when it runs the plugin
     profile: str | None = None  # the twin's GPU profile
+    trace_path: Path | None = None  # the twin's step trace (step_trace.py)
 
     def provenance(self) -> dict:
         return dataclasses.asdict(self)
@@ -53,12 +57,15 @@ def started(
     exit."""
     engine_settings = settings
     metrics_url = None
+    trace_path = log_path.with_name(f"{log_path.stem}.steps.csv") if request.kind == "twin" else None
+    if trace_path is not None:
+        trace_path.unlink(missing_ok=True)  # rows of an earlier engine would fall into this one's windows
     if plugin:
         port = free_port()
         engine_settings = settings.replace(sched_metrics_port=port)
         metrics_url = f"http://127.0.0.1:{port}/metrics"
     options = (
-        _twin_options(request, engine_settings, plugin)
+        _twin_options(request, engine_settings, plugin, trace_path)
         if request.kind == "twin"
         else _cpu_options(request, engine_settings, plugin)
     )
@@ -73,6 +80,7 @@ def started(
             flags=tuple(options.argv(int(engine.url.rsplit(":", 1)[1]))[1:]),
             plugin_metrics_url=metrics_url,
             profile=request.profile,
+            trace_path=trace_path,
         )
     finally:
         engine.stop()
@@ -91,12 +99,16 @@ def _cpu_options(request: EngineRequest, settings: Settings, plugin: bool) -> En
     )
 
 
-def _twin_options(request: EngineRequest, settings: Settings, plugin: bool) -> EngineOptions:
+def _twin_options(request: EngineRequest, settings: Settings, plugin: bool, trace_path: Path | None) -> EngineOptions:
     """The GPU-timed twin of ``request.profile``: slots, τ and KV pool are the profile's GPU's (docs/engine.md)."""
     from tidal_engine.serve import twin_options
 
     return twin_options(
-        settings, request.profile or DEFAULT_PROFILE, tidal_scheduler=plugin, max_num_seqs=request.max_num_seqs or None
+        settings,
+        request.profile or DEFAULT_PROFILE,
+        tidal_scheduler=plugin,
+        max_num_seqs=request.max_num_seqs or None,
+        trace_path=trace_path,
     )
 
 

@@ -63,6 +63,7 @@ class FixedEngine:
         self.delay = delay
         self.model = MODEL
         self.occupancy = Occupancy()
+        self.trace = None  # no twin: no step trace
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
         self.server.request_queue_size = 512

@@ -49,6 +49,7 @@ from tidal_workers.bench.engines import EngineRequest
 from tidal_workers.bench.engines import started
 from tidal_workers.bench.stack import BENCH_REDIS_DB
 from tidal_workers.bench.stack import TidalStack
+from tidal_workers.bench.step_trace import Trace
 from tidal_workers.bench.workload import Prompts
 from tidal_workers.bench.workload import Workload
 from tidal_workers.bench.workload import batch_requests
@@ -301,6 +302,8 @@ class Fleet:
         engine_tokens = fleet_report.interp(at, generated, span) - fleet_report.interp(at, generated, 0.0)
         batch_tokens = max(0.0, engine_tokens - fleet_report.online_tokens_between(records, 0.0, span))
         window = self.plan.window_s
+        trace = self.engines[i].trace_path
+        steps = Trace(trace).window(opens, opens + span) if trace else None
         return {
             "url": self.engines[i].url,
             "batch_tokens": batch_tokens,
@@ -311,6 +314,7 @@ class Fleet:
             if cpu_before is not None and cpu_after is not None
             else None,
             "summary": samples.summary(records),
+            "steps": steps.as_dict() if steps else None,
             "series": [{"t": mid, "online_rate": r, "batch_tokens_per_s": v} for (mid, v), r in zip(series, rates)],
             "metrics": [dataclasses.asdict(r) for r in sampler.readings],
             "records": records,

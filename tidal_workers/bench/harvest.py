@@ -1,5 +1,6 @@
 """`tidal bench harvest`: how much of an engine's ceiling Tidal harvests beside online load, and at what cost
-to the online requests, technique A (AIMD gate, stock scheduler) against B (the same plus TidalScheduler).
+to the online requests: Tidal outside the engine (the AIMD gate, vLLM's stock scheduler) against Tidal inside it (the
+same gate plus TidalScheduler). Reports before issue 35 call them A and B (``harvest_report.LEGACY_TECHNIQUES``).
 
 Per repetition and engine, in ABBA order of the engines:
 
@@ -11,7 +12,9 @@ Per repetition and engine, in ABBA order of the engines:
 
 Harvest = batch tokens/s in (c) over (a) of the same engine and repetition. Inflation = an online latency
 percentile in (c) over (b). Every phase keeps its raw client records, the engine's /metrics series, UTC times
-and the load average: the report (harvest_report.py) computes every figure from them.
+and the load average, and its window's step figures (steps/s, tokens a step, and from the twin's step trace its
+overruns): the report (harvest_report.py) computes every figure from them. These windows are not judged steady;
+`tidal bench frontier` (frontier.py) measures steady windows and supersedes this benchmark's harvest figures.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from tidal_workers.bench.engines import EngineRequest
 from tidal_workers.bench.engines import started
 from tidal_workers.bench.stack import TidalStack
 from tidal_workers.bench.stats import abba_order
+from tidal_workers.bench.step_trace import Trace
 from tidal_workers.bench.workload import Prompts
 from tidal_workers.bench.workload import Workload
 from tidal_workers.bench.workload import batch_requests
@@ -56,7 +60,7 @@ ANSWER_TAIL_S = 20.0  # more of the last answers on a loaded engine (end-to-end 
 
 @dataclasses.dataclass(frozen=True)
 class HarvestPlan:
-    techniques: tuple[str, ...]  # ("A", "B"), or one of them
+    techniques: tuple[str, ...]  # ("outside", "inside"), or one of them
     traces: tuple[str, ...]  # ("flat", "diurnal"), or one of them
     reps: int
     flat_rate: float  # online requests/s
@@ -66,7 +70,7 @@ class HarvestPlan:
     ceiling_s: float  # the ceiling's measured window
     settle_s: float  # after the backlog starts flowing, before the co-served window opens
     max_inflight: int  # the harvesting worker's gate ceiling (the ceiling ignores it: all slots)
-    b_gate: str  # B's worker gate: aimd like A, or fixed at max_inflight
+    inside_gate: str  # the worker's gate in front of TidalScheduler: aimd as outside, or fixed at max_inflight
     workload: Workload
     seed: int = 7
 
@@ -147,7 +151,7 @@ class Harvest:
             engine_stats.wait_idle(engine.url, timeout=300)
         backlog_s = sum(self.plan.phase_s(x) + DRAIN_S for x in self.plan.traces) + 60.0
         count = math.ceil(1.5 * items_per_s * backlog_s) + self.plan.max_inflight
-        gate_mode = self.plan.b_gate if technique == "B" else "aimd"
+        gate_mode = self.plan.inside_gate if technique == "inside" else "aimd"
         stack_dir = self.out_dir / f"stack-{technique}-{rep}"
         with TidalStack(
             self.settings, engine.url, stack_dir, gate_mode=gate_mode, max_inflight=self.plan.max_inflight
@@ -192,7 +196,7 @@ class Harvest:
                 "batch_tokens_per_s": (last.generation_tokens - first.generation_tokens) / window,
                 "requests_per_s": (last.finished - first.finished) / window,
                 "running_mean": sum(r.running for r in readings) / len(readings),
-                **_engine_side(readings, engine),
+                **_engine_side(readings, engine, first, last),
             }
 
         result = asyncio.run(measure())
@@ -231,7 +235,7 @@ class Harvest:
             "summary": samples.summary(records),
             "records": records,
             "metrics": [dataclasses.asdict(r) for r in sampler.readings],
-            **_engine_side(sampler.readings, engine),
+            **_engine_side(sampler.readings, engine, start, end),
         }
         if stack is not None and before is not None and after is not None and cpu_before is not None:
             result["tidal_items_completed"] = after.items - before.items
@@ -274,11 +278,17 @@ def _wait_running(engine: BenchEngine, slots: int, timeout: float) -> float:
     return time.monotonic() - started
 
 
-def _engine_side(readings: list[engine_stats.Reading], engine: BenchEngine) -> dict:
+def _engine_side(
+    readings: list[engine_stats.Reading], engine: BenchEngine, start: engine_stats.Reading, end: engine_stats.Reading
+) -> dict:
+    """The series over the whole phase (for the plots); step figures over the window [start, end] only."""
+    window = [start, *(r for r in readings if start.at < r.at < end.at), end]
+    steps = Trace(engine.trace_path).window(start.at, end.at) if engine.trace_path else None
     return {
         "fill": engine_stats.budget_fill(readings, engine.budget_tokens),
         "generation_rate": engine_stats.generation_rate(readings),
-        **engine_stats.step_rate(readings),
+        **engine_stats.step_rate(window),
+        "steps": steps.as_dict() if steps else None,
     }
 
 
@@ -305,7 +315,7 @@ def run_harvest(
                 continue
             log(f"[{technique}] starting the {engine.kind} engine ...")
             live[technique] = running.enter_context(
-                started(engine, settings, plugin=technique == "B", log_path=out_dir / f"engine-{technique}.log")
+                started(engine, settings, plugin=technique == "inside", log_path=out_dir / f"engine-{technique}.log")
             )
         phases = Harvest(plan, live, settings, out_dir).run(log)
     return {

@@ -24,10 +24,17 @@ SEED = {"harvest_pct": {"flat": 69.3, "diurnal": 78.1}, "inflation": {"p50": 1.1
 LATENCY_KEYS = [f"{name}_{q}" for name in samples.LATENCIES for q in samples.QUANTILES]
 
 Phases = list[dict[str, t.Any]]
+# The reports before issue 35 named the techniques A and B; read so, they get today's names.
+LEGACY_TECHNIQUES = {"A": "outside", "B": "inside"}
+COLOURS = {"outside": "tab:blue", "inside": "tab:orange"}
+
+
+def technique_of(phase: dict[str, t.Any]) -> str:
+    return LEGACY_TECHNIQUES.get(phase["technique"], phase["technique"])
 
 
 def _by(phases: Phases, name: str) -> dict[tuple, dict]:
-    return {(p["rep"], p["technique"], p["trace"]): p for p in phases if p["phase"] == name}
+    return {(p["rep"], technique_of(p), p["trace"]): p for p in phases if p["phase"] == name}
 
 
 def per_rep(phases: Phases) -> dict[str, dict[str, dict[str, list[float]]]]:
@@ -91,13 +98,13 @@ def table(phases: Phases) -> str:
     for key in LATENCY_KEYS:
         for phase in ("baseline", "coserved"):
             row(f"{key.replace('_', ' ')}, {phase}", f"{phase}_{key}_ms", _ms, "")
-    if "A" in figures and "B" in figures:
+    if "outside" in figures and "inside" in figures:
         lines.append("")
         for trace in ("flat", "diurnal"):
-            a, b = figures["A"].get(trace, {}), figures["B"].get(trace, {})
+            a, b = figures["outside"].get(trace, {}), figures["inside"].get(trace, {})
             if "harvest_pct" in a and "harvest_pct" in b:
                 paired = [y / x for x, y in zip(a["harvest_pct"], b["harvest_pct"]) if x]
-                lines.append(f"B ÷ A harvest, {trace} (same repetition): {figure_text(paired, ratio_text)}")
+                lines.append(f"inside ÷ outside harvest, {trace} (same repetition): {figure_text(paired, ratio_text)}")
     return "\n".join(lines)
 
 
@@ -110,7 +117,6 @@ def plot(phases: Phases, out_dir: Path) -> list[Path]:
 
     traces = sorted({p["trace"] for p in phases if p["trace"]}, reverse=True)  # flat, diurnal
     ceilings = _by(phases, "ceiling")
-    colours = {"A": "tab:blue", "B": "tab:orange"}
     fig, axes = plt.subplots(len(traces), 1, figsize=(9, 3.6 * len(traces)), squeeze=False)
     for ax, trace in zip(axes[:, 0], traces):
         rate_ax = ax.twinx()
@@ -120,8 +126,8 @@ def plot(phases: Phases, out_dir: Path) -> list[Path]:
             ceiling = ceilings[(rep, technique, None)]["batch_tokens_per_s"]
             xs, ys = zip(*phase["generation_rate"])
             label = f"{technique}" if rep == 0 else None
-            ax.plot(xs, [100 * y / ceiling for y in ys], color=colours.get(technique), lw=1, alpha=0.8, label=label)
-            if technique == min(colours) and rep == 0:
+            ax.plot(xs, [100 * y / ceiling for y in ys], color=COLOURS.get(technique), lw=1, alpha=0.8, label=label)
+            if technique == "outside" and rep == 0:
                 arrivals = collections.Counter(int(r["at"]) for r in phase["records"])
                 seconds = range(int(phase["window_s"]) + 1)
                 shifted = [s + phase.get("opens_at_s", 0.0) for s in seconds]  # onto the series' clock
@@ -143,7 +149,7 @@ def plot(phases: Phases, out_dir: Path) -> list[Path]:
         pooled: dict[str, list[dict]] = collections.defaultdict(list)
         for p in phases:
             if p["trace"] == trace and p["phase"] != "ceiling":
-                pooled[f"{p['technique']} {p['phase']}"] += p["records"]
+                pooled[f"{technique_of(p)} {p['phase']}"] += p["records"]
         for ax, (name, fn) in zip(row, samples.LATENCIES.items()):
             for label, records in sorted(pooled.items()):
                 values = sorted(1000 * v for v in fn(records) if v > 0)

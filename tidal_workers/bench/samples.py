@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import typing as t
 
+import numpy as np
+
 from tidal_workers.bench.stats import percentile
 
 Record = dict[str, t.Any]  # client.Record as stored: at, late, chunks [[s, tokens so far], ...], error
@@ -22,13 +24,52 @@ def e2es(records: t.Iterable[Record]) -> list[float]:
     return [r["chunks"][-1][0] for r in ok(records)]
 
 
-def tbts(records: t.Iterable[Record]) -> list[float]:
-    """Time between tokens: a gap before a chunk carrying k tokens counts as k gaps of a k-th of it each."""
+def record_tbts(record: Record) -> list[float]:
+    """One request's times between tokens: a gap before a chunk carrying k tokens counts as k gaps of a k-th of it."""
     out = []
-    for r in ok(records):
-        for (t0, n0), (t1, n1) in zip(r["chunks"], r["chunks"][1:]):
-            out += [(t1 - t0) / (n1 - n0)] * (n1 - n0)
+    for (t0, n0), (t1, n1) in zip(record["chunks"], record["chunks"][1:]):
+        out += [(t1 - t0) / (n1 - n0)] * (n1 - n0)
     return out
+
+
+def tbts(records: t.Iterable[Record]) -> list[float]:
+    return [gap for r in ok(records) for gap in record_tbts(r)]
+
+
+def per_request(records: t.Sequence[Record]) -> dict[str, list[list[float]]]:
+    """Each request's TTFT (one value, none if it failed) and its TBTs, in the records' order: the samples a paired
+    comparison of two arms sending the same trace resamples request by request."""
+    answered = [r["error"] is None and bool(r["chunks"]) for r in records]
+    return {
+        "ttft": [[r["chunks"][0][0]] if a else [] for r, a in zip(records, answered, strict=True)],
+        "tbt": [record_tbts(r) if a else [] for r, a in zip(records, answered, strict=True)],
+    }
+
+
+def cumulative_tokens(
+    records: t.Iterable[Record], opens: float, times: t.Sequence[float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Online prompt tokens and generated tokens summed over ``records`` (whose trace opened at the monotonic
+    instant ``opens``) up to each of ``times``: a prompt counted when its first token came, as vLLM's
+    prompt-token counter counts it. Subtracted from the engine's counters, they leave the batch's."""
+    prompt_at, prompt, gen_at, gen = [], [], [], []
+    for r in records:
+        due = opens + r["at"]
+        if r["chunks"]:
+            prompt_at.append(due + r["chunks"][0][0])
+            prompt.append(r["prompt_tokens"])
+        before = 0
+        for s, n in r["chunks"]:
+            gen_at.append(due + s)
+            gen.append(n - before)
+            before = n
+
+    def totals(at: list[float], amount: list[float]) -> np.ndarray:
+        order = np.argsort(at)
+        cum = np.concatenate([[0.0], np.cumsum(np.asarray(amount, float)[order])])
+        return cum[np.searchsorted(np.asarray(at, float)[order], np.asarray(times, float), side="right")]
+
+    return totals(prompt_at, prompt), totals(gen_at, gen)
 
 
 def lateness(records: t.Iterable[Record]) -> list[float]:

@@ -4,8 +4,9 @@ them, and the rule that a ratio whose interval spans 1.0 is "no measurable chang
 Pure (no I/O), so the rules are unit-tested apart from any engine. For figures the unit of resampling is the
 repetition: one figure per repetition (a harvest share, a percentile ratio), the repetitions resampled with
 replacement; within-repetition sampling error (a p99 over 1,000 samples) shows up as spread between
-repetitions. ``sample_bootstrap`` resamples raw samples instead (the twin's step intervals), for a statistic of
-one large sample.
+repetitions. ``paired_quantile_ratios`` resamples requests instead, for one window whose online requests are the
+same trace as its baseline's (the frontier's inflation figures): each request carries all its samples (its TTFT, or
+all its gaps between tokens), so the interval keeps the correlation within a request.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import dataclasses
 import random
 import statistics
 import typing as t
+
+import numpy as np
 
 MIN_REPS = 3  # fewer repetitions than this give no interval worth printing
 CONFIDENCE = 0.95
@@ -103,3 +106,64 @@ def interval(values: t.Sequence[float]) -> dict[str, float | int | None]:
     if len(values) >= MIN_REPS:
         return {**bootstrap(values).as_dict()}
     return {"value": statistics.fmean(values) if values else None, "low": None, "high": None, "reps": len(values)}
+
+
+def paired_quantile_ratios(
+    base: t.Sequence[t.Sequence[float]],
+    co: t.Sequence[t.Sequence[float]],
+    quantiles: t.Sequence[float],
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> list[Interval | None]:
+    """Per quantile: quantile of ``co``'s samples ÷ the same of ``base``'s, with a 95 % interval from resampling
+    the requests (request i of each is the same request of one trace, sent in two arms). None where either arm
+    has no samples. ``reps`` in the result is the number of requests. Quantiles interpolate as ``percentile``."""
+    if len(base) != len(co):
+        raise ValueError("paired arms must hold the same requests")
+    n = len(base)
+    arms = [_Arm.of(arm) for arm in (base, co)]
+    if any(len(arm.values) == 0 for arm in arms):
+        return [None] * len(quantiles)
+    qs = np.asarray(quantiles, float)
+    ones = np.ones(n, int)
+    value = t.cast(np.ndarray, arms[1].quantiles(ones, qs)) / t.cast(np.ndarray, arms[0].quantiles(ones, qs))
+    rng = np.random.default_rng(seed)
+    ratios = np.full((resamples, len(qs)), np.nan)
+    for i in range(resamples):
+        counts = np.bincount(rng.integers(0, n, n), minlength=n)
+        b, c = arms[0].quantiles(counts, qs), arms[1].quantiles(counts, qs)
+        if b is not None and c is not None:
+            ratios[i] = c / b
+    tail = (1 - CONFIDENCE) / 2
+    low, high = np.nanquantile(ratios, [tail, 1 - tail], axis=0)
+    return [Interval(float(v), float(lo), float(hi), n) for v, lo, hi in zip(value, low, high, strict=True)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Arm:
+    """One arm's samples sorted once, each with the request it came from."""
+
+    values: np.ndarray
+    owner: np.ndarray
+
+    @classmethod
+    def of(cls, per_request: t.Sequence[t.Sequence[float]]) -> _Arm:
+        values = np.concatenate([np.asarray(x, float) for x in per_request]) if per_request else np.zeros(0)
+        owner = np.repeat(np.arange(len(per_request)), [len(x) for x in per_request])
+        order = np.argsort(values, kind="stable")
+        return cls(values[order], owner[order])
+
+    def quantiles(self, counts: np.ndarray, qs: np.ndarray) -> np.ndarray | None:
+        """The quantiles of the samples with request i's taken counts[i] times (None: none taken), interpolated
+        between order statistics as ``percentile`` does, without building the repeated sample."""
+        cum = np.cumsum(counts[self.owner])
+        total = int(cum[-1])
+        if total == 0:
+            return None
+        h = (total - 1) * qs
+        lo = np.floor(h).astype(int)
+        hi = np.minimum(lo + 1, total - 1)
+        v_lo = self.values[np.searchsorted(cum, lo, side="right")]
+        v_hi = self.values[np.searchsorted(cum, hi, side="right")]
+        return v_lo + (v_hi - v_lo) * (h - lo)

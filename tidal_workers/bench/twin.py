@@ -18,7 +18,6 @@ the engine's own work outside it. A profile's cell is attainable here when its T
 from __future__ import annotations
 
 import concurrent.futures
-import csv
 import dataclasses
 import itertools
 import threading
@@ -35,6 +34,9 @@ from tidal_engine.step_time import decode_seconds
 from tidal_engine.step_time import prefill_seconds
 from tidal_workers.bench.stats import TooFewRepetitions
 from tidal_workers.bench.stats import bootstrap
+from tidal_workers.bench.step_trace import Row
+from tidal_workers.bench.step_trace import Trace
+from tidal_workers.bench.step_trace import is_overrun
 
 VOCAB = 256  # the byte symbols of the twin's tokenizer: any of them is an ordinary token
 TOLERANCE = 0.10  # the fidelity bound at p50
@@ -109,9 +111,8 @@ def drive_cell(url: str, model: str, cell: Cell, steps: int, rng: np.random.Gene
         _complete(url, model, _prompt(rng, cell.context + cell.tokens), 2)
 
 
-def read_trace(path: Path) -> list[dict[str, float]]:
-    with path.open() as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+def read_trace(path: Path) -> list[Row]:
+    return Trace(path).rows()
 
 
 @dataclasses.dataclass
@@ -133,7 +134,7 @@ def cell_samples(rows: list[dict[str, float]], start: float, end: float, cell: C
                     interval_s=following["started_s"] - row["started_s"],
                     target_s=row["target_s"],
                     floor_s=row["forward_s"] + row["outside_s"],
-                    overrun=row["sleep_s"] == 0.0,  # the pacer sleeps exactly 0 only on an overrun
+                    overrun=is_overrun(row),
                 )
             )
     return samples

@@ -49,6 +49,68 @@ GPU_WORKLOAD = Workload(
     batch_prompt=Lengths(median=768, low=128, high=2048),
     batch_output=Lengths(median=384, low=64, high=1024),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchMix:
+    """A batch workload of the frontier (issue 35 item 6): its lengths, and where they come from."""
+
+    name: str
+    prompt: Lengths
+    output: Lengths
+    source: str
+
+    def workload(self, base: Workload = GPU_WORKLOAD) -> Workload:
+        """``base``'s online lengths beside this batch."""
+        return dataclasses.replace(base, batch_prompt=self.prompt, batch_output=self.output)
+
+
+BATCH_MIXES = {
+    mix.name: mix
+    for mix in (
+        BatchMix(
+            "standard",
+            GPU_WORKLOAD.batch_prompt,
+            GPU_WORKLOAD.batch_output,
+            "the harvest benchmark's batch since the seed: summaries and extraction, prompts ~900 and outputs ~440 "
+            "tokens on average",
+        ),
+        BatchMix(
+            "decode-heavy",
+            Lengths(median=160, low=32, high=512, sigma=0.5),
+            Lengths(median=768, low=256, high=2048, sigma=0.5),
+            "assumed, shaped like a synthetic-data generation run: a short instruction, a long answer; prompts ~200 "
+            "and outputs ~860 tokens on average",
+        ),
+        BatchMix(
+            "long-prompt",
+            Lengths(median=2400, low=1024, high=4096, sigma=0.3),
+            Lengths(median=280, low=96, high=640, sigma=0.4),
+            "issue 35's long-prompt summarization: a document of ~2,500 tokens summarized in ~300",
+        ),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineLoad:
+    """An online load of the frontier: today's chat lengths (``GPU_WORKLOAD``) at a flat or a diurnal rate."""
+
+    name: str
+    rate: float  # requests/s; the diurnal trace's mean
+    trace: str  # "flat" or "diurnal"
+    amplitude: float = 0.0  # the diurnal swing as a fraction of the mean
+
+
+ONLINE_LOADS = {
+    load.name: load
+    for load in (
+        OnlineLoad("flat-8", 8.0, "flat"),
+        OnlineLoad("flat-5", 5.0, "flat"),
+        OnlineLoad("diurnal-5", 5.0, "diurnal", 0.8),
+    )
+}
+
 # The same shapes scaled to what a 2-core CPU engine answers in a phase (the CPU-engine history's sizes).
 CPU_WORKLOAD = Workload(
     online_prompt=Lengths(median=120, low=32, high=256),

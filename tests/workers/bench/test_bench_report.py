@@ -24,7 +24,7 @@ def _records(ttft: float, gap: float, tokens: int = 4, n: int = 20) -> list[dict
     ]
 
 
-def _phases(reps: int, slow: float = 1.5, technique: str = "A", batch: float = 700.0) -> list[dict]:
+def _phases(reps: int, slow: float = 1.5, technique: str = "outside", batch: float = 700.0) -> list[dict]:
     """Per repetition: a ceiling of 1,000 tokens/s; a baseline; a co-served run at ``batch`` tokens/s (+ the
     repetition's number), ``slow``× slower."""
     phases = []
@@ -56,7 +56,7 @@ def _phases(reps: int, slow: float = 1.5, technique: str = "A", batch: float = 7
 
 
 def test_three_repetitions_give_every_figure_with_an_interval():
-    summary = harvest_report.intervals(_phases(3))["A"]["flat"]
+    summary = harvest_report.intervals(_phases(3))["outside"]["flat"]
     assert summary["harvest_pct"]["per_rep"] == [70.0, 70.1, 70.2]
     assert summary["harvest_pct"]["interval"]["value"] == pytest.approx(70.1)
     assert summary["inflation_ttft_p50"]["interval"]["value"] == pytest.approx(1.5)
@@ -68,7 +68,7 @@ def test_three_repetitions_give_every_figure_with_an_interval():
 
 
 def test_fewer_than_three_repetitions_print_no_harvest_or_inflation_figure():
-    summary = harvest_report.intervals(_phases(1))["A"]["flat"]
+    summary = harvest_report.intervals(_phases(1))["outside"]["flat"]
     assert "interval" not in summary["harvest_pct"]
     assert summary["harvest_pct"]["refused"].startswith("1 repetition")
     table = harvest_report.table(_phases(1))
@@ -85,9 +85,15 @@ def test_unchanged_latency_reads_no_measurable_change():
     assert "| ttft p50 inflation | no measurable change" in table
 
 
-def test_b_against_a_is_a_paired_ratio_under_the_same_rule():
-    same = harvest_report.table(_phases(3) + _phases(3, technique="B"))
-    assert "B ÷ A harvest, flat (same repetition): no measurable change" in same
-    more = harvest_report.table(_phases(3) + _phases(3, technique="B", batch=800.0))
-    assert "B ÷ A harvest, flat (same repetition): 1.14× [1.14, 1.14]" in more
-    assert "refused" in harvest_report.table(_phases(2) + _phases(2, technique="B")).splitlines()[-1]
+def test_inside_against_outside_is_a_paired_ratio_under_the_same_rule():
+    same = harvest_report.table(_phases(3) + _phases(3, technique="inside"))
+    assert "inside ÷ outside harvest, flat (same repetition): no measurable change" in same
+    more = harvest_report.table(_phases(3) + _phases(3, technique="inside", batch=800.0))
+    assert "inside ÷ outside harvest, flat (same repetition): 1.14× [1.14, 1.14]" in more
+    assert "refused" in harvest_report.table(_phases(2) + _phases(2, technique="inside")).splitlines()[-1]
+
+
+def test_reports_that_named_the_techniques_a_and_b_read_as_outside_and_inside():
+    old = _phases(3, technique="A") + _phases(3, technique="B", batch=800.0)
+    assert set(harvest_report.intervals(old)) == {"outside", "inside"}
+    assert "inside ÷ outside harvest, flat (same repetition): 1.14× [1.14, 1.14]" in harvest_report.table(old)

@@ -34,3 +34,16 @@ def test_summary_counts_errors():
     assert summary["requests"] == 2
     assert summary["errors"] == 1
     assert summary["ttft_samples"] == 1
+
+
+def test_per_request_keeps_the_trace_order_and_a_failed_request_s_place():
+    paired = samples.per_request([RECORD, FAILED, RECORD])
+    assert paired["ttft"] == [[0.2], [], [0.2]]
+    assert paired["tbt"][1] == [] and paired["tbt"][0] == pytest.approx([0.1, 0.1, 0.1])
+
+
+def test_cumulative_tokens_count_a_prompt_at_its_first_token_and_each_token_when_it_came():
+    opens = 100.0  # RECORD arrives at 101.0: first token at 101.2 (its 10 prompt tokens), 3 more at 101.5
+    prompt, generated = samples.cumulative_tokens([RECORD, FAILED], opens, [101.1, 101.2, 101.4, 101.5, 200.0])
+    assert list(prompt) == [0, 10, 10, 10, 10]
+    assert list(generated) == [0, 1, 1, 4, 4]

@@ -40,3 +40,15 @@ def test_online_requests_keep_their_arrival_and_output_length(tokenizer):
     assert [r.at for r in requests] == [0.0, 0.5]
     out = workload.CPU_WORKLOAD.online_output
     assert all(out.low <= r.max_tokens <= out.high for r in requests)
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt", "output"), [("standard", 900, 440), ("decode-heavy", 200, 860), ("long-prompt", 2500, 300)]
+)
+def test_batch_mixes_have_the_mean_lengths_their_source_states(name, prompt, output):
+    mix = workload.BATCH_MIXES[name]
+    assert f"{prompt:,}" in mix.source and f"{output:,}" in mix.source
+    assert mix.prompt.mean() + 19 == pytest.approx(prompt, rel=0.05)  # with the chat template's 19 tokens
+    assert mix.output.mean() == pytest.approx(output, rel=0.05)
+    assert mix.workload().online_prompt == workload.GPU_WORKLOAD.online_prompt
+    assert mix.prompt.high + mix.output.high <= 8192 - 19  # the twin's context

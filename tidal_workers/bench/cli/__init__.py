@@ -7,6 +7,7 @@ nothing of the benchmarks; the experiments themselves live beside this package i
 import click
 
 from tidal_workers.bench.cli import engine_runs
+from tidal_workers.bench.cli import frontier_runs
 from tidal_workers.bench.cli import stack_runs
 
 
@@ -17,6 +18,7 @@ def bench() -> None:
 
 for command in (
     engine_runs.harvest,
+    frontier_runs.frontier,
     engine_runs.gate,
     stack_runs.load,
     stack_runs.fleet,

@@ -34,12 +34,17 @@ HARVEST_DEFAULTS = {
 
 @click.command()
 @engine_kind_options("twin", "tiny", "dense")
-@click.option("--engine-url", help="An engine already running for A (a GPU host) instead of starting one.")
-@click.option("--engine-b-url", help="The same for B: an engine running TidalScheduler.")
-@click.option("--plugin-metrics-url", help="TidalScheduler's /metrics, with --engine-b-url.")
+@click.option("--engine-url", help="An engine already running for outside (a GPU host) instead of starting one.")
+@click.option("--inside-engine-url", help="The same for inside: an engine running TidalScheduler.")
+@click.option("--plugin-metrics-url", help="TidalScheduler's /metrics, with --inside-engine-url.")
 @click.option("--model", default="", help="Model name clients send, with --engine-url.")
 @click.option("--tokenizer", default="", help="The served model's tokenizer (directory or name), with --engine-url.")
-@click.option("--techniques", default="A,B", show_default=True, help="Which techniques to run.")
+@click.option(
+    "--techniques",
+    default="outside,inside",
+    show_default=True,
+    help="Which techniques to run: outside (the gate, stock scheduler), inside (the gate and TidalScheduler).",
+)
 @click.option("--trace", type=click.Choice(["flat", "diurnal", "both"]), default="both", show_default=True)
 @click.option("--reps", default=3, show_default=True, help="Repetitions per figure (ABBA order); < 3: no figures.")
 @click.option("--samples", default=0, type=int, help="Online requests per phase (twin 1000, CPU 120).")
@@ -60,18 +65,18 @@ HARVEST_DEFAULTS = {
 )
 @click.option("--kv-bytes", default="64M", show_default=True, help="KV pool of a CPU engine started here.")
 @click.option(
-    "--b-gate",
+    "--inside-gate",
     type=click.Choice(["aimd", "fixed"]),
     default="aimd",
     show_default=True,
-    help="B's worker gate: A's AIMD gate, or fixed at --max-inflight (KV left to the plugin's guardband).",
+    help="The gate in front of TidalScheduler: AIMD as outside, or fixed at --max-inflight (KV left to its guardband).",
 )
 @out_option("harvest")
 def harvest(
     kind: str,
     profile: str,
     engine_url: str | None,
-    engine_b_url: str | None,
+    inside_engine_url: str | None,
     plugin_metrics_url: str | None,
     model: str,
     tokenizer: str,
@@ -88,14 +93,15 @@ def harvest(
     max_num_seqs: int,
     budget_tokens: int,
     kv_bytes: str,
-    b_gate: str,
+    inside_gate: str,
     out: str,
 ) -> None:
-    """Ceiling, online baseline and co-served harvest, technique A against B, in ABBA order with intervals.
+    """Ceiling, online baseline and co-served harvest, Tidal outside against inside the engine, in ABBA order.
 
-    A: the worker's AIMD gate + the stock scheduler. B: TidalScheduler in the engine deciding each step's
-    tokens, behind the same gate (or a fixed in-flight limit, --b-gate fixed). Each technique has its own
-    engine, its own ceiling (every slot full) and its own online baseline, every repetition.
+    outside: the worker's AIMD gate + the stock scheduler. inside: TidalScheduler in the engine deciding each step's
+    tokens, behind the same gate (or a fixed in-flight limit, --inside-gate fixed). Each technique has its own
+    engine, its own ceiling (every slot full) and its own online baseline, every repetition. The windows are not
+    judged steady: `tidal bench frontier` supersedes these figures.
     """
     from tidal_workers.bench import harvest as hv
     from tidal_workers.bench import harvest_report
@@ -119,17 +125,21 @@ def harvest(
         settle_s=settle_seconds,
         max_inflight=max_inflight
         or (deployment_ceiling(profile, max_num_seqs) if kind == "twin" else int(defaults["max_inflight"])),
-        b_gate=b_gate,
+        inside_gate=inside_gate,
         workload=GPU_WORKLOAD if kind == "twin" else CPU_WORKLOAD,
     )
     request = EngineRequest(
         kind, profile if kind == "twin" else None, max_num_seqs, kv_bytes=kv_bytes, budget_tokens=budget_tokens
     )
-    urls = {"A": engine_url, "B": engine_b_url}
+    urls = {"outside": engine_url, "inside": inside_engine_url}
+    if unknown := set(plan.techniques) - set(urls):
+        raise click.BadParameter(
+            f"unknown technique(s) {', '.join(sorted(unknown))}: outside, inside", param_hint="--techniques"
+        )
     engines: dict[str, EngineRequest | BenchEngine] = {}
     for technique in plan.techniques:
         url = urls[technique]
-        metrics_url = plugin_metrics_url if technique == "B" else None
+        metrics_url = plugin_metrics_url if technique == "inside" else None
         engines[technique] = (
             external(url, model, tokenizer, max_num_seqs, budget_tokens, metrics_url) if url else request
         )

@@ -1,0 +1,76 @@
+"""The frontier's measurement, its pure parts (tidal_workers/bench/frontier.py): the online trace every arm of a
+block sends, and the batch's samples with the online tokens taken out."""
+
+from __future__ import annotations
+
+import pytest
+
+from config import load_settings
+from tidal_engine.tiny import build_tiny
+from tidal_workers.bench import frontier
+from tidal_workers.bench import frontier_plan as fp
+from tidal_workers.bench.workload import ONLINE_LOADS
+from tidal_workers.bench.workload import Prompts
+from tidal_workers.bench.workload import load_tokenizer
+
+pytestmark = pytest.mark.no_sql
+
+PLAN = fp.FrontierPlan(
+    profile="qwen2.5-7b@a6000",
+    loads=("flat-8", "diurnal-5"),
+    mixes=("standard",),
+    techniques=fp.TECHNIQUES,
+    knobs=fp.QUICK_KNOBS,
+    gate_ceiling=185,
+    reps=2,
+    window_s=30.0,
+    diurnal_window_s=60.0,
+    settle_max_s=10.0,
+    hold_s=5.0,
+    baseline_lead_s=5.0,
+    ceiling=True,
+)
+
+
+def test_every_arm_of_a_block_gets_the_same_trace_with_words_of_its_own():
+    trace = frontier.OnlineTrace.of(PLAN, ONLINE_LOADS["flat-8"], 0)
+    assert trace == frontier.OnlineTrace.of(PLAN, ONLINE_LOADS["flat-8"], 0)
+    assert trace != frontier.OnlineTrace.of(PLAN, ONLINE_LOADS["flat-8"], 1)  # another repetition, another draw
+    assert trace.measured[-1].at < PLAN.window_s <= trace.lead_in[-1].at  # the lead-in outlasts any settling
+    assert 150 < len(trace.measured) < 330  # 8/s for 30 s
+    tokenizer = load_tokenizer(str(build_tiny(load_settings().home, "twin")))
+    _, one = trace.requests(Prompts(tokenizer, 1))
+    _, two = trace.requests(Prompts(tokenizer, 2))
+    assert [(r.at, r.max_tokens) for r in one] == [(r.at, r.max_tokens) for r in two]
+    assert [len(tokenizer.encode(r.prompt, add_special_tokens=False)) for r in one[:20]] == [
+        i.prompt_tokens for i in trace.measured[:20]
+    ]
+    assert all(a.prompt != b.prompt for a, b in zip(one, two))  # no prefix-cache hit between arms
+
+
+def test_a_diurnal_trace_starts_at_its_trough_and_its_lead_in_at_that_rate():
+    trace = frontier.OnlineTrace.of(PLAN, ONLINE_LOADS["diurnal-5"], 0)
+    first_half = sum(i.at < 15 for i in trace.measured)  # the trough's quarter of the period ...
+    middle = sum(15 <= i.at < 45 for i in trace.measured)  # ... against the peak's half
+    assert middle > 3 * first_half
+    lead_rate = len(trace.lead_in) / trace.lead_in[-1].at
+    assert lead_rate == pytest.approx(1.0, rel=0.5)  # 5/s × (1 − 0.8)
+
+
+def test_batch_samples_are_the_engine_s_counters_less_the_online_tokens():
+    # The batch prefills 1,000 tokens and generates 500 a second; the engine's counters also hold the online ones:
+    # the lead-in's request (opened at 99.0: prompt 300 and a token at 99.5, two more at 100.5) and the measured
+    # one (opened at 101.0: prompt 200 and its token at 101.5).
+    engine = [(300, 1), (1300, 503), (2500, 1004), (3500, 1504)]
+    rows = [
+        {"at": 100.0 + i, "at_engine": 10.0, "completions": float(i), "prompt_tokens": p, "generation_tokens": g}
+        for i, (p, g) in enumerate(engine)
+    ]
+    lead = [{"at": 0.0, "error": None, "prompt_tokens": 300, "chunks": [[0.5, 1], [1.5, 3]]}]
+    measured = [{"at": 0.2, "error": None, "prompt_tokens": 200, "chunks": [[0.3, 1]]}]
+    assert frontier.batch_samples(rows, [(lead, 99.0), (measured, 101.0)]) == [
+        [0.0, 10.0, 0.0, 0.0, 0.0],
+        [1.0, 10.0, 1.0, 1000.0, 500.0],
+        [2.0, 10.0, 2.0, 2000.0, 1000.0],
+        [3.0, 10.0, 3.0, 3000.0, 1500.0],
+    ]

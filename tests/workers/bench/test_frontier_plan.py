@@ -1,0 +1,107 @@
+"""The frontier's plan (tidal_workers/bench/frontier_plan.py): its points, their ABBA order, and resuming a run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tidal_workers.bench import frontier_plan as fp
+
+pytestmark = pytest.mark.no_sql
+
+
+def plan(**changes) -> fp.FrontierPlan:
+    base = fp.FrontierPlan(
+        profile="qwen2.5-7b@a6000",
+        loads=("flat-8",),
+        mixes=("standard",),
+        techniques=fp.TECHNIQUES,
+        knobs=fp.QUICK_KNOBS,
+        gate_ceiling=185,
+        reps=1,
+        window_s=120.0,
+        diurnal_window_s=600.0,
+        settle_max_s=180.0,
+        hold_s=20.0,
+        baseline_lead_s=20.0,
+        ceiling=True,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def label(p: fp.Point) -> str:
+    return p.kind if p.technique is None else f"{p.technique} {p.knob:g}"
+
+
+def test_quick_measures_the_ceiling_then_alternates_the_arms_around_online_alone():
+    points = plan().points()
+    assert [label(p) for p in points] == [
+        "ceiling",
+        "outside 8",
+        "inside 1.1",
+        "vllm-priority 4",
+        "vllm-priority 16",
+        "online-alone",
+        "inside 1.5",
+        "outside 32",
+        "outside 185",  # the gate's ceiling is outside's last setting
+        "inside 4",
+        "vllm-priority 64",
+    ]
+    assert len({p.name for p in points}) == len(points)
+    assert points[1].name == "coserved__flat-8__standard__outside-8__r0"
+    assert points[0].name == "ceiling__standard__r0"
+
+
+def test_every_other_block_runs_in_reverse_and_the_ceiling_is_measured_once_per_mix():
+    points = plan(loads=("flat-8", "flat-5"), reps=2).points()
+    assert sum(p.kind == fp.CEILING for p in points) == 1
+    blocks = [
+        [p for p in points if p.kind != fp.CEILING and (p.load, p.rep) == key]
+        for key in [("flat-8", 0), ("flat-5", 0), ("flat-8", 1), ("flat-5", 1)]
+    ]
+    assert [label(p) for p in blocks[1]] == [label(p) for p in reversed(blocks[0])]
+    assert [label(p) for p in blocks[2]] == [label(p) for p in blocks[0]]
+    assert all(sum(p.kind == fp.ONLINE_ALONE for p in b) == 1 for b in blocks)
+
+
+def test_knob_settings_above_the_gate_ceiling_are_dropped():
+    assert plan(gate_ceiling=20).knob_values("outside") == (8, 20)
+
+
+def test_the_estimate_counts_each_point_kind():
+    quick = plan()
+    seconds = quick.expected_s(quick.points(), {"flat-8": "flat"})
+    assert 40 * 60 < seconds < 60 * 60  # quick is sized to fit an hour
+
+
+def test_a_run_resumes_with_its_plan_and_refuses_another(tmp_path):
+    run = fp.RunDir(tmp_path / "run")
+    run.open(plan())
+    point = plan().points()[1]
+    assert not run.done(point)
+    (run.points_dir / f"{point.name}.json.tmp").write_text("{")  # a write cut short: not a point
+    assert not run.done(point)
+    run.write(point, {"harvest": 1.0})
+    again = fp.RunDir(tmp_path / "run")
+    again.open(plan())
+    assert again.done(point)
+    assert again.records() == [{"point": point.as_dict(), "harvest": 1.0}]
+    with pytest.raises(fp.PlanMismatch, match="window_s differ"):
+        again.open(plan(window_s=60.0))
+
+
+def test_a_failed_point_is_kept_apart_and_measured_again(tmp_path):
+    run = fp.RunDir(tmp_path / "run")
+    run.open(plan())
+    point = plan().points()[2]
+    try:
+        raise TimeoutError("the engine never ran 256 requests at once")
+    except TimeoutError as exc:
+        run.fail(point, exc)
+    assert not run.done(point)  # the next run measures it again
+    (failure,) = run.failures()
+    assert failure["point"] == point.as_dict() and "never ran 256 requests" in failure["error"]
+    run.write(point, {})
+    assert run.failures() == []

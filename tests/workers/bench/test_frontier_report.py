@@ -1,0 +1,196 @@
+"""The frontier's figures from point records (tidal_workers/bench/frontier_report.py): verdicts with their reasons,
+harvest, paired inflations, α_m and E against the oracle, the table and the aggregates."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tidal_workers.bench import efficiency
+from tidal_workers.bench import frontier_plan as fp
+from tidal_workers.bench import frontier_report as fr
+from tidal_workers.bench import samples
+from tidal_workers.bench.cli import bench
+
+pytestmark = pytest.mark.no_sql
+
+PLAN = fp.FrontierPlan(
+    profile="qwen2.5-7b@a6000",
+    loads=("flat-8",),
+    mixes=("standard",),
+    techniques=("outside",),
+    knobs={"outside": (8,)},
+    gate_ceiling=185,
+    reps=3,
+    window_s=120.0,
+    diurnal_window_s=600.0,
+    settle_max_s=180.0,
+    hold_s=20.0,
+    baseline_lead_s=20.0,
+    ceiling=True,
+)
+STEADY = fr.steady_ratio("standard")
+
+
+def online_records(slow: float, n: int = 300) -> list[dict]:
+    """``n`` requests, TTFT 0.1 s and a token every 30 ms, ``slow`` times slower; a spread so percentiles differ."""
+    out = []
+    for i in range(n):
+        ttft, gap = slow * (0.1 + 0.0005 * i), slow * (0.03 + 0.00002 * i)
+        out.append(
+            {
+                "at": i * 0.125,
+                "late": 0.0,
+                "error": None,
+                "prompt_tokens": 300,
+                "chunks": [[ttft + k * gap, k + 1] for k in range(20)],
+            }
+        )
+    return out
+
+
+def record(
+    point: fp.Point,
+    *,
+    tokens_per_s: float = 400.0,
+    ratio: float = STEADY,
+    completions_per_s: float = 2.0,
+    level: float = 40.0,
+    slow: float = 1.3,
+    settled: bool = True,
+    overruns: float = 0.01,
+) -> dict:
+    """A point's record as frontier.py writes it: 160 s of samples, the window 20-140 s."""
+    rows = [[float(i), level, completions_per_s * i, ratio * tokens_per_s * i, tokens_per_s * i] for i in range(161)]
+    out = {
+        "point": point.as_dict(),
+        "samples": rows,
+        "window": {
+            "opens": 20.0,
+            "closes": 140.0,
+            "settle_s": 60.0,
+            "admission": {"settled": settled, "level": level, "since": 0.0, "turnover": 50.0},
+        },
+        "steps": {"overrun_share": overruns},
+        "knob": {},
+    }
+    if point.kind != fp.CEILING:
+        records = online_records(1.0 if point.kind == fp.ONLINE_ALONE else slow)
+        out["online"] = {"summary": samples.summary(records), "records": records}
+    if point.kind == fp.COSERVED:
+        out["backlog_submitted"] = 5000
+    return out
+
+
+def rows_of(records: list[dict]) -> dict[str, dict]:
+    """The report's rows by kind (one point of each kind)."""
+    return {r["kind"]: r for r in fr.Report(PLAN, records).rows()}
+
+
+def point(kind: str, rep: int = 0, knob: float = 8) -> fp.Point:
+    if kind == fp.CEILING:
+        return fp.Point(kind, "standard", 0)
+    if kind == fp.ONLINE_ALONE:
+        return fp.Point(kind, "standard", rep, "flat-8")
+    return fp.Point(kind, "standard", rep, "flat-8", "outside", knob)
+
+
+def test_a_steady_point_gets_its_harvest_inflations_and_e():
+    records = [
+        record(point(fp.CEILING), tokens_per_s=1700.0),
+        record(point(fp.ONLINE_ALONE)),
+        record(point(fp.COSERVED)),
+    ]
+    report = fr.Report(PLAN, records)
+    rows = {r["kind"]: r for r in report.rows()}
+    row = rows[fp.COSERVED]
+    assert row["valid"], row["reasons"]
+    assert row["harvest"]["value"] == pytest.approx(400.0)
+    assert row["harvest"]["low"] == pytest.approx(400.0)  # a constant rate: every resample of its blocks
+    assert row["inflation"]["ttft_p50"]["value"] == pytest.approx(1.3)
+    assert row["inflation"]["tbt_p99"]["value"] == pytest.approx(1.3)
+    assert row["alpha_m"] == pytest.approx(1.3)
+    h_star = report.oracles("standard").h_star(1.3, 8.0)
+    assert row["h_star"] == pytest.approx(h_star)
+    assert row["E"]["value"] == pytest.approx(400.0 / h_star)
+    assert row["pct_measured_ceiling"] == pytest.approx(100 * 400 / 1700)
+    assert rows[fp.CEILING]["valid"] and rows[fp.ONLINE_ALONE]["valid"]
+
+
+def test_small_inflations_are_judged_at_alpha_1_10():
+    records = [record(point(fp.ONLINE_ALONE)), record(point(fp.COSERVED), slow=1.02)]
+    row = rows_of(records)[fp.COSERVED]
+    assert row["alpha_m"] == efficiency.ALPHA_FLOOR
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"settled": False}, "the batch's admission had not settled when the window opened"),
+        ({"ratio": 0.8 * STEADY}, "batch prefill per generated token"),
+        ({"overruns": 0.2}, "could not pace 20.0 %"),
+        ({"completions_per_s": 60.0}, "the backlog of 5000 items ran out"),
+    ],
+)
+def test_an_invalid_point_lists_why(changes, reason):
+    records = [record(point(fp.ONLINE_ALONE)), record(point(fp.COSERVED), **changes)]
+    row = rows_of(records)[fp.COSERVED]
+    assert not row["valid"]
+    assert any(reason in r for r in row["reasons"]), row["reasons"]
+
+
+def test_a_point_whose_online_alone_window_is_invalid_is_invalid_too():
+    records = [record(point(fp.ONLINE_ALONE), overruns=0.3), record(point(fp.COSERVED))]
+    rows = rows_of(records)
+    assert rows[fp.ONLINE_ALONE]["reasons"] == ["the twin could not pace 30.0 % of the window's steps (limit 5 %)"]
+    assert "its block's online-alone window is invalid" in rows[fp.COSERVED]["reasons"]
+
+
+def test_a_point_without_its_online_alone_window_has_no_e():
+    row = fr.Report(PLAN, [record(point(fp.COSERVED))]).rows()[0]
+    assert not row["valid"] and "E" not in row
+    assert row["reasons"][-1].startswith("no online-alone window in its block yet")
+
+
+def test_three_valid_repetitions_give_aggregates_and_the_table_lists_every_point():
+    records = [record(point(fp.CEILING), tokens_per_s=1700.0)]
+    for rep in range(3):
+        records += [record(point(fp.ONLINE_ALONE, rep)), record(point(fp.COSERVED, rep), tokens_per_s=390.0 + 10 * rep)]
+    report = fr.Report(PLAN, records)
+    results = report.results()
+    (aggregate,) = results["aggregates"]
+    assert aggregate["harvest"]["value"] == pytest.approx(400.0)
+    assert aggregate["harvest"]["reps"] == 3
+    assert results["invalid"] == []
+    text = fr.table(results)
+    assert text.count("| flat-8 | standard | outside | 8 |") == 3
+    assert "- ceiling, standard: 1700" in text
+
+
+def test_the_report_reads_a_plan_back_from_its_json():
+    again = fp.FrontierPlan(**PLAN.as_dict())
+    assert again.points() == PLAN.points()
+    assert dataclasses.asdict(again)["loads"] == ["flat-8"]  # lists, as JSON gives them back
+
+
+def test_report_only_rebuilds_the_report_from_the_run_directory(tmp_path):
+    run = fp.RunDir(tmp_path)
+    run.open(PLAN)
+    for p in (point(fp.CEILING), point(fp.ONLINE_ALONE), point(fp.COSERVED)):
+        run.write(p, record(p, tokens_per_s=1700.0 if p.kind == fp.CEILING else 400.0))
+    result = CliRunner().invoke(bench, ["frontier", "--report-only", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "| flat-8 | standard | outside | 8 | 400 [400, 400] |" in (tmp_path / "frontier.md").read_text()
+    assert (tmp_path / "frontier.png").stat().st_size > 0
+    results = json.loads((tmp_path / "frontier.json").read_text())
+    assert results["profile_hash"] and results["failed"] == [] and len(results["rows"]) == 3
+
+
+def test_a_run_directory_refuses_a_command_with_another_plan(tmp_path):
+    fp.RunDir(tmp_path).open(PLAN)
+    result = CliRunner().invoke(bench, ["frontier", "--quick", "--out", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "holds a run with another plan" in result.stderr

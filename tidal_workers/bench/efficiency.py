@@ -1,0 +1,65 @@
+"""E: a harvest as a share of the most any scheduler could harvest at the latency it cost (issue 35 item 3).
+
+E = harvest ÷ H*(α_m), with α_m = max(1.10, the largest of the point's TTFT and TBT inflations at p50 and p99): the
+oracle (oracle.py) at the step inflation the point's online requests actually saw, floored where inflations this
+small are within what a steady state's noise can show. H* is computed on the exact profile the twin ran (its name
+and hash go in the JSON beside it), for the point's online rate and batch mix. A diurnal phase is compared
+quasi-statically: H*(α_m) averaged over its rate, sampled across the phase (a rate at which online alone does not
+fit leaves no harvest: 0 there).
+
+Pure: the oracle is a calculation. ``Oracles`` caches it per (α to 3 decimals, rate), since a report asks for the
+same ones many times.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+import numpy as np
+
+from tidal_engine.step_time import Profile
+from tidal_workers.bench import oracle
+from tidal_workers.bench.oracle import RequestClass
+
+ALPHA_FLOOR = 1.10
+DIURNAL_SAMPLES = 24  # rates sampled across a diurnal phase for the quasi-static mean
+
+
+def alpha_m(inflations: t.Iterable[float | None]) -> float:
+    """The step inflation a point is judged at: its largest latency inflation, at least ``ALPHA_FLOOR``."""
+    return max([ALPHA_FLOOR, *(x for x in inflations if x is not None and np.isfinite(x))])
+
+
+class Oracles:
+    """H*(α) for one profile, online class and batch mix, at any online rate; cached."""
+
+    def __init__(self, profile: Profile, online: RequestClass, batch: RequestClass):
+        self.profile, self.online, self.batch = profile, online, batch
+        self._cache: dict[tuple[float, float], float] = {}
+
+    def h_star(self, alpha: float, rate: float) -> float:
+        key = (round(alpha, 3), round(rate, 4))
+        if key not in self._cache:
+            try:
+                found = oracle.harvest_oracle(self.profile, key[1], self.online, self.batch, key[0])
+                self._cache[key] = found.batch_tokens_per_s
+            except ValueError:  # online alone does not fit at this rate
+                self._cache[key] = 0.0
+        return self._cache[key]
+
+    def h_star_over(self, alpha: float, rates: t.Sequence[float]) -> float:
+        """The quasi-static H*(α) of a phase whose rate moves: the mean over ``rates`` sampled evenly in time."""
+        return float(np.mean([self.h_star(alpha, r) for r in rates]))
+
+    def steady_ceiling(self) -> float:
+        return oracle.steady_ceiling(self.profile, self.batch)
+
+
+def phase_rates(rate_fn: t.Callable[[float], float], seconds: float, samples: int = DIURNAL_SAMPLES) -> list[float]:
+    """The rate at the middle of each of ``samples`` equal slices of a phase."""
+    return [rate_fn((i + 0.5) * seconds / samples) for i in range(samples)]
+
+
+def efficiency(harvest: float, h_star: float) -> float | None:
+    """E; None when the oracle leaves no harvest at all (nothing to be a share of)."""
+    return harvest / h_star if h_star > 0 else None

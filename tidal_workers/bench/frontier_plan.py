@@ -1,0 +1,217 @@
+"""The frontier's plan: which points it measures, in which order, and the run directory that lets it resume.
+
+A point is one measured window:
+
+- ``ceiling``: every slot of the stock engine full of batch work (once per batch mix), for "% of the steady
+  ceiling";
+- ``online-alone``: the online load alone on the stock engine, the reference of every inflation in its block;
+- ``coserved``: the online load beside the batch, one technique at one setting of its knob:
+  ``outside`` (Tidal's gate in front of vLLM's stock scheduler; knob: the gate's ceiling, batch requests at the
+  engine), ``inside`` (TidalScheduler behind the same gate; knob: its step budget as a multiple of the online-alone
+  decode step) and ``vllm-priority`` (no Tidal: the batch posted straight to vLLM at the lowest priority; knob: its
+  fixed concurrency).
+
+A block is one online load beside one batch mix in one repetition. Its points alternate between the techniques
+(A B C, C B A, ... over the knob settings, low to high), with the online-alone window in the middle, and every
+other block runs in reverse order: drift in the machine falls on every arm alike (ABBA).
+
+The run directory holds ``plan.json`` and one ``points/NAME.json`` per point measured, each written whole when its
+point ends. A run started again with the same plan skips the points already there; a different plan is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import traceback
+import typing as t
+from pathlib import Path
+
+from tidal_workers.bench import online
+from tidal_workers.bench.workload import OnlineLoad
+
+TECHNIQUES = ("outside", "inside", "vllm-priority")
+CEILING, ONLINE_ALONE, COSERVED = "ceiling", "online-alone", "coserved"
+# The knobs, low to high harvest. The gate's ceiling tops out at the deployment's (``gate_ceiling``).
+FULL_KNOBS = {"outside": (6, 12, 24, 64), "inside": (1.1, 1.25, 1.5, 2.0, 4.0), "vllm-priority": (4, 8, 16, 32, 64)}
+QUICK_KNOBS = {"outside": (8, 32), "inside": (1.1, 1.5, 4.0), "vllm-priority": (4, 16, 64)}
+KNOB_NAMES = {
+    "outside": "gate ceiling (batch requests at the engine)",
+    "inside": "TidalScheduler's step budget ÷ the online-alone decode step",
+    "vllm-priority": "batch requests at the engine (fixed)",
+}
+
+# Seconds, for the estimate printed before a run (measured on nothing yet: the lead's first run corrects them).
+ENGINE_START_S = 60.0
+STACK_START_S = 40.0
+SETTLE_GUESS_S = 90.0
+DRAIN_S = 30.0
+TAIL_S = 20.0  # the measured online requests still answering after the window
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    kind: str
+    mix: str
+    rep: int
+    load: str | None = None  # None for the ceiling
+    technique: str | None = None  # coserved only
+    knob: float | None = None
+
+    @property
+    def name(self) -> str:
+        """The point's file name (without .json): what the run directory knows it by."""
+        parts = [self.kind, self.load, self.mix]
+        if self.technique is not None:
+            parts.append(f"{self.technique}-{self.knob:g}")
+        return "__".join(p for p in parts if p) + f"__r{self.rep}"
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontierPlan:
+    profile: str
+    loads: tuple[str, ...]
+    mixes: tuple[str, ...]
+    techniques: tuple[str, ...]
+    knobs: dict[str, tuple[float, ...]]
+    gate_ceiling: int  # the deployment's: outside's top knob setting, and inside's gate
+    reps: int
+    window_s: float  # a flat window; a diurnal one lasts one period, diurnal_window_s
+    diurnal_window_s: float
+    settle_max_s: float  # a window opens at the latest this long after the batch flows, settled or not
+    hold_s: float  # admission holds its level this long (steady.admission)
+    baseline_lead_s: float  # online alone runs this long before its window opens
+    ceiling: bool
+    seed: int = 7
+
+    def knob_values(self, technique: str) -> tuple[float, ...]:
+        values = tuple(self.knobs.get(technique, ()))
+        if technique == "outside":
+            values = tuple(sorted({*(v for v in values if v < self.gate_ceiling), self.gate_ceiling}))
+        return values
+
+    def points(self) -> list[Point]:
+        """Every point in the order it is measured (module docstring)."""
+        out: list[Point] = []
+        measured_ceilings: set[str] = set()
+        block = 0
+        for rep in range(self.reps):
+            for load in self.loads:
+                for mix in self.mixes:
+                    if self.ceiling and mix not in measured_ceilings:
+                        measured_ceilings.add(mix)
+                        out.append(Point(CEILING, mix, 0))
+                    arms = self._arms(load, mix, rep)
+                    half = len(arms) // 2
+                    ordered = [*arms[:half], Point(ONLINE_ALONE, mix, rep, load), *arms[half:]]
+                    out += ordered if block % 2 == 0 else ordered[::-1]
+                    block += 1
+        return out
+
+    def _arms(self, load: str, mix: str, rep: int) -> list[Point]:
+        knobs = {tech: self.knob_values(tech) for tech in self.techniques}
+        arms = []
+        for i in range(max((len(k) for k in knobs.values()), default=0)):
+            order = self.techniques if i % 2 == 0 else self.techniques[::-1]
+            arms += [Point(COSERVED, mix, rep, load, tech, knobs[tech][i]) for tech in order if i < len(knobs[tech])]
+        return arms
+
+    def window_for(self, load_trace: str) -> float:
+        return self.diurnal_window_s if load_trace == "diurnal" else self.window_s
+
+    def expected_s(self, points: t.Sequence[Point], traces: t.Mapping[str, str]) -> float:
+        """Wall time of ``points``, roughly: what the command prints before it starts."""
+        total = ENGINE_START_S  # the stock engine
+        for p in points:
+            window = self.window_s if p.load is None else self.window_for(traces[p.load])
+            if p.kind == CEILING:
+                total += SETTLE_GUESS_S + window + DRAIN_S
+            elif p.kind == ONLINE_ALONE:
+                total += self.baseline_lead_s + window + TAIL_S
+            else:
+                settle = min(SETTLE_GUESS_S, self.settle_max_s)
+                total += settle + window + TAIL_S + DRAIN_S
+                total += STACK_START_S if p.technique != "vllm-priority" else 0.0
+                total += ENGINE_START_S if p.technique == "inside" else 0.0
+        return total
+
+    def as_dict(self) -> dict[str, t.Any]:
+        """As plan.json holds it (tuples as lists, so that a plan read back compares equal)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+def rate_fn(load: OnlineLoad, window_s: float) -> t.Callable[[float], float]:
+    """The load's online rate over its window (a diurnal load's window is one period)."""
+    if load.trace == "diurnal":
+        return online.diurnal(load.rate, load.amplitude, window_s)
+    return online.flat(load.rate)
+
+
+class PlanMismatch(ValueError):
+    """The run directory holds another plan: resuming it with this one would mix two experiments."""
+
+
+class RunDir:
+    """plan.json and points/NAME.json under ``root``."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.points_dir = root / "points"
+
+    def open(self, plan: FrontierPlan) -> None:
+        """Start a run here, or resume one with the same plan; PlanMismatch naming what differs otherwise."""
+        self.points_dir.mkdir(parents=True, exist_ok=True)
+        path = self.root / "plan.json"
+        wanted = plan.as_dict()
+        if path.exists():
+            held = json.loads(path.read_text())
+            if held != wanted:
+                keys = sorted(k for k in {*held, *wanted} if held.get(k) != wanted.get(k))
+                raise PlanMismatch(
+                    f"{self.root} holds a run with another plan ({', '.join(keys)} differ): "
+                    "run with its options again to resume it, or give another --out"
+                )
+            return
+        _write(path, wanted)
+
+    def plan(self) -> dict[str, t.Any]:
+        return json.loads((self.root / "plan.json").read_text())
+
+    def path(self, point: Point) -> Path:
+        return self.points_dir / f"{point.name}.json"
+
+    def done(self, point: Point) -> bool:
+        return self.path(point).exists()
+
+    def write(self, point: Point, record: dict[str, t.Any]) -> Path:
+        path = self.path(point)
+        _write(path, {"point": point.as_dict(), **record})
+        return path
+
+    def fail(self, point: Point, error: BaseException) -> Path:
+        """A point that raised: its error kept under failed/, where a resumed run does not look (it measures the
+        point again)."""
+        path = self.root / "failed" / f"{point.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, {"point": point.as_dict(), "error": "".join(traceback.format_exception(error))})
+        return path
+
+    def failures(self) -> list[dict[str, t.Any]]:
+        """Points that failed and have not been measured since."""
+        found = [json.loads(p.read_text()) for p in sorted((self.root / "failed").glob("*.json"))]
+        return [f for f in found if not self.done(Point(**f["point"]))]
+
+    def records(self) -> list[dict[str, t.Any]]:
+        """Every point measured so far."""
+        return [json.loads(p.read_text()) for p in sorted(self.points_dir.glob("*.json"))]
+
+
+def _write(path: Path, content: dict[str, t.Any]) -> None:
+    """Whole or not at all: an interrupted write leaves no file that a resumed run would take for a point."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(content, default=str))
+    os.replace(tmp, path)

@@ -1,0 +1,375 @@
+"""The frontier's figures, table and plot, all computed from the run directory's point records.
+
+Per point:
+
+- its verdict (``verdict``): the steady-window rules (steady.judge; no drift rule on a diurnal load) on the
+  window's samples, plus the point's own: the batch's admission had not settled when the window opened, the
+  backlog ran out, online requests failed, or its block's online-alone window is itself invalid. An invalid point
+  is listed with every reason and left out of every aggregate;
+- harvest: batch generated tokens/s in the window, with a 95 % interval from its 10-s blocks resampled;
+- inflation: each online TTFT and TBT percentile (p50, p99) over the same percentile in its block's online-alone
+  window; both windows sent the same trace, so the interval resamples the requests in pairs;
+- E = harvest ÷ H*(α_m) (efficiency.py) on the profile the twin ran, its interval the harvest's over that H*;
+- "% of the steady ceiling": over the measured ceiling when it is valid, and over the model's (oracle.py).
+
+With three or more valid repetitions of a setting, ``aggregates`` gives each figure's mean over them with a
+bootstrap interval (stats.bootstrap); with fewer, each repetition stands alone with its within-window intervals.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import typing as t
+from pathlib import Path
+
+import numpy as np
+
+from tidal_engine.twin import load_profile
+from tidal_workers.bench import efficiency
+from tidal_workers.bench import oracle
+from tidal_workers.bench import samples
+from tidal_workers.bench import stats
+from tidal_workers.bench import steady
+from tidal_workers.bench.frontier_plan import CEILING
+from tidal_workers.bench.frontier_plan import COSERVED
+from tidal_workers.bench.frontier_plan import KNOB_NAMES
+from tidal_workers.bench.frontier_plan import ONLINE_ALONE
+from tidal_workers.bench.frontier_plan import FrontierPlan
+from tidal_workers.bench.frontier_plan import rate_fn
+from tidal_workers.bench.workload import BATCH_MIXES
+from tidal_workers.bench.workload import ONLINE_LOADS
+
+Record = dict[str, t.Any]
+LATENCIES = ("ttft", "tbt")
+QUANTILES = {"p50": 0.5, "p99": 0.99}
+ONLINE_ERRORS_MAX = 0.01  # a window whose online requests failed more often measured something else
+COLOURS = {"outside": "tab:blue", "inside": "tab:orange", "vllm-priority": "tab:green"}
+
+
+def steady_ratio(mix: str) -> float:
+    """The mix's steady batch prefill per generated token: mean prompt (with the chat template) ÷ mean output."""
+    batch = BATCH_MIXES[mix]
+    request = oracle.RequestClass.of(batch.prompt, batch.output)
+    return request.prompt / request.output
+
+
+def window_samples(record: Record) -> list[steady.Sample]:
+    window = record["window"]
+    return steady.within([steady.Sample(*s) for s in record["samples"]], window["opens"], window["closes"])
+
+
+def verdict(record: Record, plan: FrontierPlan, baseline: Record | None) -> steady.Verdict:
+    """The point's verdict (module docstring); ``baseline`` is its block's online-alone record, where known."""
+    point = record["point"]
+    kind = point["kind"]
+    steps = record.get("steps") or {}
+    overruns = steps.get("overrun_share")
+    if kind == ONLINE_ALONE:
+        reasons = steady.overrun_reasons(overruns) + _online_reasons(record)
+        seconds = record["window"]["closes"] - record["window"]["opens"]
+        return steady.Verdict(not reasons, tuple(reasons), seconds, None, None, 0.0, None, 0.0, overruns)
+    load = ONLINE_LOADS[point["load"]] if point["load"] else None
+    drift_rule = load is None or load.trace == "flat"
+    judged = steady.judge(
+        window_samples(record), steady_ratio(point["mix"]), overrun_share=overruns, drift_rule=drift_rule
+    )
+    reasons = list(judged.reasons)
+    admission = record["window"].get("admission")
+    if admission is not None and not admission["settled"]:
+        reasons.append(
+            f"the batch's admission had not settled when the window opened ({record['window']['settle_s']:.0f} s: "
+            f"{admission['level']:.0f} at the engine, {admission['turnover']:.0f} completions at that level)"
+        )
+    if record.get("flowed") is False:
+        reasons.append("no batch item completed before the settling began")
+    if "backlog_submitted" in record and record["samples"]:
+        last = record["samples"][-1]
+        if last[2] + last[1] >= record["backlog_submitted"]:
+            reasons.append(f"the backlog of {record['backlog_submitted']} items ran out")
+    if kind == COSERVED:
+        reasons += _online_reasons(record)
+        if baseline is not None and not verdict(baseline, plan, None).valid:
+            reasons.append("its block's online-alone window is invalid")
+    return dataclasses.replace(judged, valid=not reasons, reasons=tuple(reasons))
+
+
+def _online_reasons(record: Record) -> list[str]:
+    summary = record["online"]["summary"]
+    if summary["requests"] and summary["errors"] / summary["requests"] > ONLINE_ERRORS_MAX:
+        return [f"{summary['errors']} of {summary['requests']} online requests failed"]
+    return []
+
+
+def _interval(value: float | None, bounds: tuple[float, float] | None) -> dict[str, float | None]:
+    low, high = bounds if bounds else (None, None)
+    return {"value": value, "low": low, "high": high}
+
+
+def harvest(record: Record) -> dict[str, float | None]:
+    """Batch generated tokens/s in the window, with its block-bootstrap interval."""
+    window = window_samples(record)
+    if len(window) < 2:
+        return _interval(None, None)
+    seconds = window[-1].at - window[0].at
+    value = (window[-1].generated - window[0].generated) / seconds
+    cut = steady.blocks(window)
+    return _interval(value, steady.ratio_interval(cut.generated, cut.seconds))
+
+
+def inflations(record: Record, baseline: Record) -> dict[str, stats.Interval | None]:
+    """{ttft_p50: interval, ...}: the point's percentiles over its baseline's, the same requests paired."""
+    co = samples.per_request(record["online"]["records"])
+    base = samples.per_request(baseline["online"]["records"])
+    out: dict[str, stats.Interval | None] = {}
+    for name in LATENCIES:
+        if len(co[name]) != len(base[name]):
+            raise ValueError(f"{record['point']} and its baseline sent different traces")
+        ratios = stats.paired_quantile_ratios(base[name], co[name], list(QUANTILES.values()))
+        out.update({f"{name}_{q}": r for q, r in zip(QUANTILES, ratios, strict=True)})
+    return out
+
+
+class Report:
+    """Every figure of a run directory's records under its plan."""
+
+    def __init__(self, plan: FrontierPlan, records: list[Record]):
+        self.plan, self.records = plan, records
+        self.profile = load_profile(plan.profile)
+        self.by_name = {_name(r["point"]): r for r in records}
+        self._oracles: dict[str, efficiency.Oracles] = {}
+
+    def oracles(self, mix: str) -> efficiency.Oracles:
+        if mix not in self._oracles:
+            workload = BATCH_MIXES[mix].workload()
+            self._oracles[mix] = efficiency.Oracles(
+                self.profile,
+                oracle.RequestClass.of(workload.online_prompt, workload.online_output),
+                oracle.RequestClass.of(workload.batch_prompt, workload.batch_output),
+            )
+        return self._oracles[mix]
+
+    def baseline(self, point: dict[str, t.Any]) -> Record | None:
+        name = "__".join([ONLINE_ALONE, point["load"], point["mix"]]) + f"__r{point['rep']}"
+        return self.by_name.get(name)
+
+    def ceiling(self, mix: str) -> Record | None:
+        return self.by_name.get(f"{CEILING}__{mix}__r0")
+
+    def rates(self, load_name: str) -> list[float]:
+        """The online rates a point's oracle averages over: one for a flat load, samples across a diurnal phase."""
+        load = ONLINE_LOADS[load_name]
+        if load.trace == "flat":
+            return [load.rate]
+        window = self.plan.window_for("diurnal")
+        return efficiency.phase_rates(rate_fn(load, window), window)
+
+    def rows(self) -> list[dict[str, t.Any]]:
+        """One summary row per point, in plan order."""
+        order = {p.name: i for i, p in enumerate(self.plan.points())}
+        ordered = sorted(self.records, key=lambda r: order.get(_name(r["point"]), len(order)))
+        return [self.row(r) for r in ordered]
+
+    def row(self, record: Record) -> dict[str, t.Any]:
+        point = record["point"]
+        baseline = self.baseline(point) if point["kind"] == COSERVED else None
+        judged = verdict(record, self.plan, baseline)
+        row: dict[str, t.Any] = {
+            "name": _name(point),
+            **point,
+            "knob_means": KNOB_NAMES.get(point["technique"] or "", None),
+            "knob_detail": record.get("knob"),
+            "valid": judged.valid,
+            "reasons": list(judged.reasons),
+            "verdict": judged.as_dict(),
+            "steps": record.get("steps"),
+            "settle_s": record["window"]["settle_s"],
+            "profile": record.get("profile"),
+            "profile_hash": record.get("profile_hash"),
+        }
+        if point["kind"] == ONLINE_ALONE:
+            row["online"] = record["online"]["summary"]
+            return row
+        row["harvest"] = harvest(record)
+        oracles = self.oracles(point["mix"])
+        model_ceiling = oracles.steady_ceiling()
+        row["model_steady_ceiling"] = model_ceiling
+        if point["kind"] == CEILING:
+            return row
+        value = row["harvest"]["value"]
+        measured = self.ceiling(point["mix"])
+        if measured is not None and verdict(measured, self.plan, None).valid and value is not None:
+            ceiling = harvest(measured)["value"]
+            row["pct_measured_ceiling"] = 100 * value / ceiling if ceiling else None
+        row["pct_model_ceiling"] = 100 * value / model_ceiling if value is not None else None
+        if baseline is None:
+            row["reasons"].append("no online-alone window in its block yet: no inflation, no E")
+            row["valid"] = False
+            return row
+        inflation = inflations(record, baseline)
+        row["inflation"] = {k: v.as_dict() if v else None for k, v in inflation.items()}
+        alpha = efficiency.alpha_m(v.value if v else None for v in inflation.values())
+        h_star = oracles.h_star_over(alpha, self.rates(point["load"]))
+        row.update(alpha_m=alpha, h_star=h_star)
+        e = efficiency.efficiency(value, h_star) if value is not None else None
+        low, high = row["harvest"]["low"], row["harvest"]["high"]
+        row["E"] = {
+            "value": e,
+            "low": efficiency.efficiency(low, h_star) if low is not None else None,
+            "high": efficiency.efficiency(high, h_star) if high is not None else None,
+        }
+        return row
+
+    def aggregates(self, rows: list[dict[str, t.Any]]) -> list[dict[str, t.Any]]:
+        """Per setting with three or more valid repetitions: each figure's mean with its bootstrap interval."""
+        groups: dict[tuple, list[dict[str, t.Any]]] = collections.defaultdict(list)
+        for row in rows:
+            if row["kind"] == COSERVED and row["valid"]:
+                groups[(row["load"], row["mix"], row["technique"], row["knob"])].append(row)
+        out = []
+        for (load, mix, technique, knob), group in groups.items():
+            if len(group) < stats.MIN_REPS:
+                continue
+            figures = {
+                "harvest": [r["harvest"]["value"] for r in group],
+                "E": [r["E"]["value"] for r in group],
+                **{k: [r["inflation"][k]["value"] for r in group] for k in group[0]["inflation"]},
+            }
+            out.append(
+                {
+                    "load": load,
+                    "mix": mix,
+                    "technique": technique,
+                    "knob": knob,
+                    **{k: stats.interval([v for v in vs if v is not None]) for k, vs in figures.items()},
+                }
+            )
+        return out
+
+    def results(self) -> dict[str, t.Any]:
+        rows = self.rows()
+        return {
+            "plan": self.plan.as_dict(),
+            "profile": self.plan.profile,
+            "profile_hash": oracle.profile_hash(self.profile),
+            "steady_ratios": {mix: steady_ratio(mix) for mix in self.plan.mixes},
+            "rows": rows,
+            "aggregates": self.aggregates(rows),
+            "invalid": [{"name": r["name"], "reasons": r["reasons"]} for r in rows if not r["valid"]],
+        }
+
+
+def _name(point: dict[str, t.Any]) -> str:
+    parts = [point["kind"], point.get("load"), point["mix"]]
+    if point.get("technique") is not None:
+        parts.append(f"{point['technique']}-{point['knob']:g}")
+    return "__".join(p for p in parts if p) + f"__r{point['rep']}"
+
+
+def _fig(iv: dict[str, t.Any] | None, fmt: str = "{:.0f}") -> str:
+    if not iv or iv.get("value") is None:
+        return "–"
+    text = fmt.format(iv["value"])
+    if iv.get("low") is not None and iv.get("high") is not None:
+        text += f" [{fmt.format(iv['low'])}, {fmt.format(iv['high'])}]"
+    return text
+
+
+def table(results: dict[str, t.Any]) -> str:
+    """One line per co-served point (Markdown), then the ceilings and the online-alone windows."""
+    head = (
+        "| load | mix | technique | knob | harvest tok/s [95 %] | E [95 %] | α_m | TTFT p50× | TTFT p99× | TBT p50× "
+        "| TBT p99× | % steady ceiling (measured / model) | overruns | valid |"
+    )
+    lines = [head, "|" + "---|" * 14]
+    for row in results["rows"]:
+        if row["kind"] != COSERVED:
+            continue
+        inflation = row.get("inflation") or {}
+        overruns = (row.get("steps") or {}).get("overrun_share")
+        pct = [row.get("pct_measured_ceiling"), row.get("pct_model_ceiling")]
+        cells = [
+            row["load"],
+            row["mix"],
+            row["technique"],
+            f"{row['knob']:g}",
+            _fig(row.get("harvest")),
+            _fig(row.get("E"), "{:.2f}"),
+            f"{row['alpha_m']:.2f}" if row.get("alpha_m") else "–",
+            *(_fig(inflation.get(f"{n}_{q}"), "{:.2f}") for n in LATENCIES for q in QUANTILES),
+            " / ".join("–" if p is None else f"{p:.1f} %" for p in pct),
+            "–" if overruns is None else f"{100 * overruns:.1f} %",
+            "yes" if row["valid"] else "no: " + "; ".join(row["reasons"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for row in results["rows"]:
+        overruns = (row.get("steps") or {}).get("overrun_share")
+        state = "valid" if row["valid"] else "INVALID: " + "; ".join(row["reasons"])
+        if row["kind"] == CEILING:
+            lines.append(
+                f"- ceiling, {row['mix']}: {_fig(row['harvest'])} tokens/s (model's steady ceiling "
+                f"{row['model_steady_ceiling']:.0f}); {state}"
+            )
+        elif row["kind"] == ONLINE_ALONE:
+            online = row["online"]
+            lines.append(
+                f"- online alone, {row['load']} (block {row['mix']}, rep {row['rep']}): TTFT p50 "
+                f"{1000 * (online['ttft_p50'] or 0):.0f} ms, TBT p50 {1000 * (online['tbt_p50'] or 0):.1f} ms, "
+                f"overruns {'–' if overruns is None else f'{100 * overruns:.1f} %'}; {state}"
+            )
+    return "\n".join(lines)
+
+
+def plot(report: Report, results: dict[str, t.Any], path: Path) -> Path:
+    """Per load and mix: each point's harvest against its α_m, beside the oracle's H*(α); hollow: invalid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results["rows"] if r["kind"] == COSERVED]
+    panels = sorted({(r["load"], r["mix"]) for r in rows})
+    fig, axes = plt.subplots(len(panels) or 1, 1, figsize=(8, 4.2 * max(len(panels), 1)), squeeze=False)
+    for ax, (load, mix) in zip(axes[:, 0], panels):
+        here = [r for r in rows if (r["load"], r["mix"]) == (load, mix)]
+        top = max([2.0, *(1.1 * r["alpha_m"] for r in here if r.get("alpha_m"))])
+        alphas = np.unique(np.concatenate([np.linspace(1.0, 1.5, 11), np.geomspace(1.5, top, 12)]))
+        rates = report.rates(load)[:: max(1, len(report.rates(load)) // 8)]
+        curve = [report.oracles(mix).h_star_over(a, rates) for a in alphas]
+        ax.plot(alphas, curve, color="black", lw=1.2, label="H*(α), the oracle")
+        for technique in ("outside", "inside", "vllm-priority"):
+            mine = sorted(
+                (r for r in here if r["technique"] == technique and r.get("alpha_m")), key=lambda r: r["knob"]
+            )
+            for r in mine:
+                h = r["harvest"]
+                err = None
+                if h["low"] is not None:
+                    err = [[h["value"] - h["low"]], [h["high"] - h["value"]]]
+                ax.errorbar(
+                    r["alpha_m"],
+                    h["value"],
+                    yerr=err,
+                    fmt="o",
+                    color=COLOURS[technique],
+                    mfc=COLOURS[technique] if r["valid"] else "none",
+                    ms=6,
+                )
+            valid = [r for r in mine if r["valid"]]
+            ax.plot(
+                [r["alpha_m"] for r in valid],
+                [r["harvest"]["value"] for r in valid],
+                color=COLOURS[technique],
+                lw=0.8,
+                label=technique,
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("α_m: the largest online TTFT / TBT inflation (p50, p99), at least 1.10 (log scale)")
+        ax.set_ylabel("batch tokens/s")
+        ax.set_title(f"{load}, {mix} batch on {report.plan.profile} (hollow: invalid window)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,198 @@
+"""Steady windows: when a co-served window may open, and whether what it measured was a steady state (issue 35).
+
+A harvest figure is only worth reporting from a steady state: the batch requests at the engine neither filling up
+nor draining, and the batch prefilling as many prompt tokens per generated token as its mix does in the long run.
+A window that opens while the gate is still at its cap, or while the items at the engine were admitted (and
+prefilled) before it, measures a transient: the audit behind issue 35 found windows at 0.5-1.2 prefill tokens per
+generated token against 2.04 in steady state, and harvests above any steady state's compute bound.
+
+- ``admission``: the window opens only once the batch requests at the engine have held one level (within
+  ``TOLERANCE`` of it, at least one request either way) for ``hold_s``, and as many batch requests have completed
+  since that level was reached as it holds: the requests at the engine then were admitted at that level, not in
+  the ramp.
+- ``judge``: after it closes, a window is valid when (1) its batch requests at the engine drift less than
+  ``DRIFT_MAX`` (the difference between the means of its two halves, over the window's mean; not applied to a
+  diurnal phase, whose load moves on purpose), (2) its batch prefill per generated token is within
+  ``RATIO_TOLERANCE`` of the mix's steady value, (3) it holds ``MIN_COMPLETIONS`` batch completions or that ratio's
+  95 % interval contains the steady value, and (4) the twin paced all but ``OVERRUN_MAX`` of its steps. A window
+  that fails is reported with every reason, never averaged in.
+
+Pure: samples in, a verdict out; the benchmark takes the samples (frontier.py) and the report re-judges them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as t
+
+import numpy as np
+
+TOLERANCE = 0.10  # admission's band around its level
+DRIFT_MAX = 0.10
+RATIO_TOLERANCE = 0.10
+MIN_COMPLETIONS = 200
+OVERRUN_MAX = 0.05
+BLOCK_S = 10.0  # the ratio's interval resamples blocks this long: neighbouring seconds share their requests
+RESAMPLES = 2000
+CONFIDENCE = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One reading during a phase; the counters are cumulative, so a window's figures are differences."""
+
+    at: float  # seconds (monotonic clock)
+    at_engine: float  # batch requests at the engine now
+    completions: float  # batch requests completed so far
+    prefill: float  # batch prompt tokens prefilled so far
+    generated: float  # batch tokens generated so far
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    settled: bool
+    level: float  # batch requests at the engine, mean of the last hold_s
+    since: float | None  # when the current level was reached (the stretch's first sample)
+    turnover: float  # batch completions since then
+
+
+def admission(samples: t.Sequence[Sample], hold_s: float, tolerance: float = TOLERANCE) -> Admission:
+    """Whether the batch's admission has settled by the last sample (module docstring)."""
+    if not samples:
+        return Admission(False, 0.0, None, 0.0)
+    last = samples[-1].at
+    recent = [s.at_engine for s in samples if s.at >= last - hold_s]
+    level = float(np.mean(recent))
+    band = max(tolerance * level, 1.0)
+    first = len(samples) - 1
+    while first > 0 and abs(samples[first - 1].at_engine - level) <= band:
+        first -= 1
+    if abs(samples[first].at_engine - level) > band:  # the last sample itself is off the level
+        return Admission(False, level, None, 0.0)
+    since = samples[first].at
+    turnover = samples[-1].completions - samples[first].completions
+    settled = level > 0 and last - since >= hold_s and turnover >= level
+    return Admission(settled, level, since, turnover)
+
+
+def within(samples: t.Sequence[Sample], start: float, end: float) -> list[Sample]:
+    """The samples of the window [start, end]."""
+    return [s for s in samples if start <= s.at <= end]
+
+
+def drift(samples: t.Sequence[Sample]) -> float | None:
+    """|mean of the second half − mean of the first half| ÷ the window's mean, of the batch requests at the engine;
+    the halves split at the window's middle instant. None under two samples or with nothing at the engine."""
+    if len(samples) < 2:
+        return None
+    middle = (samples[0].at + samples[-1].at) / 2
+    first = [s.at_engine for s in samples if s.at <= middle]
+    second = [s.at_engine for s in samples if s.at > middle]
+    mean = float(np.mean([s.at_engine for s in samples]))
+    if not first or not second or mean <= 0:
+        return None
+    return abs(float(np.mean(second)) - float(np.mean(first))) / mean
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """A window cut into blocks of about ``BLOCK_S``: per block, its seconds and its counters' increments."""
+
+    seconds: np.ndarray
+    prefill: np.ndarray
+    generated: np.ndarray
+
+
+def blocks(samples: t.Sequence[Sample], block_s: float = BLOCK_S) -> Blocks:
+    """The window's samples cut into blocks of ``block_s`` (the last, shorter block kept)."""
+    seconds, prefill, generated = [], [], []
+    start = 0
+    for i in range(1, len(samples)):
+        if samples[i].at - samples[start].at >= block_s or i == len(samples) - 1:
+            seconds.append(samples[i].at - samples[start].at)
+            prefill.append(samples[i].prefill - samples[start].prefill)
+            generated.append(samples[i].generated - samples[start].generated)
+            start = i
+    return Blocks(np.array(seconds, float), np.array(prefill, float), np.array(generated, float))
+
+
+def ratio_interval(
+    numerators: np.ndarray, denominators: np.ndarray, resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float] | None:
+    """The 95 % interval of Σ numerators ÷ Σ denominators, blocks resampled with replacement; None under 3 blocks.
+    Prefill per generated token (prefill, generated), or a rate (tokens, seconds)."""
+    if len(numerators) < 3:
+        return None
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(numerators), (resamples, len(numerators)))
+    num, den = numerators[picks].sum(axis=1), denominators[picks].sum(axis=1)
+    ratios = np.divide(num, den, out=np.full(resamples, np.inf), where=den > 0)
+    tail = (1 - CONFIDENCE) / 2
+    low, high = np.quantile(ratios, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    valid: bool
+    reasons: tuple[str, ...]
+    seconds: float
+    drift: float | None
+    prefill_per_generated: float | None
+    steady_ratio: float
+    ratio_interval: tuple[float, float] | None
+    completions: float
+    overrun_share: float | None
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return dataclasses.asdict(self)
+
+
+def judge(
+    samples: t.Sequence[Sample],
+    steady_ratio: float,
+    *,
+    overrun_share: float | None,
+    drift_rule: bool = True,
+) -> Verdict:
+    """The window's verdict (module docstring) from its samples, the mix's steady prefill per generated token and
+    the share of its steps the twin could not pace (None: no trace, an engine that is not a twin)."""
+    reasons = []
+    if len(samples) < 2:
+        return Verdict(False, ("fewer than two samples in the window",), 0.0, None, None, steady_ratio, None, 0.0, None)
+    seconds = samples[-1].at - samples[0].at
+    completions = samples[-1].completions - samples[0].completions
+    prefill = samples[-1].prefill - samples[0].prefill
+    generated = samples[-1].generated - samples[0].generated
+    ratio = prefill / generated if generated > 0 else None
+    cut = blocks(samples)
+    interval = ratio_interval(cut.prefill, cut.generated)
+    d = drift(samples)
+    if drift_rule and (d is None or d >= DRIFT_MAX):
+        level = "none at the engine" if d is None else f"{100 * d:.1f} %"
+        reasons.append(f"batch requests at the engine drift {level} across the window (limit {100 * DRIFT_MAX:.0f} %)")
+    if ratio is None:
+        reasons.append("no batch tokens generated in the window")
+    elif abs(ratio / steady_ratio - 1) > RATIO_TOLERANCE:
+        reasons.append(
+            f"batch prefill per generated token {ratio:.3f}, not within {100 * RATIO_TOLERANCE:.0f} % "
+            f"of the mix's steady {steady_ratio:.3f}"
+        )
+    contains = interval is not None and interval[0] <= steady_ratio <= interval[1]
+    if completions < MIN_COMPLETIONS and not contains:
+        shown = "no interval (under 3 blocks)" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
+        reasons.append(
+            f"{completions:.0f} batch completions (fewer than {MIN_COMPLETIONS}) and the ratio's 95 % interval "
+            f"{shown} does not contain the steady {steady_ratio:.3f}"
+        )
+    reasons += overrun_reasons(overrun_share)
+    return Verdict(not reasons, tuple(reasons), seconds, d, ratio, steady_ratio, interval, completions, overrun_share)
+
+
+def overrun_reasons(overrun_share: float | None) -> list[str]:
+    """The overrun rule, which every window obeys (an online-alone one too)."""
+    if overrun_share is None or overrun_share <= OVERRUN_MAX:
+        return []
+    return [
+        f"the twin could not pace {100 * overrun_share:.1f} % of the window's steps (limit {100 * OVERRUN_MAX:.0f} %)"
+    ]
