@@ -229,6 +229,11 @@ class Settings(SchedulerSettings):
         "How long a finished batch keeps its item rows (prompts and responses) in SQL; its output and error files keep the lines until they expire. 0: deleted at the next retention sweep.",
         ge=0,
     )
+    batch_retention_seconds: int = _setting(
+        0,
+        "How long a finished batch keeps what its tenant wrote into it (`metadata`) and its validation errors (which quote lines) after it finished; then the retention sweep clears both. The row stays, with its status, counts, usage and file ids (OpenAI lists batches without end, and the API's counters sum over batch rows). 0: kept for ever.",
+        ge=0,
+    )
     max_output_tokens: int = _setting(
         32_768,
         "Largest `max_tokens` (`max_completion_tokens`, `max_output_tokens`) a request line may ask for: the served model's limit (vLLM's `--max-model-len`). A line without one is counted at this in the enqueued-token quota.",

@@ -8,6 +8,9 @@
   sweep purges them), an output file's responses, an error file's error bodies and messages.
 - A finished batch's item rows are deleted ``TIDAL_ITEM_RETENTION_SECONDS`` after it finished; its counts and
   usage stay on the batch row, its lines in its output and error files.
+- A finished batch's ``metadata`` and validation ``errors`` (which quote lines) are cleared
+  ``TIDAL_BATCH_RETENTION_SECONDS`` after it finished (never, by default). Its row stays: OpenAI lists batches
+  without end, and the API's counters (items completed, tokens harvested) are sums over batch rows.
 - Idempotency keys older than 24 hours are forgotten.
 """
 
@@ -22,6 +25,7 @@ from sqlalchemy import and_
 from sqlalchemy import delete
 from sqlalchemy import exists
 from sqlalchemy import func
+from sqlalchemy import null
 from sqlalchemy import or_
 from sqlalchemy import select
 from sqlalchemy import update
@@ -55,6 +59,7 @@ class RetentionReport:
     freed_bytes: int = 0
     purged_items: int = 0  # item rows whose prompt or response was purged
     deleted_items: int = 0  # item rows of finished batches deleted
+    cleared_batches: int = 0  # finished batches whose metadata and errors were cleared
     forgotten_keys: int = 0  # idempotency keys past 24 h
 
 
@@ -119,15 +124,17 @@ def purge_deleted_inputs(rt: Runtime, report: RetentionReport) -> None:
         )
 
 
+FINISHED_AT = func.coalesce(Batch.completed_at, Batch.failed_at, Batch.expired_at, Batch.cancelled_at)
+
+
 def delete_finished_items(rt: Runtime, now: int, report: RetentionReport) -> None:
     """Item rows of batches finished ``item_retention_seconds`` ago or more."""
-    finished_at = func.coalesce(Batch.completed_at, Batch.failed_at, Batch.expired_at, Batch.cancelled_at)
     cutoff = now - rt.settings.item_retention_seconds
     with rt.store.read() as s:
         due = list(
             s.scalars(
                 select(Batch.id).where(
-                    Batch.status.in_(FINISHED), finished_at <= cutoff, exists().where(Item.batch_id == Batch.id)
+                    Batch.status.in_(FINISHED), cutoff >= FINISHED_AT, exists().where(Item.batch_id == Batch.id)
                 )
             )
         )
@@ -135,6 +142,24 @@ def delete_finished_items(rt: Runtime, now: int, report: RetentionReport) -> Non
         with rt.store.transaction() as s:
             stmt = delete(Item).where(Item.batch_id == batch_id).execution_options(synchronize_session=False)
             report.deleted_items += rows_updated(s, stmt)
+
+
+def clear_finished_batches(rt: Runtime, now: int, report: RetentionReport) -> None:
+    """Metadata and errors of batches finished ``batch_retention_seconds`` ago or more (0: never)."""
+    if rt.settings.batch_retention_seconds <= 0:
+        return
+    with rt.store.transaction() as s:
+        stmt = (
+            update(Batch)
+            .where(
+                Batch.status.in_(FINISHED),
+                now - rt.settings.batch_retention_seconds >= FINISHED_AT,
+                or_(Batch.metadata_.is_not(None), Batch.errors.is_not(None)),
+            )
+            .values(metadata_=null(), errors=null())  # SQL NULL: a JSON column stores None as JSON null
+            .execution_options(synchronize_session=False)
+        )
+        report.cleared_batches += rows_updated(s, stmt)
 
 
 def forget_idempotency_keys(rt: Runtime, now: int, report: RetentionReport) -> None:
@@ -150,15 +175,23 @@ def sweep(rt: Runtime, now: float | None = None) -> RetentionReport:
     delete_expired_files(rt, at, report)
     purge_deleted_inputs(rt, report)
     delete_finished_items(rt, at, report)
+    clear_finished_batches(rt, at, report)
     forget_idempotency_keys(rt, at, report)
-    if report.expired_files or report.purged_items or report.deleted_items or report.forgotten_keys:
+    if (
+        report.expired_files
+        or report.purged_items
+        or report.deleted_items
+        or report.cleared_batches
+        or report.forgotten_keys
+    ):
         log.info(
-            "retention: %d expired files deleted (%d bytes), %d items purged, %d item rows deleted, %d idempotency "
-            "keys forgotten",
+            "retention: %d expired files deleted (%d bytes), %d items purged, %d item rows deleted, %d batches "
+            "cleared, %d idempotency keys forgotten",
             len(report.expired_files),
             report.freed_bytes,
             report.purged_items,
             report.deleted_items,
+            report.cleared_batches,
             report.forgotten_keys,
         )
     return report

@@ -138,6 +138,38 @@ def test_finished_batches_lose_their_item_rows_after_the_retention_period(acme, 
     assert acme.files.content(after.output_file_id).read().count(b"\n") == 3  # and its output file its lines
 
 
+def test_a_finished_batchs_metadata_and_errors_are_cleared_after_the_batch_retention(acme, rt):
+    """Off by default; with TIDAL_BATCH_RETENTION_SECONDS what a tenant wrote into a finished batch (metadata) and
+    its validation errors (which quote lines) are cleared that long after it finished, the row kept with its
+    status, counts and files; an open batch keeps them (review L13)."""
+    file_id = acme.files.create(file=("in.jsonl", LINES), purpose="batch").id
+    running = acme.batches.create(
+        input_file_id=file_id, endpoint=CHAT, completion_window="24h", metadata={"project": "open"}
+    )
+    done = acme.batches.create(
+        input_file_id=file_id, endpoint=CHAT, completion_window="24h", metadata={"project": "secret"}
+    )
+    bad = acme.files.create(file=("bad.jsonl", b'{"custom_id": "quoted secret"}\n'), purpose="batch").id
+    failed = acme.batches.create(input_file_id=bad, endpoint=CHAT, completion_window="24h")
+    assert acme.batches.retrieve(failed.id).errors.data  # the validation error, quoting the line
+    _settle(rt, done.id, completed=["a", "b", "c"], failed=[])
+    assert finalize.maybe_finalize(rt, done.id)
+    done_at = acme.batches.retrieve(done.id).completed_at
+    assert sweep(rt, now=done_at + 400 * DAY).cleared_batches == 0  # the default keeps them
+
+    rt.settings = rt.settings.replace(batch_retention_seconds=30 * DAY)
+    ended = (done_at, acme.batches.retrieve(failed.id).failed_at)
+    assert sweep(rt, now=min(ended) + 30 * DAY - 1).cleared_batches == 0
+    assert sweep(rt, now=max(ended) + 30 * DAY).cleared_batches == 2
+    after = acme.batches.retrieve(done.id)
+    assert (after.metadata, after.status, after.request_counts.completed) == (None, "completed", 3)
+    assert after.output_file_id is not None
+    gone = acme.batches.retrieve(failed.id)
+    assert (gone.status, gone.errors) == ("failed", None)
+    assert acme.batches.retrieve(running.id).metadata == {"project": "open"}  # open batches keep theirs
+    assert sweep(rt, now=done_at + 400 * DAY).cleared_batches == 0  # once
+
+
 def test_beat_runs_the_retention_sweep():
     from config import load_settings
 
