@@ -53,8 +53,8 @@ PENDING_ERRORS = {
 }
 
 
-def line(item: Item) -> bytes:
-    """One line of an output or error file, in OpenAI's format.
+def line(item: Item, pending_as: ItemStatus | None = None) -> bytes:
+    """One line of an output or error file, in OpenAI's format; a pending item as ``pending_as`` records it.
 
     The engine's body is spliced in as the JSON text it was recorded as (``submit`` checked it parses), never parsed
     again: a body can be tens of MB. JSON holds no raw line break inside a string, so any there is whitespace, and
@@ -65,9 +65,12 @@ def line(item: Item) -> bytes:
         body = (item.response_body or "null").replace("\r", " ").replace("\n", " ")
         request_id = json.dumps(item.request_id or "")
         response = f'{{"status_code": {int(item.response_status)}, "request_id": {request_id}, "body": {body}}}'
+    code, message = item.error_code, item.error_message
+    if pending_as is not None and item.status == ItemStatus.pending.value:
+        code, message = PENDING_ERRORS[pending_as]
     error = "null"
-    if item.error_code is not None:
-        error = json.dumps({"code": item.error_code, "message": item.error_message or ""})
+    if code is not None:
+        error = json.dumps({"code": code, "message": message or ""})
     custom_id = json.dumps(item.custom_id)
     return f'{{"id": "{request_id_of(item)}", "custom_id": {custom_id}, "response": {response}, "error": {error}}}\n'.encode()
 
@@ -103,34 +106,49 @@ def _move(session: Session, batch_id: str, frm: BatchStatus, to: BatchStatus, no
     return rows_updated(session, stmt) == 1
 
 
-def _write_file(
-    rt: Runtime, session: Session, batch: Batch, kind: str, rows: t.Iterable[Item], now: int
-) -> File | None:
+class _Blob(t.NamedTuple):
+    name: str
+    bytes: int
+    lines: int
+
+
+def _write_blob(rt: Runtime, rows: t.Iterable[Item], pending_as: ItemStatus | None) -> _Blob | None:
+    """One file's lines written to a blob; None (nothing kept) when there is no line: OpenAI leaves output_file_id /
+    error_file_id null then."""
     count = 0
 
     def lines() -> t.Iterator[bytes]:
         nonlocal count
         for item in rows:
             count += 1
-            yield line(item)
+            yield line(item, pending_as)
 
     name, size, _ = rt.blobs.write_lines(lines())
-    if not count:  # OpenAI leaves output_file_id / error_file_id null when there is nothing to put in them
+    if not count:
         rt.blobs.delete(name)
+        return None
+    return _Blob(name, size, count)
+
+
+def _add_file(
+    session: Session, settings: Settings, batch: Batch, kind: str, blob: _Blob | None, now: int
+) -> str | None:
+    """The File row of a blob ``_write_blob`` wrote; its id."""
+    if blob is None:
         return None
     f = File(
         tenant_id=batch.tenant_id,
         filename=f"{batch.id}_{kind}.jsonl",
         purpose="batch_output",
-        bytes=size,
-        lines=count,
+        bytes=blob.bytes,
+        lines=blob.lines,
         created_at=now,
-        expires_at=now + (batch.output_expires_after or rt.settings.file_expiry_seconds),  # the batch's policy
-        blob=name,
+        expires_at=now + (batch.output_expires_after or settings.file_expiry_seconds),  # the batch's policy
+        blob=blob.name,
     )
     session.add(f)
     session.flush()
-    return f
+    return f.id
 
 
 def _check_storage(rt: Runtime, session: Session, batch: Batch) -> None:
@@ -160,40 +178,113 @@ def _items(session: Session, batch_id: str, completed: bool) -> t.Iterator[Item]
         yield from session.scalars(select(Item).where(Item.id.in_(ids)).order_by(Item.line))
 
 
+#: Snapshots a settle takes before it gives up until its next call (an in-flight result landed during each).
+SNAPSHOT_TRIES = 3
+
+KINDS = (("output", True), ("error", False))
+
+
+class _Changed(Exception):
+    """An item settled while the files were written: they no longer match SQL."""
+
+
+class _Snapshot(t.NamedTuple):
+    pending: int  # the batch's pending items when the files were read
+    blobs: dict[str, _Blob | None]  # kind → its file's blob
+
+
+def _snapshot(rt: Runtime, batch_id: str, frm: BatchStatus, pending_as: ItemStatus | None) -> _Snapshot | None:
+    """Write the batch's files from what SQL holds now, outside any write transaction (a 200 MB output file takes
+    seconds: SQLite's only write lock is not held for them); None if the batch is not ``frm``.
+
+    The pending items are counted first: they only ever leave `pending`, so if the electing transaction settles
+    as many, none settled in between, and the files match what it commits. A batch that never started (cancelled
+    or expired in `validating`) has no files: any item rows it has are a stopped ingest's (``ingest._abandoned``).
+    """
+    blobs: dict[str, _Blob | None] = {kind: None for kind, _ in KINDS}
+    with rt.store.read() as s:
+        batch = s.get(Batch, batch_id)
+        if batch is None or batch.status != frm.value:
+            return None
+        if batch.in_progress_at is None:
+            return _Snapshot(0, blobs)
+        pending = s.scalar(
+            select(func.count()).where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
+        )
+        try:
+            for kind, completed in KINDS:
+                blobs[kind] = _write_blob(rt, _items(s, batch_id, completed), pending_as)
+        except BaseException:
+            _delete(rt, blobs)
+            raise
+    return _Snapshot(pending or 0, blobs)
+
+
+def _delete(rt: Runtime, blobs: dict[str, _Blob | None]) -> None:
+    for blob in blobs.values():
+        if blob is not None:
+            rt.blobs.delete(blob.name)
+
+
 def _settle(
     rt: Runtime, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: ItemStatus | None = None
 ) -> bool:
-    """Move frm → to and write both files in one transaction; False if another caller won."""
-    now = int(time.time())
-    written: list[str] = []
-    try:
-        with rt.store.transaction() as s:
-            # Items before the batch row, in the order result writes take them: the two never deadlock on
-            # PostgreSQL. A caller that then loses the election rolls its item changes back.
-            if pending_as is not None:
-                code, message = PENDING_ERRORS[pending_as]
-                s.execute(
-                    update(Item)
-                    .where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
-                    .values(status=pending_as.value, error_code=code, error_message=message, finished_at=now)
-                )
-            if not _move(s, batch_id, frm, to, now):
-                return False
-            batch = s.get(Batch, batch_id)
-            assert batch is not None  # the UPDATE above just moved it
-            file_ids = {}
-            for kind, completed in (("output", True), ("error", False)):
-                f = _write_file(rt, s, batch, kind, _items(s, batch_id, completed), now)
-                if f is not None:
-                    written.append(f.blob)
-                file_ids[f"{kind}_file_id"] = f.id if f is not None else None
-            _check_storage(rt, s, batch)
-            s.execute(update(Batch).where(Batch.id == batch_id).values(**file_ids))
-    except BaseException:  # nothing committed: leave no orphan blobs behind
-        for blob in written:
-            rt.blobs.delete(blob)
-        raise
-    rt.queue.drop_batch(batch_id)
+    """Move frm → to with both files, written first (``_snapshot``) and committed with the move in one short
+    transaction; False if another caller won (its blobs deleted: no orphan is left behind)."""
+    for _ in range(SNAPSHOT_TRIES):
+        now = int(time.time())
+        snap = _snapshot(rt, batch_id, frm, pending_as)
+        if snap is None:
+            return False
+        try:
+            moved = _commit(rt, batch_id, frm, to, pending_as, snap, now)
+        except _Changed:
+            _delete(rt, snap.blobs)
+            continue
+        except BaseException:  # nothing committed
+            _delete(rt, snap.blobs)
+            raise
+        if not moved:
+            _delete(rt, snap.blobs)
+            return False
+        rt.queue.drop_batch(batch_id)
+        return True
+    log.warning("batch %s: its items kept settling while its files were written; the next pass settles it", batch_id)
+    return False
+
+
+def _commit(
+    rt: Runtime,
+    batch_id: str,
+    frm: BatchStatus,
+    to: BatchStatus,
+    pending_as: ItemStatus | None,
+    snap: _Snapshot,
+    now: int,
+) -> bool:
+    """The electing transaction: pending items settled as ``pending_as``, the move, the files' rows. Raises
+    ``_Changed`` (rolled back) if an item settled since the snapshot; False (nothing changed) if the move lost."""
+    with rt.store.transaction() as s:
+        # Items before the batch row, in the order result writes take them: the two never deadlock on PostgreSQL.
+        if pending_as is not None and snap.pending:
+            code, message = PENDING_ERRORS[pending_as]
+            settled = rows_updated(
+                s,
+                update(Item)
+                .where(Item.batch_id == batch_id, Item.status == ItemStatus.pending.value)
+                .values(status=pending_as.value, error_code=code, error_message=message, finished_at=now),
+            )
+            if settled != snap.pending:
+                raise _Changed(batch_id)
+        if not _move(s, batch_id, frm, to, now):
+            s.rollback()
+            return False
+        batch = s.get_one(Batch, batch_id)
+        file_ids = {
+            f"{kind}_file_id": _add_file(s, rt.settings, batch, kind, snap.blobs[kind], now) for kind, _ in KINDS
+        }
+        _check_storage(rt, s, batch)
+        s.execute(update(Batch).where(Batch.id == batch_id).values(**file_ids))
     return True
 
 

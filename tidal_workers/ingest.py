@@ -32,6 +32,7 @@ import time
 import typing as t
 
 from kombu.exceptions import OperationalError
+from sqlalchemy import delete
 from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy import update
@@ -57,6 +58,7 @@ from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
 from tidal_workers.validate import LineError
 from tidal_workers.validate import ParsedLine
+from tidal_workers.validate import Validation
 from tidal_workers.validate import validate_file
 
 CHUNK_ROWS = 5000
@@ -166,6 +168,7 @@ class _Attempt(t.NamedTuple):
     blob: str | None  # None: the input file was deleted
     phase_split: str
     expires_at: int
+    attempt: int  # this attempt's number: ``ingest_attempts`` once it is counted
 
 
 #: What ``_begin_attempt`` answers when the tenant already runs its allowed attempts: the batch waits its turn.
@@ -226,7 +229,7 @@ def _begin_attempt(rt: Runtime, batch_id: str, max_running: int | None) -> _Atte
             return None
         source = s.get(File, batch.input_file_id)
         blob = None if source is None or source.deleted else source.blob
-        return _Attempt(batch.endpoint, tenant, blob, batch.phase_split, batch.expires_at)
+        return _Attempt(batch.endpoint, tenant, blob, batch.phase_split, batch.expires_at, attempts + 1)
 
 
 def send_next(rt: Runtime, tenant: str, ended: str) -> None:
@@ -276,11 +279,56 @@ def phase_rule(
     return lambda p: Phase.PREFILL if split_item(mode, p.prompt_tokens, laxity_seconds, cfg) else Phase.WHOLE
 
 
-class _Inserter:
-    """Item rows inserted in chunks as the second pass hands them over."""
+class _Stopped(Exception):
+    """The attempt no longer owns its batch: cancelled, expired, or a newer attempt counted (``_holds``)."""
 
-    def __init__(self, session: Session, batch_id: str, ranks: array.array, phase_of: t.Callable[[ParsedLine], Phase]):
-        self.session, self.batch_id, self.ranks, self.phase_of = session, batch_id, ranks, phase_of
+
+def _holds(attempt: int) -> t.Callable[[Session, str], bool]:
+    """A guard true while ``attempt`` still owns the `validating` batch: its first write holds the batch's row (on
+    SQLite, the write lock) to the commit, so nothing this attempt writes commits after a newer one is counted or
+    after the batch left `validating`."""
+
+    def guard(s: Session, batch_id: str) -> bool:
+        stmt = update(Batch).where(
+            Batch.id == batch_id, Batch.status == BatchStatus.validating.value, Batch.ingest_attempts == attempt
+        )
+        return rows_updated(s, stmt.values(ingest_attempts=attempt)) == 1
+
+    return guard
+
+
+def _abandoned(s: Session, batch_id: str) -> bool:
+    """True once the batch left `validating` without starting: its item rows are a stopped attempt's, never
+    anyone's requests (a batch out of `validating` never starts)."""
+    stmt = select(Batch.id).where(
+        Batch.id == batch_id, Batch.status != BatchStatus.validating.value, Batch.in_progress_at.is_(None)
+    )
+    return s.scalar(stmt) is not None
+
+
+def _clear_items(rt: Runtime, batch_id: str, guard: t.Callable[[Session, str], bool]) -> bool:
+    """Delete the batch's item rows, ``CHUNK_ROWS`` a transaction, while ``guard`` holds; False if it stopped."""
+    chunk = select(Item.id).where(Item.batch_id == batch_id).limit(CHUNK_ROWS).scalar_subquery()
+    while True:
+        with rt.store.transaction() as s:
+            if not guard(s, batch_id):
+                return False
+            deleted = rows_updated(
+                s, delete(Item).where(Item.id.in_(chunk)).execution_options(synchronize_session=False)
+            )
+        if deleted < CHUNK_ROWS:
+            return True
+
+
+class _Inserter:
+    """Item rows inserted as the second pass hands them over: each chunk in its own short transaction, held by
+    ``_holds`` (the rows stay invisible to claims: the batch is `validating` until they are all in)."""
+
+    def __init__(
+        self, rt: Runtime, batch_id: str, attempt: int, ranks: array.array, phase_of: t.Callable[[ParsedLine], Phase]
+    ):
+        self.rt, self.batch_id, self.ranks, self.phase_of = rt, batch_id, ranks, phase_of
+        self.holds = _holds(attempt)
         self.rows: list[dict[str, t.Any]] = []
         self.bytes = 0
 
@@ -302,7 +350,10 @@ class _Inserter:
 
     def flush(self) -> None:
         if self.rows:
-            self.session.execute(insert(Item), self.rows)
+            with self.rt.store.transaction() as s:
+                if not self.holds(s, self.batch_id):
+                    raise _Stopped(self.batch_id)
+                s.execute(insert(Item), self.rows)
         self.rows, self.bytes = [], 0
 
 
@@ -324,7 +375,7 @@ def ingest_batch(rt: Runtime, batch_id: str, max_running: int | None = None) -> 
 
 def _ingest(rt: Runtime, batch_id: str, begun: _Attempt) -> None:
     """One counted attempt of ``ingest_batch``."""
-    endpoint, tenant, blob = begun.endpoint, begun.tenant, begun.blob
+    endpoint, blob = begun.endpoint, begun.blob
     keys: list[tuple[str, int]] = []
     try:
         if blob is None:
@@ -356,32 +407,79 @@ def _ingest(rt: Runtime, batch_id: str, begun: _Attempt) -> None:
     ranks = _ranks(keys)
     keys.clear()  # the prefixes: up to 512 characters a request
     assert model is not None  # a file without errors holds at least one request, so a model
-    with rt.store.transaction() as s:
-        lock_tenant(s, tenant)  # the quota is decided and the tokens taken in this one transaction
-        if over := token_limit_message(s, rt.settings, tenant, model, first.tokens):
-            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model, errors=[token_error(over)])
+    room = _decide(rt, batch_id, begun, model, first, now, start=False)
+    if room is not None:
+        try:
+            phase_of = phase_rule(rt.settings, endpoint, begun.phase_split, begun.expires_at - now, room)
+            _insert_items(rt, batch_id, begun, first.accepted, ranks, phase_of)
+            started = _decide(rt, batch_id, begun, model, first, now, start=True) is not None
+        except _Stopped:
+            started = False
+        if started:
+            enqueue_batch(rt, batch_id)
             return
-        if not _claim(
-            s,
-            batch_id,
-            status=BatchStatus.in_progress.value,
-            in_progress_at=now,
-            model=model,
-            total=first.accepted,
-            enqueued_tokens=first.tokens,
-        ):
-            return
-        # No rate yet, so the drain counts 0 (policy.laxity): the batch's laxity is its whole window.
-        room = stored_bytes(s, tenant) < rt.settings.limits_for(tenant).stored_bytes
-        phase_of = phase_rule(rt.settings, endpoint, begun.phase_split, begun.expires_at - now, room)
-        inserter = _Inserter(s, batch_id, ranks, phase_of)
-        with rt.blobs.open(blob) as f:
-            second = validate_file(f, endpoint, rt.settings, inserter.add)
-        inserter.flush()
-        if second.errors or second.accepted != first.accepted:  # blobs never change: this is storage going wrong
-            raise RuntimeError(f"batch {batch_id}: the input file read differently the second time")
+    _clear_items(rt, batch_id, _abandoned)  # refused or stopped: nothing claimable is left, and no rows kept
 
-    enqueue_batch(rt, batch_id)
+
+def _decide(
+    rt: Runtime, batch_id: str, begun: _Attempt, model: str, first: Validation, now: int, start: bool
+) -> bool | None:
+    """The quota verdict, in one short transaction holding the tenant (``lock_tenant``): a batch over it fails
+    with ``token_limit_exceeded``. Asked twice: before the items are inserted (``start`` False: a batch over it
+    costs no inserts) and once they all are (``start``: the batch moves to `in_progress`, its tokens taken, in the
+    same transaction as the verdict, so racing batches never take more than the quota).
+
+    None when the batch failed or is no longer this attempt's; else whether the tenant has room under its
+    stored-bytes limit (the phase split freezes no KV for a tenant without).
+    """
+    with rt.store.transaction() as s:
+        lock_tenant(s, begun.tenant)
+        if over := token_limit_message(s, rt.settings, begun.tenant, model, first.tokens):
+            _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model, errors=[token_error(over)])
+            return None
+        # No rate yet, so the drain counts 0 (policy.laxity): the batch's laxity is its whole window.
+        room = stored_bytes(s, begun.tenant) < rt.settings.limits_for(begun.tenant).stored_bytes
+        if not start:
+            return room
+        started = rows_updated(
+            s,
+            update(Batch)
+            .where(
+                Batch.id == batch_id,
+                Batch.status == BatchStatus.validating.value,
+                Batch.ingest_attempts == begun.attempt,  # a newer attempt owns the item rows now
+            )
+            .values(
+                status=BatchStatus.in_progress.value,
+                in_progress_at=now,
+                model=model,
+                total=first.accepted,
+                enqueued_tokens=first.tokens,
+            ),
+        )
+        return room if started else None
+
+
+def _insert_items(
+    rt: Runtime,
+    batch_id: str,
+    begun: _Attempt,
+    accepted: int,
+    ranks: array.array,
+    phase_of: t.Callable[[ParsedLine], Phase],
+) -> None:
+    """The second pass: the file's requests become item rows of the still `validating` batch, in chunks of short
+    transactions, so no write lock is held for the whole pass (SQLite has one for the whole database). Raises
+    ``_Stopped`` once the attempt no longer owns the batch."""
+    assert begun.blob is not None
+    if begun.attempt > 1 and not _clear_items(rt, batch_id, _holds(begun.attempt)):  # a dead attempt's rows
+        raise _Stopped(batch_id)
+    inserter = _Inserter(rt, batch_id, begun.attempt, ranks, phase_of)
+    with rt.blobs.open(begun.blob) as f:
+        second = validate_file(f, begun.endpoint, rt.settings, inserter.add)
+    inserter.flush()
+    if second.errors or second.accepted != accepted:  # blobs never change: this is storage going wrong
+        raise RuntimeError(f"batch {batch_id}: the input file read differently the second time")
 
 
 def after_failed_attempt(rt: Runtime, batch_id: str, exc: BaseException) -> float | None:

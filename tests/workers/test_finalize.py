@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import pytest
 from sqlalchemy import select
@@ -16,6 +17,7 @@ from tests.support.worker_helpers import item_ids
 from tidal_api.metrics import StoreCollector
 from tidal_api.serialize import batch_object
 from tidal_workers import finalize
+from tidal_workers.quotas import lock_tenant
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
@@ -161,3 +163,105 @@ def test_a_fault_that_passes_costs_only_the_attempts_it_lasted(rt, make_batch):
     b = batch_row(rt, batch)
     assert (b.status, b.finalize_attempts) == ("completed", 3) and b.errors is None
     assert [line["response"]["body"] for line in file_lines(rt, b.output_file_id)] == [{"n": 0}]
+
+
+@pytest.fixture
+def paused_write(rt, monkeypatch):
+    """The first file finalize writes stops after its first line until ``resume`` is set: (reached, resume)."""
+    reached, resume = threading.Event(), threading.Event()
+    write_lines = rt.blobs.write_lines
+
+    def paused(lines):
+        def held():
+            for n, one in enumerate(lines):
+                if n == 1 and not reached.is_set():
+                    reached.set()
+                    assert resume.wait(60), "the test never resumed the write"
+                yield one
+
+        return write_lines(held())
+
+    monkeypatch.setattr(rt.blobs, "write_lines", paused)
+    yield reached, resume
+    resume.set()
+
+
+def _in_thread(fn, *args) -> tuple[threading.Thread, list]:
+    """Run ``fn(*args)`` in a thread; the list gets its return value."""
+    returned: list = []
+    thread = threading.Thread(target=lambda: returned.append(fn(*args)), daemon=True)
+    thread.start()
+    return thread, returned
+
+
+def test_a_writer_is_not_held_up_while_finalize_writes_the_files(rt, make_batch, paused_write):
+    """The files are written before the electing transaction (review L7): on SQLite a write elsewhere (here a
+    create's quota transaction) commits while a file is half written, not once it is done."""
+    reached, resume = paused_write
+    batch = make_batch(3, enqueue=False)
+    answer(rt, batch, ['{"n": 0}', '{"n": 1}', '{"n": 2}'])
+    finalizing, done = _in_thread(finalize.complete, rt, batch)
+    assert reached.wait(30), "finalize never wrote its output file"
+    committed = threading.Event()
+
+    def create() -> None:
+        with rt.store.transaction() as s:
+            lock_tenant(s, "acme")
+        committed.set()
+
+    writer, _ = _in_thread(create)
+    mid_write = committed.wait(5)
+    resume.set()
+    finalizing.join(60)
+    writer.join(60)
+    assert mid_write, "the write waited for finalize's files"
+    b = batch_row(rt, batch)
+    assert done == [True] and b.status == "completed" and b.error_file_id is None
+    assert [line["response"]["body"]["n"] for line in file_lines(rt, b.output_file_id)] == [0, 1, 2]
+
+
+def test_a_finalize_that_loses_the_election_deletes_its_blobs(rt, make_batch, paused_write):
+    reached, resume = paused_write
+    batch = make_batch(2, enqueue=False)
+    answer(rt, batch, ['{"n": 0}', '{"n": 1}'])
+    with rt.store.transaction() as s:
+        s.execute(update(Batch).where(Batch.id == batch).values(status="finalizing"))
+    first, won = _in_thread(finalize.finish_finalizing, rt, batch)
+    assert reached.wait(30), "finalize never wrote its output file"
+    assert finalize.finish_finalizing(rt, batch)  # reconcile's attempt, beside the first (it looked dead)
+    resume.set()
+    first.join(60)
+    b = batch_row(rt, batch)
+    assert (won, b.status) == ([False], "completed")
+    assert sorted(p.name for p in rt.blobs.root.iterdir()) == [_output_blob(rt, batch)]  # no orphan left
+
+
+def _answer_one(rt, batch_id: str, n: int) -> None:
+    """Item ``n``'s answer, recorded as the result write does (only while it is pending)."""
+    with rt.store.transaction() as s:
+        s.execute(
+            update(Item)
+            .where(Item.id == item_ids(rt, batch_id)[n], Item.status == ItemStatus.pending.value)
+            .values(
+                status=ItemStatus.completed.value, response_status=200, request_id="r", response_body=f'{{"n": {n}}}'
+            )
+        )
+        s.execute(update(Batch).where(Batch.id == batch_id).values(completed=Batch.completed + 1))
+
+
+def test_an_expiry_whose_items_settle_while_its_files_are_written_writes_them_again(rt, make_batch, paused_write):
+    """Pending items become batch_expired lines in files written before the transaction; an item that settles
+    meanwhile makes them stale, so they are written again and the lines match SQL."""
+    reached, resume = paused_write
+    batch = make_batch(3, enqueue=False)
+    _answer_one(rt, batch, 0)
+    expiring, expired = _in_thread(finalize.expire, rt, batch)
+    assert reached.wait(30), "finalize never wrote a file"
+    _answer_one(rt, batch, 1)  # a result lands mid-write
+    resume.set()
+    expiring.join(60)
+    b = batch_row(rt, batch)
+    assert (expired, b.status) == ([True], "expired")
+    assert [line["response"]["body"]["n"] for line in file_lines(rt, b.output_file_id)] == [0, 1]
+    assert [line["error"]["code"] for line in file_lines(rt, b.error_file_id)] == ["batch_expired"]
+    assert len(list(rt.blobs.root.iterdir())) == 2  # the stale files' blobs are gone

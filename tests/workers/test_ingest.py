@@ -4,6 +4,7 @@ retried with backoff, and the batch failed after the last; a `validating` batch 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -16,11 +17,14 @@ from tests.support.worker_helpers import batch_row
 from tests.support.worker_helpers import ops_batch_ids
 from tests.support.worker_helpers import queued
 from tests.support.worker_helpers import validating_batch
+from tidal_workers import ingest
+from tidal_workers.cancel import cancel_batch
 from tidal_workers.celery_app import make_celery
 from tidal_workers.ingest import after_failed_attempt
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
 from tidal_workers.ingest import retry_delay
+from tidal_workers.quotas import lock_tenant
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
@@ -201,3 +205,101 @@ def test_a_validating_batch_expires_at_its_window(rt):
     b, n = _state(rt, batch_id)
     assert (b.status, b.expired_at, n, b.output_file_id, b.error_file_id) == ("expired", expires_at, 0, None, None)
     assert expire_due(rt, now=expires_at + 60) == []
+
+
+class _PausedInput:
+    """The input file as the ingest reads it, stopping before line ``after + 1`` until ``resume`` is set."""
+
+    def __init__(self, f, after: int, reached: threading.Event, resume: threading.Event):
+        self.f, self.after, self.reached, self.resume, self.lines = f, after, reached, resume, 0
+
+    def readline(self, limit: int = -1) -> bytes:
+        self.lines += 1
+        if self.lines == self.after + 1:
+            self.reached.set()
+            assert self.resume.wait(60), "the test never resumed the read"
+        return self.f.readline(limit)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.f.close()
+
+
+@pytest.fixture
+def paused_second_pass(rt, monkeypatch):
+    """Ingest in chunks of 2 rows whose second pass stops after 5 lines: (reached, resume) events."""
+    monkeypatch.setattr(ingest, "CHUNK_ROWS", 2)
+    reached, resume = threading.Event(), threading.Event()
+    opened = []
+    real_open = rt.blobs.open
+
+    def open_blob(name):
+        opened.append(name)
+        f = real_open(name)
+        return _PausedInput(f, 5, reached, resume) if len(opened) == 2 else f
+
+    monkeypatch.setattr(rt.blobs, "open", open_blob)
+    yield reached, resume
+    resume.set()
+
+
+def _in_thread(fn, *args) -> threading.Thread:
+    thread = threading.Thread(target=fn, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_writer_is_not_held_up_by_an_ingests_second_pass(rt, paused_second_pass):
+    """The second pass inserts in short transactions: another create's quota transaction (the tenant's row, and on
+    SQLite the only write lock) commits while the pass waits on its input, and the rows are not claimable yet."""
+    reached, resume = paused_second_pass
+    batch_id = validating_batch(rt, b"".join(_line(str(i)) for i in range(10)))
+    ingesting = _in_thread(ingest_batch, rt, batch_id)
+    assert reached.wait(30), "the ingest never reached its second pass"
+    committed = threading.Event()
+
+    def create() -> None:
+        with rt.store.transaction() as s:
+            lock_tenant(s, "acme")  # what POST /v1/batches takes to decide the tenant's quotas
+        committed.set()
+
+    writer = _in_thread(create)
+    mid_pass = committed.wait(5)
+    b, n = _state(rt, batch_id)
+    claimable = queued(rt, batch_id)
+    resume.set()
+    ingesting.join(60)
+    writer.join(60)
+    assert mid_pass, "the write waited for the ingest's second pass"
+    assert (b.status, n, claimable) == ("validating", 4, 0)  # two chunks in, none claimable
+    b, n = _state(rt, batch_id)
+    assert (b.status, b.total, n, queued(rt, batch_id)) == ("in_progress", 10, 10, 10)
+
+
+def test_a_batch_cancelled_mid_ingest_keeps_no_rows_and_no_files(rt, paused_second_pass):
+    reached, resume = paused_second_pass
+    batch_id = validating_batch(rt, b"".join(_line(str(i)) for i in range(10)))
+    ingesting = _in_thread(ingest_batch, rt, batch_id)
+    assert reached.wait(30), "the ingest never reached its second pass"
+    cancel_batch(rt, batch_id)
+    resume.set()
+    ingesting.join(60)
+    b, n = _state(rt, batch_id)
+    assert (b.status, b.total, n, b.output_file_id, b.error_file_id) == ("cancelled", 0, 0, None, None)
+
+
+def test_a_newer_attempt_owns_the_rows_of_an_attempt_presumed_dead(rt, paused_second_pass):
+    """An attempt resent while the first still runs (it looked dead) clears the first's rows; the first stops at
+    its next chunk, so each request is one row."""
+    reached, resume = paused_second_pass
+    batch_id = validating_batch(rt, b"".join(_line(str(i)) for i in range(10)))
+    first = _in_thread(ingest_batch, rt, batch_id)
+    assert reached.wait(30), "the ingest never reached its second pass"
+    _attempted(rt, batch_id, 1, int(time.time()) - 10 * rt.settings.ingest_resend_seconds)
+    ingest_batch(rt, batch_id)  # the third open is the real file: this attempt runs through
+    resume.set()
+    first.join(60)
+    b, n = _state(rt, batch_id)
+    assert (b.status, b.total, b.ingest_attempts, n, queued(rt, batch_id)) == ("in_progress", 10, 2, 10, 10)
