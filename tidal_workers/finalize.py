@@ -4,8 +4,11 @@ in_progress → finalizing → completed when every item is done; cancelling →
 cancelled once nothing is in flight; in_progress → expired past expires_at.
 Pending items of a cancelled or expired batch become batch_cancelled /
 batch_expired error lines. Several workers and sweeps may race here, so each
-move starts with a conditional UPDATE of the batch's status: exactly one caller
-wins, and everything else it writes commits (or not) with that UPDATE.
+move is a conditional UPDATE of the batch's status: exactly one caller
+wins, and everything else it writes commits (or not) with that UPDATE. The
+files' bytes are written before that transaction (``_snapshot``), so it stays
+short: SQLite's one write lock is not held while a large file is written. A
+caller that loses deletes its blobs.
 
 Attempts at a `finalizing` batch's files are counted in SQL before each one starts (``batches.finalize_attempts``),
 so one whose process dies (killed, out of memory) counts too; reconcile starts the next (``retry_due``). After
