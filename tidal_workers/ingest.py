@@ -3,9 +3,9 @@
 Runs inline in ``POST /v1/batches`` for small files and as the Celery task ``tidal.ingest`` on the ops worker's
 ingest process (``tidal worker --ops``, never a GPU node's worker) for large ones. Either way it is idempotent: only
 a batch still ``validating`` is touched, and its item rows become claimable only when one short transaction moves it
-to ``in_progress``, so a redelivered task finds the batch moved on and does nothing. That is also why a task the broker never took is simply
-sent again: the batch row in SQL is the record that ingest is owed (``request_ingest``, and beat's reconcile for
-batches left ``validating``).
+to ``in_progress``, so a redelivered task finds the batch moved on and does nothing. That is also why a task the
+broker never took is simply sent again: the batch row in SQL is the record that ingest is owed (``request_ingest``,
+and beat's reconcile for batches left ``validating``).
 
 Memory is bounded whatever the file's size: the file is read twice as a stream. The first pass validates it and
 keeps only each request's claim key (prompt prefix, line), enough to rank the requests; the second inserts them,
@@ -15,13 +15,13 @@ the pass, 10-20 s for a 200 MB file, stalled every other writer). Only then does
 tenant's row, decide the quota and move the batch to ``in_progress``. Each chunk's transaction first checks that its
 attempt is still the batch's latest (``_holds``), so an attempt presumed dead that still runs stops at its next
 chunk; rows a stopped attempt leaves are deleted by the next attempt (or by itself once the batch left `validating`
-without starting, ``_abandoned``), and otherwise by the item retention, as any finished batch's. A 200 MB, 50,000-line file costs
-a few tens of MB, not the file.
+without starting, ``_abandoned``), and otherwise by the item retention, as any finished batch's. A 200 MB,
+50,000-line file costs a few tens of MB, not the file.
 
 Attempts are counted in SQL before each one starts (``batches.ingest_attempts``), so an attempt whose process dies
-(killed, out of memory) counts too. An attempt that raises is retried with backoff (``retry_delay``); one that
-died is sent again by reconcile (``resend_due``); after ``TIDAL_INGEST_ATTEMPTS`` the batch fails with
-``ingest_failed``. An input that kills its process therefore costs a bounded number of attempts, never a loop.
+(killed, out of memory) counts too. An attempt that raises is retried with backoff (``retry_delay``); one that died
+is sent again by reconcile (``resend_due``); after ``TIDAL_INGEST_ATTEMPTS`` the batch fails with ``ingest_failed``.
+An input that kills its process therefore costs a bounded number of attempts, never a loop.
 
 One tenant runs at most ``TIDAL_INGESTS_PER_TENANT`` attempts at once on the ops worker: a message for a tenant at
 its limit does nothing (no attempt counted) and its batch stays `validating`; whichever of the tenant's attempts
