@@ -36,10 +36,13 @@ from tidal_workers.bench.histograms import HISTOGRAMS
 from tidal_workers.bench.histograms import POST
 from tidal_workers.bench.histograms import buckets
 from tidal_workers.bench.histograms import delta
+from tidal_workers.bench.histograms import quantile
 from tidal_workers.bench.histograms import summarize_histogram
 from tidal_workers.bench.histograms import sums
 from tidal_workers.bench.stack import TidalStack
 from tidal_workers.bench.stats import interval
+from tidal_workers.bench.stats import ratio_of_means
+from tidal_workers.bench.stats import ratio_text
 from tidal_workers.bench.step_trace import Trace
 
 
@@ -273,3 +276,42 @@ def summarize(runs: list[dict[str, t.Any]], scenario: Scenario) -> dict[str, t.A
         "tokens_per_s_ratio": interval(ratio),
         "dispatch": pooled,
     }
+
+
+#: The medians ``compare`` reads from each repetition's dispatch histograms, by the name it gives them (ms).
+COMPARED = {
+    "release_p50_ms": "tidal_dispatch_release_seconds",
+    "token_to_post_p50_ms": "tidal_dispatch_token_to_post_seconds",
+}
+
+
+def _p50_ms(run: dict[str, t.Any], histogram: str) -> float | None:
+    p50 = quantile([(float(le), count) for le, count in run["tidal"]["histograms"][histogram]], 0.5)
+    return p50 * 1000 if p50 is not None else None
+
+
+def compare(old: t.Sequence[dict[str, t.Any]], new: t.Sequence[dict[str, t.Any]]) -> dict[str, t.Any]:
+    """Two versions of the code, each run as whole ``tidal bench dispatch`` commands in ABBA order: per scenario and
+    figure (``COMPARED``), each arm's per-repetition values and mean with its 95 % interval, and new ÷ old with its
+    interval (``stats.ratio_of_means``) and its verdict ("no measurable change" when the interval spans 1.0)."""
+    runs: dict[str, dict[str, list[dict[str, t.Any]]]] = {}
+    for arm, docs in (("old", old), ("new", new)):
+        for doc in docs:
+            for result in doc["scenarios"]:
+                name = Scenario(**result["scenario"]).name
+                runs.setdefault(name, {"old": [], "new": []})[arm] += result["runs"]
+    out: dict[str, t.Any] = {}
+    for name, arms in runs.items():
+        figures: dict[str, t.Any] = {}
+        for figure, histogram in COMPARED.items():
+            samples = {arm: [v for r in rs if (v := _p50_ms(r, histogram)) is not None] for arm, rs in arms.items()}
+            ratio = ratio_of_means(samples["old"], samples["new"])
+            figures[figure] = {
+                "old": interval(samples["old"]),
+                "new": interval(samples["new"]),
+                "new_over_old": ratio.as_dict(),
+                "verdict": ratio_text(ratio),
+                "samples": samples,
+            }
+        out[name] = figures
+    return out

@@ -75,6 +75,25 @@ def bootstrap(
     return Interval(statistics.fmean(values), low, high, n)
 
 
+def ratio_of_means(
+    base: t.Sequence[float], arm: t.Sequence[float], *, resamples: int = RESAMPLES, seed: int = 0
+) -> Interval:
+    """mean(``arm``) ÷ mean(``base``), one value per repetition in each, with a percentile-bootstrap interval: each arm's
+    repetitions resampled on their own (two code versions run as whole commands, ABBA, are not paired repetition by
+    repetition). ``reps`` is the smaller arm's count; refuses under MIN_REPS in either."""
+    if min(len(base), len(arm)) < MIN_REPS:
+        raise TooFewRepetitions(f"{min(len(base), len(arm))} repetition(s); a ratio needs at least {MIN_REPS} per arm")
+    rng = np.random.default_rng(seed)
+    b, a = np.asarray(base, float), np.asarray(arm, float)
+    ratios = np.sort(
+        a[rng.integers(0, len(a), (resamples, len(a)))].mean(axis=1)
+        / b[rng.integers(0, len(b), (resamples, len(b)))].mean(axis=1)
+    )
+    tail = (1 - CONFIDENCE) / 2
+    low, high = ratios[int(tail * (resamples - 1))], ratios[round((1 - tail) * (resamples - 1))]
+    return Interval(float(a.mean() / b.mean()), float(low), float(high), min(len(a), len(b)))
+
+
 def ratio_text(interval: Interval) -> str:
     """A ratio as the report prints it: "no measurable change" when its interval spans 1.0, never a direction."""
     if interval.spans(1.0):

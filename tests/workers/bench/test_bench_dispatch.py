@@ -8,6 +8,7 @@ import dataclasses
 import prometheus_client
 import pytest
 
+from tidal_workers.bench import dispatch
 from tidal_workers.bench.dispatch import Scenario
 from tidal_workers.bench.dispatch import held_area
 from tidal_workers.bench.dispatch import summarize
@@ -16,6 +17,7 @@ from tidal_workers.bench.histograms import HISTOGRAMS
 from tidal_workers.bench.histograms import POST
 from tidal_workers.bench.histograms import buckets
 from tidal_workers.bench.histograms import sums
+from tidal_workers.bench.stats import NO_CHANGE
 
 pytestmark = pytest.mark.no_sql
 
@@ -71,3 +73,28 @@ def test_requests_at_the_engine_are_judged_both_as_the_worker_sent_them_and_as_t
     assert summary["engine_held_over_closed_loop"]["value"] == pytest.approx((6.0 / 6.4 + 6.2 / 6.4 + 5.8 / 6.0) / 3)
     assert summary["tokens_per_s_ratio"]["value"] == pytest.approx(1.0)
     assert summary["dispatch"][POST]["share_le_5ms"] == 0.5
+
+
+def _command(release_ms: list[float]) -> dict:
+    """One `tidal bench dispatch` document: a scenario whose repetitions' releases all took the given times."""
+    runs = []
+    for ms in release_ms:
+        run = _run(6.0, 7.6, 6.4)
+        histograms = dict(run["tidal"]["histograms"])  # every observation in (0, 2·ms]: the median is ms
+        histograms["tidal_dispatch_release_seconds"] = [[2 * ms / 1000, 4.0], [float("inf"), 4.0]]
+        run["tidal"] = {**run["tidal"], "histograms": histograms}
+        runs.append(run)
+    return {"scenarios": [{"scenario": {"delay_ms": 150.0, "max_tokens": 8}, "runs": runs}]}
+
+
+def test_two_code_versions_compare_by_their_repetitions_medians_new_over_old():
+    """Whole commands per arm, repetitions pooled per arm: new ÷ old of the mean per-repetition median, with an
+    interval; equal arms are "no measurable change", a twice-as-slow one is not."""
+    old = [_command([4.0, 4.0, 4.0]), _command([4.0, 4.0, 4.0])]
+    same = dispatch.compare(old, [_command([4.0, 4.0, 4.0]), _command([4.0, 4.0, 4.0])])["150ms-max8"]
+    release = same["release_p50_ms"]
+    assert release["samples"]["old"] == pytest.approx([4.0] * 6) and release["new"]["reps"] == 6
+    assert release["new_over_old"]["value"] == pytest.approx(1.0) and release["verdict"].startswith(NO_CHANGE)
+    slower = dispatch.compare(old, [_command([8.0, 8.0, 8.0])])["150ms-max8"]["release_p50_ms"]
+    assert slower["new_over_old"]["value"] == pytest.approx(2.0) and not slower["verdict"].startswith(NO_CHANGE)
+    assert same["token_to_post_p50_ms"]["samples"]["new"] == pytest.approx([5.0] * 6)  # _run's (0.005: 1 of 2)

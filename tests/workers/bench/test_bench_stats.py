@@ -55,3 +55,12 @@ def test_percentile_interpolates():
     assert stats.percentile([], 0.5) is None
     assert stats.percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert stats.percentile([0.0, 10.0], 0.99) == pytest.approx(9.9)
+
+
+def test_a_ratio_of_means_resamples_each_arm_on_its_own():
+    """Two versions run as whole commands are not paired: new ÷ old of the means, each arm resampled alone."""
+    same = stats.ratio_of_means([4.0, 4.2, 3.8, 4.0], [4.0, 4.2, 3.8, 4.0])
+    assert same.value == pytest.approx(1.0) and same.low < 1.0 < same.high and same.reps == 4
+    assert stats.ratio_of_means([2.0] * 3, [3.0] * 5) == stats.Interval(1.5, 1.5, 1.5, 3)
+    with pytest.raises(stats.TooFewRepetitions):
+        stats.ratio_of_means([1.0, 1.0], [1.0, 1.0, 1.0])

@@ -30,6 +30,7 @@ for command in (
     engine_runs.disagg,
     stack_runs.fairness,
     stack_runs.dispatch,
+    stack_runs.dispatch_compare,
     stack_runs.queue,
     stack_runs.chaos,
 ):

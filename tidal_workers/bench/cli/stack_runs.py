@@ -259,6 +259,45 @@ def dispatch(
     finish("dispatch", origin, results, out_dir, headline)
 
 
+@click.command("dispatch-compare")
+@click.option(
+    "--old",
+    multiple=True,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A dispatch.json of the code before.",
+)
+@click.option(
+    "--new",
+    multiple=True,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A dispatch.json of the code after.",
+)
+@out_option("dispatch-compare")
+def dispatch_compare(old: tuple[str, ...], new: tuple[str, ...], out: str) -> None:
+    """New ÷ old of the dispatch medians (POST answered → lease released; token freed → next POST), from whole
+    `tidal bench dispatch` commands run in ABBA order against two versions of the code, with 95 % intervals."""
+    import json
+
+    from tidal_workers.bench import dispatch as dp
+
+    out_dir, origin = begin("dispatch-compare", out)
+    docs = {arm: [json.loads(Path(p).read_text()) for p in paths] for arm, paths in (("old", old), ("new", new))}
+    results = {
+        "inputs": {
+            arm: [
+                {"path": p, "git_commit": d.get("git_commit"), "started_utc": d.get("started_utc")}
+                for p, d in zip(paths, docs[arm])
+            ]
+            for arm, paths in (("old", old), ("new", new))
+        },
+        "comparison": dp.compare(docs["old"], docs["new"]),
+    }
+    headline = {name: {f: v["verdict"] for f, v in figs.items()} for name, figs in results["comparison"].items()}
+    finish("dispatch_compare", origin, results, out_dir, headline)
+
+
 @click.command()
 @click.option("--items", default=200_000, show_default=True, help="Items queued for the claim-throughput runs.")
 @out_option("queue")
