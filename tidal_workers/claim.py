@@ -45,7 +45,7 @@ from tidal_workers.gate import SteppedGate
 from tidal_workers.gate import make_gate
 from tidal_workers.gate import pool_threads
 from tidal_workers.handback import give_back_unstarted
-from tidal_workers.leases import STOPPING
+from tidal_workers.leases import Pause
 from tidal_workers.leases import trusted_until
 from tidal_workers.policy.laxity import PRIORITY_MAX
 from tidal_workers.policy.laxity import TokenBucket
@@ -146,13 +146,13 @@ class ClaimLoop:
         # Book leases before publishing: a task can fail and discard its lease before send() returns, and a
         # lease booked after that would be renewed forever. One that failed to publish expires and is reclaimed.
         for c in urgent:
-            book.add(c.item_id, c.lease, floor=True, trusted_until=trusted)
+            book.add(c.attempt, floor=True, trusted_until=trusted)
         for c in claims:
-            book.add(c.item_id, c.lease, trusted_until=trusted)
+            book.add(c.attempt, trusted_until=trusted)
         claims = urgent + claims
         sent = self.send(claims) if claims else []
         for c in claims[len(sent) :]:  # send() publishes in order and stops at the first failure
-            book.discard(c.item_id, c.lease)
+            book.discard(c.attempt)
         return len(claims)
 
     def run(self) -> None:
@@ -197,8 +197,8 @@ class ClaimStep(bootsteps.StartStopStep):
                     for claim in claims:
                         app.send_task(
                             task_names.RUN_ITEM,
-                            (claim.item_id, claim.lease),
-                            task_id=claim.task_id,
+                            claim.attempt,  # run_item(item_id, lease)
+                            task_id=claim.attempt.task_id,
                             queue=queue,
                             producer=producer,
                         )
@@ -242,7 +242,7 @@ class ClaimStep(bootsteps.StartStopStep):
         self.loop.stop()
         self.claiming.join(10)  # its last pass books what it claimed before the hand-back below
         ctx = worker_context(c.app)
-        ctx.leases.pause(STOPPING)
+        ctx.leases.pause(Pause.STOPPING)
         given = give_back_unstarted(ctx.rt, ctx.leases)
         log.info("worker stopping: %d claims not started went back to the queue; requests under way finish", given)
 

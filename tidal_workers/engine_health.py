@@ -27,9 +27,8 @@ import prometheus_client
 from tidal_workers.handback import give_back_unstarted
 from tidal_workers.health import Check
 from tidal_workers.health import engine_answers
-from tidal_workers.leases import ENGINE_DOWN
-from tidal_workers.leases import PREFLIGHT
 from tidal_workers.leases import LeaseBook
+from tidal_workers.leases import Pause
 from tidal_workers.policy.outage import Failure
 from tidal_workers.policy.outage import is_outage
 from tidal_workers.policy.outage import needs_probe
@@ -92,7 +91,7 @@ class EngineHealth:
             self._down_since = time.monotonic()
             self._next_probe = 0.0
             self._verdict = None  # the engine that comes back is checked again
-        self.book.pause(ENGINE_DOWN)
+        self.book.pause(Pause.ENGINE_DOWN)
         ENGINE_UP.set(0)
         PREFLIGHT_OK.set(0)
         OUTAGES.inc()
@@ -105,7 +104,7 @@ class EngineHealth:
                 return
             self._down = False
             lasted = time.monotonic() - self._down_since
-        self.book.resume(ENGINE_DOWN)
+        self.book.resume(Pause.ENGINE_DOWN)
         ENGINE_UP.set(1)
         log.warning("engine %s is up again after %.0f s", self.url, lasted)
 
@@ -143,11 +142,11 @@ class EngineHealth:
             before, self._verdict = self._verdict, verdict
         PREFLIGHT_OK.set(1 if verdict.ok else 0)
         if verdict.ok:
-            self.book.resume(PREFLIGHT)
+            self.book.resume(Pause.PREFLIGHT)
             if before is not None and not before.ok:
                 log.warning("engine %s passes its preflight: claiming resumes", self.url)
             return
-        self.book.pause(PREFLIGHT)
+        self.book.pause(Pause.PREFLIGHT)
         if before is None or before.ok or before.detail != verdict.detail:
             log.warning("engine %s fails its preflight, claiming nothing until it passes: %s", self.url, verdict.detail)
         give_back_unstarted(self.rt, self.book)

@@ -36,16 +36,17 @@ import requests
 import urllib3.exceptions
 from celery import Task
 from celery import shared_task
-from sqlalchemy import Row
 from sqlalchemy import bindparam
 from sqlalchemy import select
 from sqlalchemy import update
 
 from tidal_workers import task_names
+from tidal_workers.attempt import Attempt
+from tidal_workers.attempt import Ending
 from tidal_workers.context import worker_context
 from tidal_workers.engine_health import HANDED_BACK
 from tidal_workers.engine_health import EngineHealth
-from tidal_workers.finalize import finalize_if_due
+from tidal_workers.finalize import request_finalize_if_due
 from tidal_workers.handback import give_back
 from tidal_workers.leases import LeaseBook
 from tidal_workers.poison import quarantine
@@ -54,6 +55,7 @@ from tidal_workers.policy.phase import Phase
 from tidal_workers.policy.phase import phase_request
 from tidal_workers.policy.pricing import Usage
 from tidal_workers.preflight import refuses_priority
+from tidal_workers.result import Entry
 from tidal_workers.result import Outcome
 from tidal_workers.result import Write
 from tidal_workers.result import lease_current
@@ -101,21 +103,46 @@ def _failure(exc: requests.RequestException) -> Failure:
     return Failure.TIMEOUT if isinstance(exc, requests.Timeout) else Failure.BROKEN
 
 
-# The two reads of every attempt, built once and bound at each execution (as result's writes, and for the same
-# reason: building a statement from the model's attributes costs more than running it).
-_ITEM = select(Item.batch_id, Item.url, Item.body, Item.status, Item.phase).where(Item.id == bindparam("item_id"))
-_BATCH_NOW = select(Batch.status, Batch.priority, Batch.tenant_id).where(Batch.id == bindparam("batch_id"))
+class Loaded(t.NamedTuple):
+    """An attempt's item, as read when its task starts."""
+
+    batch_id: str
+    url: str
+    body: str
+    status: str
+    phase: str
 
 
-def _load(rt: Runtime, item_id: int) -> Row[str, str, str, str, str] | None:
-    with rt.store.core_read() as s:
-        return s.execute(_ITEM, {"item_id": item_id}).one_or_none()
+class BatchNow(t.NamedTuple):
+    """An item's batch as of a submission (escalation and cancel reach items claimed but not yet sent)."""
+
+    status: str
+    priority: int
+    tenant_id: str
 
 
-def _batch_now(rt: Runtime, batch_id: str) -> Row[str, int, str]:
-    """The batch's status and priority as of this submission (escalation and cancel reach queued items)."""
-    with rt.store.core_read() as s:
-        return s.execute(_BATCH_NOW, {"batch_id": batch_id}).one()
+# The reads and the write of every attempt, built once and run on the driver's cursor at each execution (as
+# result's writes, and for the same reason: the item path's one way into the store, ``Store``).
+_ITEM = select(*(getattr(Item, f) for f in Loaded._fields)).where(Item.id == bindparam("item_id"))
+_BATCH_NOW = select(*(getattr(Batch, f) for f in BatchNow._fields)).where(Batch.id == bindparam("batch_id"))
+_TO_DECODE = (
+    update(Item)
+    .where(Item.id == bindparam("item_id"), Item.status == ItemStatus.pending.value, Item.phase == Phase.PREFILL.value)
+    .values(phase=Phase.DECODE.value)
+)
+
+
+def _load(rt: Runtime, item_id: int) -> Loaded | None:
+    with rt.store.driver_transaction() as cursor:
+        row = rt.store.driver(_ITEM).one_or_none(cursor, {"item_id": item_id})
+    return Loaded(*row) if row is not None else None
+
+
+def _batch_now(rt: Runtime, batch_id: str) -> BatchNow:
+    with rt.store.driver_transaction() as cursor:
+        row = rt.store.driver(_BATCH_NOW).one_or_none(cursor, {"batch_id": batch_id})
+    assert row is not None, batch_id  # a batch outlives its items' attempts
+    return BatchNow(*row)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -202,30 +229,28 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int, tenant:
     )
 
 
-def _post(
-    rt: Runtime, book: LeaseBook, engine: EngineHealth, item_id: int, lease: str, row: Row[str, str, str, str, str]
-) -> Outcome | str:
+def _post(rt: Runtime, book: LeaseBook, engine: EngineHealth, attempt: Attempt, row: Loaded) -> Outcome | Ending:
     """prefetched → sent → answered, retrying the item's own transient failures; the Outcome, or why it stopped."""
     s = rt.settings
     body = phase_request(json.loads(row.body), Phase(row.phase), row.batch_id)
     failures = 0
     while True:
-        got, freed_at = book.take_token(item_id, lease, s.prefetch_max_age_seconds)
+        got, freed_at = book.take_token(attempt, s.prefetch_max_age_seconds)
         if not got:  # no token within the prefetch age, or the book is paused (engine down, worker stopping)
-            given = give_back(rt, item_id, lease)
-            if given == "given_back" and not engine.up:
+            given = give_back(rt, attempt)
+            if given is Ending.GIVEN_BACK and not engine.up:
                 HANDED_BACK.inc()
             return given
         # The re-checks, at the moment of sending: the lease, then the batch's status and priority now.
-        if not lease_current(rt, book, item_id, lease):
-            book.return_token(item_id, lease, freed_at)
-            return "stale"
+        if not lease_current(rt, book, attempt):
+            book.return_token(attempt, freed_at)
+            return Ending.STALE
         batch = _batch_now(rt, row.batch_id)
         if batch.status != BatchStatus.in_progress.value:  # cancelled or expired since it was claimed
-            book.return_token(item_id, lease, freed_at)
-            rt.queue.complete(item_id, lease)
-            finalize_if_due(rt, row.batch_id)
-            return "abandoned"
+            book.return_token(attempt, freed_at)
+            rt.queue.complete(attempt)
+            request_finalize_if_due(rt, row.batch_id)
+            return Ending.ABANDONED
         sent = time.monotonic()
         if freed_at is not None:
             TOKEN_TO_POST.observe(sent - freed_at)
@@ -239,11 +264,11 @@ def _post(
             engine.refused(f"{outcome.response_status}: {outcome.body}")  # the engine's fault, not the item's:
             continue  # the book is paused, so the next take_token hands the item back, no retry spent
         finally:
-            book.answered(item_id, lease)
+            book.answered(attempt)
             POST_SECONDS.observe(time.monotonic() - sent)
         if engine.outage(failed.failure, str(failed)):  # no retry spent: the book is paused, so the next
             # take_token hands the item back, unless the engine died while it was at it once too often
-            crashed = quarantine(rt, item_id, str(failed)) if failed.failure is not Failure.REFUSED else None
+            crashed = quarantine(rt, attempt.item_id, str(failed)) if failed.failure is not Failure.REFUSED else None
             if crashed is not None:
                 return crashed
             continue
@@ -255,72 +280,69 @@ def _post(
                 error_message=f"The engine failed {failures} times; last: {failed}",
             )
         delay = min(s.retry_backoff_seconds * 2 ** (failures - 1), BACKOFF_CAP_SECONDS)
-        log.info("item %s: %s; retry %d in %.2fs", item_id, failed, failures, delay)
+        log.info("item %s: %s; retry %d in %.2fs", attempt.item_id, failed, failures, delay)
         # The token is free meanwhile and the renewal thread keeps the lease; an outage found by another task, or
         # the worker stopping, pauses the book and ends the wait at once (the next take_token hands the item back).
         book.paused.wait(delay)
-        if not lease_current(rt, book, item_id, lease):
-            return "stale"
+        if not lease_current(rt, book, attempt):
+            return Ending.STALE
 
 
-def prefilled(rt: Runtime, item_id: int, lease: str) -> str:
-    """A split item's prefill answered (its KV is frozen): queue it as its decode, if ``lease`` is still current.
+def prefilled(rt: Runtime, attempt: Attempt) -> Ending:
+    """A split item's prefill answered (its KV is frozen): queue it as its decode, if its lease is still current.
 
     SQL first, which a rebuild reads; should the queue's step not follow (the lease lost, the process dying), the
-    item's next run reads ``decode`` there whatever set it was claimed from. Returns "prefilled", or "abandoned"
-    (the batch was dropped) or "stale" as ``handback.give_back``.
+    item's next run reads ``decode`` there whatever set it was claimed from. Returns PREFILLED, or ABANDONED
+    (the batch was dropped) or STALE as ``handback.give_back``.
     """
-    if not rt.queue.lease_current(item_id, lease):
-        return "stale"
-    with rt.store.transaction() as s:
-        s.execute(
-            update(Item)
-            .where(Item.id == item_id, Item.status == ItemStatus.pending.value, Item.phase == Phase.PREFILL.value)
-            .values(phase=Phase.DECODE.value)
-        )
-    given = give_back(rt, item_id, lease, as_phase=Phase.DECODE.value)
-    return "prefilled" if given == "given_back" else given
+    if not lease_current(rt, None, attempt):  # Redis itself: the move to decode must not outlive the lease
+        return Ending.STALE
+    with rt.store.driver_transaction() as cursor:
+        rt.store.driver(_TO_DECODE).run(cursor, {"item_id": attempt.item_id})
+    given = give_back(rt, attempt, as_phase=Phase.DECODE.value)
+    return Ending.PREFILLED if given is Ending.GIVEN_BACK else given
 
 
 def execute_item(
     rt: Runtime,
     book: LeaseBook,
-    item_id: int,
-    lease: str,
+    attempt: Attempt,
     write: Write | None = None,
     engine: EngineHealth | None = None,
-) -> str:
-    """Run one claimed attempt (booked in ``book``) to its outcome; returns what happened (for Flower and tests).
+) -> Ending:
+    """Run one claimed attempt (booked in ``book``) to its end; returns how it ended (for Flower and tests).
     ``write``: the worker's ResultWriter (group commit); by default the outcome gets a transaction of its own.
     ``engine``: the worker's EngineHealth; by default one of this call's own."""
     engine = engine or EngineHealth(rt, book)
-    if not book.start(item_id, lease) or not lease_current(rt, book, item_id, lease):
-        return "stale"
-    row = _load(rt, item_id)
+    if not book.start(attempt) or not lease_current(rt, book, attempt):
+        return Ending.STALE
+    row = _load(rt, attempt.item_id)
     if row is None or row.status != ItemStatus.pending.value:  # already settled by an earlier attempt
-        rt.queue.complete(item_id, lease)
-        return "done"
-    outcome = _post(rt, book, engine, item_id, lease, row)
-    if isinstance(outcome, str):
+        rt.queue.complete(attempt)
+        return Ending.DONE
+    outcome = _post(rt, book, engine, attempt, row)
+    if isinstance(outcome, Ending):
         return outcome
     if row.phase == Phase.PREFILL.value and outcome.status is ItemStatus.completed:
-        done = prefilled(rt, item_id, lease)
-        book.discard(item_id, lease)
+        done = prefilled(rt, attempt)
+        book.discard(attempt)
         return done
     answered = time.monotonic()
-    written = record(rt, item_id, row.batch_id, lease, outcome, write, book)
-    book.discard(item_id, lease)  # released: the claim loop may fill the room
+    written = record(rt, Entry(attempt, row.batch_id, outcome), write, book)
+    book.discard(attempt)  # released: the claim loop may fill the room
     RELEASE_SECONDS.observe(time.monotonic() - answered)
-    if written:  # the write asked for the batch's finalize if it was due (result.settle)
-        return outcome.status.value
-    finalize_if_due(rt, row.batch_id)  # "dropped": the lease went stale, or another attempt wrote first
-    return "dropped"
+    if written:  # the write asked for the batch's finalize if it was due (result.commit_and_release)
+        return Ending(outcome.status.value)
+    request_finalize_if_due(rt, row.batch_id)  # the lease went stale, or another attempt wrote first
+    return Ending.DROPPED
 
 
 @shared_task(name=task_names.RUN_ITEM, bind=True)
-def run_item(self: Task, item_id: int, lease: str) -> str:
+def run_item(self: Task, item_id: int, lease: str) -> Ending:
+    """The message carries the attempt's two fields (``attempt.py``)."""
     ctx = worker_context(self.app)
+    attempt = Attempt(item_id, lease)
     try:
-        return execute_item(ctx.rt, ctx.leases, item_id, lease, ctx.results.write, ctx.engine)
+        return execute_item(ctx.rt, ctx.leases, attempt, ctx.results.write, ctx.engine)
     finally:
-        ctx.leases.discard(item_id, lease)
+        ctx.leases.discard(attempt)

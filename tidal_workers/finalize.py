@@ -1,4 +1,10 @@
-"""Finalize: settle a batch whose work is over, writing its output and error files.
+"""Finalize: close a batch whose work is over, writing its output and error files.
+
+Two sides. Anyone may *request* a finalize (``request_finalize``, ``request_finalize_if_due``): a GPU node's item
+path, its renewal thread and the API's cancel only send the ops worker a message. Only the ops worker and beat's
+sweeps *perform* one: ``perform_finalize`` (the message's task, and reconcile for a batch whose work is over),
+``finish_finalizing`` (reconcile, for a finalizer that died) and ``expire`` (the expiry sweep). The files are the
+slowest thing a batch write does, so they are never written on the claim path or inside an HTTP request.
 
 in_progress → finalizing → completed when every item is done; cancelling →
 cancelled once nothing is in flight; in_progress → expired past expires_at.
@@ -229,9 +235,7 @@ def _delete(rt: Runtime, blobs: dict[str, _Blob | None]) -> None:
             rt.blobs.delete(blob.name)
 
 
-def _settle(
-    rt: Runtime, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: ItemStatus | None = None
-) -> bool:
+def _close(rt: Runtime, batch_id: str, frm: BatchStatus, to: BatchStatus, pending_as: ItemStatus | None = None) -> bool:
     """Move frm → to with both files, written first (``_snapshot``) and committed with the move in one short
     transaction; False if another caller won (its blobs deleted: no orphan is left behind)."""
     for _ in range(SNAPSHOT_TRIES):
@@ -291,7 +295,7 @@ def _commit(
     return True
 
 
-def complete(rt: Runtime, batch_id: str) -> bool:
+def _complete(rt: Runtime, batch_id: str) -> bool:
     """in_progress → finalizing (visible while the files are written) → completed."""
     with rt.store.transaction() as s:
         if not _move(s, batch_id, BatchStatus.in_progress, BatchStatus.finalizing, int(time.time())):
@@ -301,13 +305,13 @@ def complete(rt: Runtime, batch_id: str) -> bool:
 
 def finish_finalizing(rt: Runtime, batch_id: str) -> bool:
     """finalizing → completed, in one counted attempt; also how the reconcile sweep finishes a finalizer that died.
-    Once ``TIDAL_FINALIZE_ATTEMPTS`` are used up: finalizing → failed (``give_up``)."""
+    Once ``TIDAL_FINALIZE_ATTEMPTS`` are used up: finalizing → failed (``_give_up``)."""
     attempts = _count_attempt(rt, batch_id)
     if attempts is None:
         return False
     if attempts >= rt.settings.finalize_attempts:
-        return give_up(rt, batch_id, attempts)
-    return _settle(rt, batch_id, BatchStatus.finalizing, BatchStatus.completed)
+        return _give_up(rt, batch_id, attempts)
+    return _close(rt, batch_id, BatchStatus.finalizing, BatchStatus.completed)
 
 
 def retry_due(settings: Settings, finalizing_at: float, attempts: int) -> float:
@@ -331,7 +335,7 @@ def _count_attempt(rt: Runtime, batch_id: str) -> int | None:
     return attempts if counted else None
 
 
-def give_up(rt: Runtime, batch_id: str, attempts: int) -> bool:
+def _give_up(rt: Runtime, batch_id: str, attempts: int) -> bool:
     """finalizing → failed with ``finalize_failed`` in its ``errors``: no file is written; request_counts, usage and
     every item's result stay in SQL (items until ``TIDAL_ITEM_RETENTION_SECONDS``), so the files can be written
     again once the cause is fixed (docs/reliability.md, "Attempt caps")."""
@@ -354,7 +358,7 @@ def give_up(rt: Runtime, batch_id: str, attempts: int) -> bool:
 def expire(rt: Runtime, batch_id: str) -> bool:
     """in_progress → expired: finished items keep their lines, the rest become batch_expired."""
     rt.queue.drop_batch(batch_id)
-    return _settle(rt, batch_id, BatchStatus.in_progress, BatchStatus.expired, ItemStatus.expired)
+    return _close(rt, batch_id, BatchStatus.in_progress, BatchStatus.expired, ItemStatus.expired)
 
 
 #: The columns that say whether a batch's work is over; the result write's counter UPDATE returns them.
@@ -370,13 +374,13 @@ class Counts(t.NamedTuple):
     failed: int
 
 
-#: Read where no write returned them (``finalize_if_due``): built once, bound at each execution.
+#: Read where no write returned them (``request_finalize_if_due``): built once, bound at each execution.
 _COUNTS = select(*COUNTS).where(Batch.id == bindparam("batch_id"))
 
 
 def _counts(rt: Runtime, batch_id: str) -> Counts | None:
-    with rt.store.core_read() as s:
-        row = s.execute(_COUNTS, {"batch_id": batch_id}).one_or_none()
+    with rt.store.driver_transaction() as cursor:
+        row = rt.store.driver(_COUNTS).one_or_none(cursor, {"batch_id": batch_id})
     return Counts(*row) if row is not None else None
 
 
@@ -386,30 +390,32 @@ def _work_over(row: Counts) -> bool:
 
 def looks_due(row: Counts | None) -> bool:
     """From a batch's ``COUNTS``: its work looks over (every item settled, or the batch cancelling), so the ops
-    worker's ``maybe_finalize`` should look."""
+    worker should look (``perform_finalize``)."""
     return row is not None and (_work_over(row) or row.status == BatchStatus.cancelling.value)
 
 
-def maybe_finalize(rt: Runtime, batch_id: str) -> bool:
-    """Finalize ``batch_id`` if its work is over: all items done, or cancelling with nothing in flight."""
+def perform_finalize(rt: Runtime, batch_id: str) -> bool:
+    """Finalize ``batch_id`` if its work is over: all items done, or cancelling with nothing in flight; True if
+    this call closed it. The ops worker's side (the ``tidal.finalize`` task and reconcile)."""
     row = _counts(rt, batch_id)
     if row is None:
         return False
     if _work_over(row):
-        return complete(rt, batch_id)
+        return _complete(rt, batch_id)
     if row.status == BatchStatus.cancelling.value and rt.queue.batch_inflight(batch_id) == 0:
-        return _settle(rt, batch_id, BatchStatus.cancelling, BatchStatus.cancelled, ItemStatus.cancelled)
+        return _close(rt, batch_id, BatchStatus.cancelling, BatchStatus.cancelled, ItemStatus.cancelled)
     return False
 
 
 def request_finalize(rt: Runtime, batch_id: str) -> None:
-    """Ask the ops worker to run ``maybe_finalize``: a GPU node's claim path never writes a batch's files."""
+    """Ask the ops worker to run ``perform_finalize``: a GPU node's claim path and the API never write a batch's
+    files."""
     rt.celery.send_task(task_names.FINALIZE, (batch_id,), queue=task_names.OPS_QUEUE)
 
 
-def finalize_if_due(rt: Runtime, batch_id: str) -> bool:
+def request_finalize_if_due(rt: Runtime, batch_id: str) -> bool:
     """Where an attempt ends without writing (abandoned, dropped): one read, and a finalize request if the batch's
-    work looks over; True if sent. A result write asks on its own (``result.settle``)."""
+    work looks over; True if sent. A result write asks on its own (``result.commit_and_release``)."""
     due = looks_due(_counts(rt, batch_id))
     if due:
         request_finalize(rt, batch_id)
@@ -420,14 +426,12 @@ __all__ = [
     "COUNTS",
     "FINALIZE_FAILED",
     "Counts",
-    "complete",
     "expire",
-    "finalize_if_due",
     "finish_finalizing",
-    "give_up",
     "line",
     "looks_due",
-    "maybe_finalize",
+    "perform_finalize",
     "request_finalize",
+    "request_finalize_if_due",
     "retry_due",
 ]

@@ -10,23 +10,25 @@ stopping consumer call this too). A split item's answered prefill goes back the 
 
 from __future__ import annotations
 
+from tidal_workers.attempt import Attempt
+from tidal_workers.attempt import Ending
 from tidal_workers.finalize import request_finalize
 from tidal_workers.leases import LeaseBook
 from tidal_workers.runtime import Runtime
 
 
-def give_back(rt: Runtime, item_id: int, lease: str, as_phase: str = "") -> str:
-    """Requeue one claim if ``lease`` is still current: "given_back", "abandoned" (batch dropped) or "stale".
+def give_back(rt: Runtime, attempt: Attempt, as_phase: str = "") -> Ending:
+    """Requeue one claim if its lease is still current: GIVEN_BACK, ABANDONED (batch dropped) or STALE.
     ``as_phase``: the phase it is queued as from now on (``Queue.give_back``)."""
-    given = rt.queue.give_back(item_id, lease, as_phase)
+    given = rt.queue.give_back(attempt, as_phase)
     if given is None:
-        return "stale"
+        return Ending.STALE
     if not given.requeued and given.batch_id:
         request_finalize(rt, given.batch_id)
-    return "given_back" if given.requeued else "abandoned"
+    return Ending.GIVEN_BACK if given.requeued else Ending.ABANDONED
 
 
 def give_back_unstarted(rt: Runtime, book: LeaseBook, older_than: float = 0.0) -> int:
     """Take the claims whose task has not started for ``older_than`` seconds out of ``book`` and give them back;
     returns how many went back to the queue."""
-    return sum(give_back(rt, item_id, lease) == "given_back" for item_id, lease in book.take_unstarted(older_than))
+    return sum(give_back(rt, attempt) is Ending.GIVEN_BACK for attempt in book.take_unstarted(older_than))

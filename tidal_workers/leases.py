@@ -18,13 +18,31 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import threading
 import time
 
 import prometheus_client
 
-CLAIMED, PREFETCHED, SENT, ANSWERED = "claimed", "prefetched", "sent", "answered"
-ENGINE_DOWN, PREFLIGHT, STOPPING = "engine down", "preflight failing", "stopping"  # why the book is paused
+from tidal_workers.attempt import Attempt
+
+
+class State(enum.StrEnum):
+    """Where a held attempt is in the lease state machine (released: no longer in the book)."""
+
+    CLAIMED = "claimed"  # booked by the claim thread; its task has not started
+    PREFETCHED = "prefetched"  # its task runs and waits for an engine token
+    SENT = "sent"  # its POST is at the engine (counted in O)
+    ANSWERED = "answered"  # its POST returned; its result is being recorded
+
+
+class Pause(enum.StrEnum):
+    """Why the book grants no engine token."""
+
+    ENGINE_DOWN = "engine down"
+    PREFLIGHT = "preflight failing"
+    STOPPING = "stopping"
+
 
 HELD = prometheus_client.Gauge(
     "tidal_gate_inflight",
@@ -45,7 +63,7 @@ def trusted_until(asked: float, lease_seconds: float) -> float:
 @dataclasses.dataclass
 class Held:
     lease: str
-    state: str
+    state: State
     since: float  # time.monotonic() when it entered ``state``
     floor: bool  # admitted by the SLA floor: it may take a token past the target
     trusted_until: float  # time.monotonic() until which the lease is surely current without asking Redis
@@ -67,16 +85,16 @@ class LeaseBook:
         # Set while the book grants no token (for any of ``_pauses``); a task sleeping out a retry backoff waits on
         # it, so an outage or a shutdown ends the wait at once and the task hands its item back.
         self.paused = threading.Event()
-        self._pauses: set[str] = set()
+        self._pauses: set[Pause] = set()
         ENGINE_OUTSTANDING.set(0)
         HELD.set(0)
 
     # --- the claim thread ------------------------------------------------------
-    def add(self, item_id: int, lease: str, floor: bool = False, trusted_until: float = 0.0) -> None:
+    def add(self, attempt: Attempt, floor: bool = False, trusted_until: float = 0.0) -> None:
         """claimed: booked before its message is published (a task may start before send() returns).
         ``trusted_until``: see ``current``; by default never (every re-check asks Redis)."""
         with self._cond:
-            self._held[item_id] = Held(lease, CLAIMED, time.monotonic(), floor, trusted_until)
+            self._held[attempt.item_id] = Held(attempt.lease, State.CLAIMED, time.monotonic(), floor, trusted_until)
             HELD.set(len(self._held))
 
     def floor_held(self) -> int:
@@ -90,14 +108,14 @@ class LeaseBook:
                 self.target = target
                 self._cond.notify_all()
 
-    def pause(self, why: str) -> None:
-        """Grant no token while ``why`` (ENGINE_DOWN, PREFLIGHT, STOPPING) holds; the tasks waiting for one wake at once."""
+    def pause(self, why: Pause) -> None:
+        """Grant no token while ``why`` holds; the tasks waiting for one wake at once."""
         with self._cond:
             self._pauses.add(why)
             self.paused.set()
             self._cond.notify_all()
 
-    def resume(self, why: str) -> None:
+    def resume(self, why: Pause) -> None:
         """``why`` no longer holds; tokens are granted again once no other reason does."""
         with self._cond:
             self._pauses.discard(why)
@@ -106,15 +124,15 @@ class LeaseBook:
                 self._cond.notify_all()
 
     # --- the task ----------------------------------------------------------------
-    def start(self, item_id: int, lease: str) -> bool:
+    def start(self, attempt: Attempt) -> bool:
         """claimed → prefetched: the task runs; False if the book no longer holds this attempt (given back)."""
         with self._cond:
-            held = self._mine(item_id, lease)
-            if held is not None and held.state == CLAIMED:
-                held.state, held.since = PREFETCHED, time.monotonic()
+            held = self._mine(attempt)
+            if held is not None and held.state is State.CLAIMED:
+                held.state, held.since = State.PREFETCHED, time.monotonic()
             return held is not None
 
-    def take_token(self, item_id: int, lease: str, timeout: float) -> tuple[bool, float | None]:
+    def take_token(self, attempt: Attempt, timeout: float) -> tuple[bool, float | None]:
         """prefetched → sent once a token is free and every earlier waiter has one; (False, None) on timeout, or at
         once while the book is paused.
 
@@ -122,15 +140,16 @@ class LeaseBook:
         the "token freed → next POST sent" interval), else None (a token the gate added).
         """
         deadline = time.monotonic() + timeout
+        item_id = attempt.item_id
         with self._cond:
-            held = self._mine(item_id, lease)
+            held = self._mine(attempt)
             if held is None:
                 return False, None
-            held.state, held.since = PREFETCHED, time.monotonic()
+            held.state, held.since = State.PREFETCHED, time.monotonic()
             self._waiting.append(item_id)
             try:
                 while True:
-                    held = self._mine(item_id, lease)
+                    held = self._mine(attempt)
                     if held is None or self._pauses:  # lease lost or given back; the engine down or stopping
                         return False, None
                     first = self._waiting[0] == item_id
@@ -143,45 +162,45 @@ class LeaseBook:
             finally:
                 self._waiting.remove(item_id)
                 self._cond.notify_all()  # the next waiter may now be first
-            held.state, held.since = SENT, time.monotonic()
+            held.state, held.since = State.SENT, time.monotonic()
             self._set_outstanding(self._outstanding + 1)
             return True, self._freed.popleft() if self._freed else None
 
-    def return_token(self, item_id: int, lease: str, freed_at: float | None) -> None:
+    def return_token(self, attempt: Attempt, freed_at: float | None) -> None:
         """sent → prefetched without a POST (a re-check failed): the token goes to the next waiter unused."""
         with self._cond:
-            self._free_token(item_id, lease, PREFETCHED)
+            self._free_token(attempt, State.PREFETCHED)
             if freed_at is not None:
                 self._freed.appendleft(freed_at)
 
-    def answered(self, item_id: int, lease: str) -> None:
+    def answered(self, attempt: Attempt) -> None:
         """sent → answered: the POST returned, so its token is free for the next prefetched attempt."""
         with self._cond:
-            if self._free_token(item_id, lease, ANSWERED):
+            if self._free_token(attempt, State.ANSWERED):
                 self._freed.append(time.monotonic())
                 del_old = len(self._freed) - max(self.target, 1)
                 for _ in range(max(0, del_old)):  # stamps of tokens nobody waited for are not dispatch delay
                     self._freed.popleft()
 
-    def discard(self, item_id: int, lease: str) -> None:
+    def discard(self, attempt: Attempt) -> None:
         """→ released (from any state): the attempt is over on this node."""
         with self._cond:
-            held = self._mine(item_id, lease)
+            held = self._mine(attempt)
             if held is None:
                 return
-            if held.state == SENT:  # defensive: a sent attempt is answered first
+            if held.state is State.SENT:  # defensive: a sent attempt is answered first
                 self._set_outstanding(self._outstanding - 1)
-            del self._held[item_id]
+            del self._held[attempt.item_id]
             HELD.set(len(self._held))
             self._cond.notify_all()
         self.released.set()
 
     # --- the renewal thread --------------------------------------------------------
-    def renewed(self, leases: list[tuple[int, str]], trusted_until: float) -> None:
-        """These leases' expiry was just extended in Redis: each is surely current until ``trusted_until``."""
+    def renewed(self, attempts: list[Attempt], trusted_until: float) -> None:
+        """These attempts' leases were just extended in Redis: each is surely current until ``trusted_until``."""
         with self._cond:
-            for item_id, lease in leases:
-                held = self._mine(item_id, lease)
+            for attempt in attempts:
+                held = self._mine(attempt)
                 if held is not None:
                     held.trusted_until = max(held.trusted_until, trusted_until)
 
@@ -193,7 +212,7 @@ class LeaseBook:
         with self._cond:
             for item_id in item_ids:
                 held = self._held.get(item_id)
-                if held is not None and held.state == SENT:
+                if held is not None and held.state is State.SENT:
                     held.trusted_until = 0.0  # the re-check before its result is written asks Redis, and fails
                 elif held is not None:
                     del self._held[item_id]
@@ -201,28 +220,28 @@ class LeaseBook:
             self._cond.notify_all()
         self.released.set()
 
-    def take_unstarted(self, older_than: float = 0.0) -> list[tuple[int, str]]:
+    def take_unstarted(self, older_than: float = 0.0) -> list[Attempt]:
         """Remove and return claims whose task has not started for ``older_than`` seconds (a revoked or lost
         message; with 0, every one, as the engine goes down or the worker stops): the caller gives them back, and
         a task that starts later finds itself gone."""
         cutoff = time.monotonic() - older_than
         with self._cond:
-            old = [(i, h.lease) for i, h in self._held.items() if h.state == CLAIMED and h.since <= cutoff]
-            for item_id, _lease in old:
-                del self._held[item_id]
+            old = [Attempt(i, h.lease) for i, h in self._held.items() if h.state is State.CLAIMED and h.since <= cutoff]
+            for attempt in old:
+                del self._held[attempt.item_id]
             HELD.set(len(self._held))
         return old
 
     # --- reading -------------------------------------------------------------------
-    def items(self) -> list[tuple[int, str]]:
+    def attempts(self) -> list[Attempt]:
         with self._cond:
-            return [(i, h.lease) for i, h in self._held.items()]
+            return [Attempt(i, h.lease) for i, h in self._held.items()]
 
-    def current(self, item_id: int, lease: str) -> bool:
+    def current(self, attempt: Attempt) -> bool:
         """True if the book holds this attempt and a claim or renewal showed its lease current lately enough that
         it cannot have expired since; False means "ask Redis", not "stale"."""
         with self._cond:
-            held = self._mine(item_id, lease)
+            held = self._mine(attempt)
             return held is not None and time.monotonic() < held.trusted_until
 
     def outstanding(self) -> int:
@@ -235,13 +254,13 @@ class LeaseBook:
             return len(self._held)
 
     # --- under the lock ----------------------------------------------------------------
-    def _mine(self, item_id: int, lease: str) -> Held | None:
-        held = self._held.get(item_id)
-        return held if held is not None and held.lease == lease else None
+    def _mine(self, attempt: Attempt) -> Held | None:
+        held = self._held.get(attempt.item_id)
+        return held if held is not None and held.lease == attempt.lease else None
 
-    def _free_token(self, item_id: int, lease: str, to: str) -> bool:
-        held = self._mine(item_id, lease)
-        if held is None or held.state != SENT:
+    def _free_token(self, attempt: Attempt, to: State) -> bool:
+        held = self._mine(attempt)
+        if held is None or held.state is not State.SENT:
             return False
         held.state, held.since = to, time.monotonic()
         self._set_outstanding(self._outstanding - 1)

@@ -38,9 +38,9 @@ _COUNT_DEATH = (
 
 def count_death(rt: Runtime, item_id: int) -> int:
     """Count one engine death against a pending item; returns its deaths so far (0 if it is settled)."""
-    with rt.store.core_transaction() as c:
-        deaths = c.execute(_COUNT_DEATH, {"item_id": item_id}).scalar_one_or_none()
-    return deaths or 0
+    with rt.store.driver_transaction() as cursor:
+        row = rt.store.driver(_COUNT_DEATH).one_or_none(cursor, {"item_id": item_id})
+    return row[0] if row is not None else 0
 
 
 def quarantine(rt: Runtime, item_id: int, why: str) -> Outcome | None:

@@ -20,6 +20,7 @@ import typing as t
 import redis
 
 from tidal_workers import keys
+from tidal_workers.attempt import Attempt
 from tidal_workers.policy.laxity import PRIORITY_MAX
 from tidal_workers.policy.phase import Phase
 from tidal_workers.queue_scripts import BATCH_INFLIGHT
@@ -52,26 +53,17 @@ def score_priority(score: float) -> int:
     return int(float(score)) // PRIORITY_SCALE
 
 
-def parse_lease(lease: str) -> tuple[str, int]:
-    """(node, attempt) of a lease ``node|attempt|claim-µs``."""
-    node, attempt, _stamp = lease.rsplit("|", 2)
-    return node, int(attempt)
-
-
 @dataclasses.dataclass(frozen=True)
 class Claim:
+    """An item this node just claimed, under a new lease, and the batch it belongs to."""
+
     item_id: int
     lease: str
     batch_id: str
 
     @property
-    def attempt(self) -> int:
-        return parse_lease(self.lease)[1]
-
-    @property
-    def task_id(self) -> str:
-        """The Celery task id Flower shows for this attempt."""
-        return f"item-{self.item_id}#{self.attempt}"
+    def attempt(self) -> Attempt:
+        return Attempt(self.item_id, self.lease)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +83,10 @@ class Expired:
     lease: str  # the lease that expired: its attempt is the one that died
     batch_id: str
     taken: bool  # False: its batch was dropped, so the item was abandoned; else it waits for ``requeue``
+
+    @property
+    def attempt(self) -> Attempt:
+        return Attempt(self.item_id, self.lease)
 
 
 class Queue:
@@ -204,26 +200,26 @@ class Queue:
         below, in batch score order (priority, then deadline), then ordinal: ``claim`` of that phase alone."""
         return self.claim(node, n, lease_seconds, models, phases=[(phase, max_priority)], whole=False)
 
-    def renew(self, node: str, leases: t.Iterable[tuple[int, str]], lease_seconds: float) -> list[int]:
-        """Extend the given leases of ``node``; returns the item ids whose lease was lost."""
-        pairs = [x for pair in leases for x in pair]
+    def renew(self, node: str, attempts: t.Iterable[Attempt], lease_seconds: float) -> list[int]:
+        """Extend the leases of ``node``'s attempts; returns the item ids whose lease was lost."""
+        pairs = [x for attempt in attempts for x in attempt]
         if not pairs:
             return []
         lost = self._renew(keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[lease_seconds, *pairs])
         return [int(i) for i in lost]
 
-    def complete(self, item_id: int, lease: str) -> bool:
-        """Forget a settled item if ``lease`` is still its lease; False for a stale attempt."""
-        return self.complete_all([(item_id, lease)])[0]
+    def complete(self, attempt: Attempt) -> bool:
+        """Forget a settled item if the attempt's lease is still its lease; False for a stale attempt."""
+        return self.complete_all([attempt])[0]
 
-    def complete_all(self, attempts: t.Sequence[tuple[int, str]]) -> list[bool]:
-        """``complete`` for each (item id, lease), in one round trip per node of the leases (a worker's are one)."""
+    def complete_all(self, attempts: t.Sequence[Attempt]) -> list[bool]:
+        """``complete`` for each attempt, in one round trip per node of the leases (a worker's are one)."""
         by_node: dict[str, list[int]] = {}
-        for i, (_item_id, lease) in enumerate(attempts):
-            by_node.setdefault(parse_lease(lease)[0], []).append(i)
+        for i, attempt in enumerate(attempts):
+            by_node.setdefault(attempt.node, []).append(i)
         done = [False] * len(attempts)
         for node, indexes in by_node.items():
-            items = [attempts[i][0] for i in indexes]
+            items = [attempts[i].item_id for i in indexes]
             flags = self._complete(
                 keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES, *map(keys.item, items)],
                 args=[x for i in indexes for x in attempts[i]],
@@ -232,18 +228,19 @@ class Queue:
                 done[i] = bool(flag)
         return done
 
-    def give_back(self, item_id: int, lease: str, as_phase: str = "") -> GivenBack | None:
-        """Requeue a claim that never reached the engine, if ``lease`` is current (None if not); the item is
+    def give_back(self, attempt: Attempt, as_phase: str = "") -> GivenBack | None:
+        """Requeue a claim that never reached the engine, if its lease is current (None if not); the item is
         abandoned instead if its batch was dropped. The next claim of it is a new attempt. ``as_phase``: the
         phase it is queued as from now on (Phase split: ``decode`` once its prefill answered); by default its own."""
-        node, _ = parse_lease(lease)
         code, batch_id = self._give_back(
-            keys=[keys.INFLIGHT, keys.node_inflight(node), keys.LEASES], args=[item_id, lease, as_phase]
+            keys=[keys.INFLIGHT, keys.node_inflight(attempt.node), keys.LEASES], args=[*attempt, as_phase]
         )
-        return GivenBack(item_id, batch_id, int(code) == 1) if int(code) else None
+        return GivenBack(attempt.item_id, batch_id, int(code) == 1) if int(code) else None
 
-    def lease_current(self, item_id: int, lease: str) -> bool:
-        return self.redis.hget(keys.LEASES, str(item_id)) == lease
+    def lease_current(self, attempt: Attempt) -> bool:
+        """Is the attempt's lease still the item's? Asks Redis (``result.lease_current`` asks the node's book
+        first)."""
+        return self.redis.hget(keys.LEASES, str(attempt.item_id)) == attempt.lease
 
     def take_expired(self, limit: int = 1000) -> list[Expired]:
         """Take expired leases off their items (their worker died); abandon the items of dropped batches. The

@@ -73,8 +73,8 @@ def count_reclaims(rt: Runtime, item_ids: list[int]) -> dict[int, int]:
     are left out)."""
     if not item_ids:
         return {}
-    with rt.store.core_transaction() as c:
-        return {row.id: row.reclaims for row in c.execute(_COUNT_RECLAIMS, {"item_ids": item_ids})}
+    with rt.store.transaction() as s:
+        return {row.id: row.reclaims for row in s.execute(_COUNT_RECLAIMS, {"item_ids": item_ids})}
 
 
 def lost(e: Expired, reclaims: int) -> Entry:
@@ -83,9 +83,7 @@ def lost(e: Expired, reclaims: int) -> Entry:
         f"The worker running this request stopped without answering (killed, or out of memory) {reclaims} times; "
         "it is not run again."
     )
-    return Entry(
-        e.item_id, e.batch_id, e.lease, Outcome(ItemStatus.failed, error_code=WORKER_LOST, error_message=message)
-    )
+    return Entry(e.attempt, e.batch_id, Outcome(ItemStatus.failed, error_code=WORKER_LOST, error_message=message))
 
 
 def reclaim(rt: Runtime, limit: int = 1000) -> list[Reclaimed]:

@@ -34,11 +34,11 @@ class Renewal:
 
     def once(self) -> None:
         s, q = self.settings, self.rt.queue
-        held, asked = self.leases.items(), time.monotonic()
+        held, asked = self.leases.attempts(), time.monotonic()
         lost = q.renew(s.node, held, s.lease_seconds)
         self.leases.forget(lost)
         gone = set(lost)
-        self.leases.renewed([h for h in held if h[0] not in gone], trusted_until(asked, s.lease_seconds))
+        self.leases.renewed([a for a in held if a.item_id not in gone], trusted_until(asked, s.lease_seconds))
         give_back_unstarted(self.rt, self.leases, s.lease_seconds)
         self.served.refresh()
         reclaim(self.rt)

@@ -22,9 +22,9 @@ from sqlalchemy import bindparam
 from sqlalchemy import update
 
 from tidal_workers import finalize
+from tidal_workers.attempt import Attempt
 from tidal_workers.leases import LeaseBook
 from tidal_workers.policy.pricing import Usage
-from tidal_workers.queue import parse_lease
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item
@@ -56,9 +56,8 @@ class Outcome:
 class Entry:
     """One attempt's outcome to write."""
 
-    item_id: int
+    attempt: Attempt
     batch_id: str
-    lease: str
     outcome: Outcome
 
 
@@ -99,7 +98,7 @@ def _outcome_columns(e: Entry, now: int) -> dict[str, t.Any]:
     o = e.outcome
     columns = {
         "status": o.status.value,
-        "attempts": parse_lease(e.lease)[1],
+        "attempts": e.attempt.number,
         "response_status": o.response_status,
         "request_id": o.request_id,
         "response_body": o.body,
@@ -124,7 +123,8 @@ def write_outcomes(rt: Runtime, entries: list[Entry]) -> tuple[list[bool], list[
     write_item, add_to_batch = rt.store.driver(_WRITE_ITEM), rt.store.driver(_ADD_TO_BATCH)
     with rt.store.driver_transaction() as cursor:
         written = [
-            write_item.run(cursor, {"item_id": e.item_id, **_outcome_columns(e, now)}).rowcount == 1 for e in entries
+            write_item.run(cursor, {"item_id": e.attempt.item_id, **_outcome_columns(e, now)}).rowcount == 1
+            for e in entries
         ]
         counts: dict[str, list[Entry]] = {}
         for e, first in zip(entries, written):
@@ -134,8 +134,9 @@ def write_outcomes(rt: Runtime, entries: list[Entry]) -> tuple[list[bool], list[
             done = [e.outcome.usage for e in counts[batch_id] if e.outcome.status is ItemStatus.completed]
             billed = sum(done, Usage())  # only completed items are billed
             additions = {"completed": len(done), "failed": len(counts[batch_id]) - len(done), **billed.columns()}
-            after = add_to_batch.run(cursor, {"batch_id": batch_id, **{f"add_{k}": v for k, v in additions.items()}})
-            row = after.fetchone()
+            row = add_to_batch.one_or_none(
+                cursor, {"batch_id": batch_id, **{f"add_{k}": v for k, v in additions.items()}}
+            )
             if finalize.looks_due(finalize.Counts(*row) if row is not None else None):
                 due.append(batch_id)
     for e, first in zip(entries, written):
@@ -150,12 +151,12 @@ def release(rt: Runtime, entries: list[Entry], due: list[str]) -> None:
     whose work the write found over (``due``; after the release, as a cancelled batch waits for its last lease).
     The leases of attempts that lost the write are released too (their item is settled); stale ones are left to
     their holder."""
-    rt.queue.complete_all([(e.item_id, e.lease) for e in entries])
+    rt.queue.complete_all([e.attempt for e in entries])
     for batch_id in due:
         finalize.request_finalize(rt, batch_id)
 
 
-def settle(rt: Runtime, entries: list[Entry]) -> list[bool]:
+def commit_and_release(rt: Runtime, entries: list[Entry]) -> list[bool]:
     """Write a group of outcomes (``write_outcomes``), then ``release`` them: after the commit, so no lease is gone
     while its outcome is not yet durable."""
     written, due = write_outcomes(rt, entries)
@@ -163,31 +164,25 @@ def settle(rt: Runtime, entries: list[Entry]) -> list[bool]:
     return written
 
 
-#: Writes and releases one group of outcomes; ``settle`` bound to a Runtime, or a ResultWriter's group commit.
+#: Writes and releases one group of outcomes: ``commit_and_release`` bound to a Runtime, or a ResultWriter's group
+#: commit.
 Write = t.Callable[[list[Entry]], list[bool]]
 
 
-def lease_current(rt: Runtime, book: LeaseBook | None, item_id: int, lease: str) -> bool:
-    """Is ``lease`` still this attempt's? The node's book answers while its last claim or renewal of the lease is
-    recent enough (``LeaseBook.current``: no round trip on the way to the engine or back); Redis otherwise."""
-    return (book is not None and book.current(item_id, lease)) or rt.queue.lease_current(item_id, lease)
+def lease_current(rt: Runtime, book: LeaseBook | None, attempt: Attempt) -> bool:
+    """Is the attempt's lease still the item's? The node's book answers while its last claim or renewal of the lease
+    is recent enough (``LeaseBook.current``: no round trip on the way to the engine or back); Redis otherwise. The
+    one lease check the item path calls."""
+    return (book is not None and book.current(attempt)) or rt.queue.lease_current(attempt)
 
 
-def record(
-    rt: Runtime,
-    item_id: int,
-    batch_id: str,
-    lease: str,
-    outcome: Outcome,
-    write: Write | None = None,
-    book: LeaseBook | None = None,
-) -> bool:
-    """Write ``outcome`` if ``lease`` is current (``lease_current``) and the item still pending, then release the
-    lease (``settle``); True if this call wrote it. ``write``: a worker's ResultWriter; by default a transaction of
-    its own. ``book``: the node's LeaseBook, which answers the lease check while it vouches for the lease."""
-    if not lease_current(rt, book, item_id, lease):
+def record(rt: Runtime, entry: Entry, write: Write | None = None, book: LeaseBook | None = None) -> bool:
+    """Write ``entry``'s outcome if its lease is current (``lease_current``) and the item still pending, then release
+    the lease (``commit_and_release``); True if this call wrote it. ``write``: a worker's ResultWriter; by default a
+    transaction of its own. ``book``: the node's LeaseBook, which answers the lease check while it vouches for it."""
+    if not lease_current(rt, book, entry.attempt):
         return False
-    (written,) = (write or functools.partial(settle, rt))([Entry(item_id, batch_id, lease, outcome)])
+    (written,) = (write or functools.partial(commit_and_release, rt))([entry])
     return written
 
 
@@ -215,7 +210,7 @@ class ResultWriter:
         futures: list[Future[bool]] = [Future() for _ in entries]
         with self._cond:
             if self._closing:  # a straggler after shutdown began: its own transaction
-                return settle(self.rt, entries)
+                return commit_and_release(self.rt, entries)
             queue = self._queue  # ours until a leader takes it as its group and starts a new one
             queue += zip(entries, futures)
             while self._writing and queue is self._queue:

@@ -82,7 +82,7 @@ def reconcile(rt: Runtime, now: float | None = None) -> int:
         else:
             give_up(rt, batch_id, "stopped before it finished (its process died: killed, or out of memory)")
     for batch_id in done + cancelling:
-        finalize.maybe_finalize(rt, batch_id)
+        finalize.perform_finalize(rt, batch_id)
     for batch_id, since, attempts in finalizing:  # `since` is never NULL here: the query compared it
         if now < finalize.retry_due(rt.settings, since or 0.0, attempts):
             continue  # an attempt may still be running, or the last one failed only just now
@@ -97,8 +97,8 @@ def reconcile(rt: Runtime, now: float | None = None) -> int:
 # busy or restarting) is retried here, so the batch does not wait for beat's reconcile.
 @shared_task(name=task_names.FINALIZE, bind=True, autoretry_for=(Exception,), retry_backoff=1, max_retries=8)
 def finalize_task(self: Task, batch_id: str) -> bool:
-    """An item task found its batch's work over (or the batch cancelling): settle it here, on the ops worker."""
-    return finalize.maybe_finalize(worker_context(self.app).rt, batch_id)
+    """Someone found the batch's work over (or the batch cancelling): finalize it here, on the ops worker."""
+    return finalize.perform_finalize(worker_context(self.app).rt, batch_id)
 
 
 @shared_task(name=task_names.SWEEP_EXPIRE, bind=True)

@@ -18,8 +18,9 @@ INGEST_QUEUE = "tidal.ingest"
 RUN_ITEM = "tidal.run_item"
 #: Validate a large input file and create its items (the API sends it to ``INGEST_QUEUE``; reconcile resends it).
 INGEST = "tidal.ingest"
-#: Settle one batch whose work may be over (``finalize.maybe_finalize``), sent to ``OPS_QUEUE`` by the item task
-#: that released its batch's last lease: finalization never runs on a GPU node's claim path.
+#: Finalize one batch whose work may be over (``finalize.perform_finalize``), sent to ``OPS_QUEUE`` by the item task
+#: that released its batch's last lease and by the HTTP cancel: a batch's files are never written on a GPU node's
+#: claim path or inside an HTTP request.
 FINALIZE = "tidal.finalize"
 #: Beat's periodic sweeps (``sweeps.py``), sent to ``OPS_QUEUE``.
 SWEEP_EXPIRE = "tidal.sweep.expire"

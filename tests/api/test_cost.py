@@ -7,8 +7,9 @@ import json
 import pytest
 
 from tests.support.api_helpers import request_line
-from tidal_workers.finalize import maybe_finalize
+from tidal_workers.finalize import perform_finalize
 from tidal_workers.policy.pricing import Usage
+from tidal_workers.result import Entry
 from tidal_workers.result import Outcome
 from tidal_workers.result import record
 from tidal_workers.store.models import ItemStatus
@@ -26,8 +27,8 @@ def _finish(rt, n: int, outcomes: list[Outcome]) -> None:
     claims = rt.queue.claim(rt.settings.node, n, rt.settings.lease_seconds, ["tiny", "other"])
     assert len(claims) == n
     for claim, outcome in zip(claims, outcomes):
-        assert record(rt, claim.item_id, claim.batch_id, claim.lease, outcome)
-    maybe_finalize(rt, claims[0].batch_id)  # the ops worker's part, once the last item settled
+        assert record(rt, Entry(claim.attempt, claim.batch_id, outcome))
+    perform_finalize(rt, claims[0].batch_id)  # the ops worker's part, once the last item settled
 
 
 def test_cost_bills_only_completed_items_at_the_discount(rt, acme, batch_file):

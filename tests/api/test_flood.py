@@ -14,6 +14,7 @@ from tests.support.api_helpers import CHAT
 from tests.support.api_helpers import error_of
 from tests.support.api_helpers import jsonl
 from tests.support.api_helpers import request_line
+from tidal_workers import finalize
 from tidal_workers import keys
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import Item
@@ -52,6 +53,7 @@ def test_a_1000_batch_flood_is_refused_at_the_quota_with_nothing_enqueued(http, 
     assert sum(rt.redis.zcard(keys.ready(b)) for b in accepted) == OPEN_BATCHES * LINES
     # the quota is on open batches: one cancelled, one more may start
     assert http.post(f"/v1/batches/{accepted[0]}/cancel").status_code == 200
+    assert finalize.perform_finalize(rt, accepted[0])  # the ops worker closes it (nothing in flight): cancelled
     assert _create(http, file_id).status_code == 200
     assert _create(http, file_id).status_code == 429
     # another tenant has quotas of its own

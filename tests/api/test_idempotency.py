@@ -41,7 +41,7 @@ def test_a_retried_batch_create_returns_the_same_batch(acme, globex, batch_file,
     again = _create(acme, file_id, "create-7")
     assert again.id == first.id and _count(rt, Batch) == 1
     acme.batches.cancel(first.id)
-    assert _create(acme, file_id, "create-7").status == "cancelled"  # the first batch, as it stands now
+    assert _create(acme, file_id, "create-7").status == "cancelling"  # the first batch, as it stands now
 
     with pytest.raises(openai.ConflictError) as conflict:  # the same key, another request
         _create(acme, file_id, "create-7", metadata={"run": "2"})

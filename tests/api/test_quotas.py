@@ -83,7 +83,8 @@ def test_enqueued_tokens_per_model_fail_the_batch_that_would_pass_them(http, rt)
     other = _create(http, _upload(http, _lines("tiny-2")).json()["id"]).json()
     assert other["status"] == "in_progress", other["errors"]
     # a batch that finishes gives its tokens back
-    assert http.post(f"/v1/batches/{first['id']}/cancel").json()["status"] == "cancelled"
+    assert http.post(f"/v1/batches/{first['id']}/cancel").json()["status"] == "cancelling"  # the finalize requested
+    assert finalize.perform_finalize(rt, first["id"])  # the ops worker's part: nothing in flight, so cancelled
     assert _create(http, tiny).json()["status"] == "in_progress"
 
 
@@ -196,7 +197,7 @@ def test_outputs_past_the_stored_bytes_are_written_then_new_batches_are_refused(
         )
         s.get(Batch, batch["id"]).completed = LINES
     with caplog.at_level(logging.WARNING, logger="tidal_workers.finalize"):
-        assert finalize.maybe_finalize(rt, batch["id"])  # what the ops worker does once the last item is written
+        assert finalize.perform_finalize(rt, batch["id"])  # what the ops worker does once the last item is written
     assert "past its limit of 10000; written anyway" in caplog.text  # the operator is told
     done = http.get(f"/v1/batches/{batch['id']}").json()
     assert done["status"] == "completed" and done["errors"] is None

@@ -95,7 +95,7 @@ def test_output_expires_after_applies_to_the_batch_files_and_their_expiry_purges
         extra_body={"output_expires_after": {"anchor": "created_at", "seconds": HOUR}},
     )
     _settle(rt, b.id, completed=["a", "b"], failed=["c"])
-    assert finalize.maybe_finalize(rt, b.id)
+    assert finalize.perform_finalize(rt, b.id)
     done = acme.batches.retrieve(b.id)
     out, err = acme.files.retrieve(done.output_file_id), acme.files.retrieve(done.error_file_id)
     assert out.expires_at == out.created_at + HOUR and err.expires_at == err.created_at + HOUR
@@ -128,7 +128,7 @@ def test_finished_batches_lose_their_item_rows_after_the_retention_period(acme, 
     running = acme.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
     done = acme.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
     _settle(rt, done.id, completed=["a", "b", "c"], failed=[])
-    assert finalize.maybe_finalize(rt, done.id)
+    assert finalize.perform_finalize(rt, done.id)
     completed_at = acme.batches.retrieve(done.id).completed_at
     assert sweep(rt, now=completed_at + DAY - 1).deleted_items == 0
     assert sweep(rt, now=completed_at + DAY).deleted_items == 3
@@ -153,7 +153,7 @@ def test_a_finished_batchs_metadata_and_errors_are_cleared_after_the_batch_reten
     failed = acme.batches.create(input_file_id=bad, endpoint=CHAT, completion_window="24h")
     assert acme.batches.retrieve(failed.id).errors.data  # the validation error, quoting the line
     _settle(rt, done.id, completed=["a", "b", "c"], failed=[])
-    assert finalize.maybe_finalize(rt, done.id)
+    assert finalize.perform_finalize(rt, done.id)
     done_at = acme.batches.retrieve(done.id).completed_at
     assert sweep(rt, now=done_at + 400 * DAY).cleared_batches == 0  # the default keeps them
 

@@ -310,7 +310,7 @@ def test_a_task_that_fails_before_its_claim_is_booked_leaves_no_lease_behind(rt,
 
     def send(claims):  # each task starts, fails at once, and discards its lease, all before send() returns
         for c in claims:
-            ctx.leases.discard(c.item_id, c.lease)
+            ctx.leases.discard(c.attempt)
         return claims
 
     assert ClaimLoop(ctx, FixedGate(2), send).tick(time.time()) == 2

@@ -208,14 +208,14 @@ def on_node(rt, n: int = 1):
     book = LeaseBook()
     book.set_target(n)
     for c in claims:
-        book.add(c.item_id, c.lease)
+        book.add(c.attempt)
     return claims, book, EngineHealth(rt, book)
 
 
 def booked(claim) -> LeaseBook:
     """The node's book holding only ``claim``, with one engine token: as the claim loop leaves it."""
     book = LeaseBook()
-    book.add(claim.item_id, claim.lease)
+    book.add(claim.attempt)
     book.set_target(1)
     return book
 

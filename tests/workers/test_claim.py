@@ -35,8 +35,8 @@ def test_claims_up_to_the_gate_target_plus_the_prefetch_minus_what_it_holds(rt, 
     assert loop.leases.target == 3  # the engine tokens the tasks wait for
     assert loop.tick(now) == 0  # target and prefetch are full
     first = sent[0]
-    assert rt.queue.complete(first.item_id, first.lease)
-    loop.leases.discard(first.item_id, first.lease)  # released, as the task does after its result
+    assert rt.queue.complete(first.attempt)
+    loop.leases.discard(first.attempt)  # released, as the task does after its result
     assert loop.tick(now) == 1
     assert len(loop.leases) == 5
 
@@ -60,16 +60,16 @@ def test_renewal_keeps_held_leases_and_forgets_lost_ones(rt, make_batch, setting
     renewal = Renewal(WorkerContext(rt, loop.leases))
     loop.tick(time.time())
     held, lost = sent
-    assert loop.leases.start(held.item_id, held.lease)  # its task runs (one that never starts is given back)
-    rt.queue.complete(lost.item_id, lost.lease)
+    assert loop.leases.start(held.attempt)  # its task runs (one that never starts is given back)
+    rt.queue.complete(lost.attempt)
     claimed = rt.redis.zscore(keys.INFLIGHT, str(held.item_id))
     wait_for(lambda: redis_now(rt) - (claimed - 60.0) > 0.05, 30, what="Redis's clock to move on")
     before = redis_now(rt)
     renewal.once()
     renewed = rt.redis.zscore(keys.INFLIGHT, str(held.item_id))
     assert before + 60.0 - 1e-3 <= renewed <= redis_now(rt) + 60.0 + 1e-3 and renewed > claimed
-    assert rt.queue.lease_current(held.item_id, held.lease)
-    assert loop.leases.items() == [(held.item_id, held.lease)]
+    assert rt.queue.lease_current(held.attempt)
+    assert loop.leases.attempts() == [held.attempt]
 
 
 def test_a_claim_whose_task_never_starts_is_given_back(rt, make_batch, settings):
@@ -84,14 +84,14 @@ def test_a_claim_whose_task_never_starts_is_given_back(rt, make_batch, settings)
     renewal.once()  # the first pass's rebuild, before the claims
     loop.tick(time.time())
     running, never = sent
-    assert loop.leases.start(running.item_id, running.lease)  # only one task starts
+    assert loop.leases.start(running.attempt)  # only one task starts
     wait_for(lambda: (renewal.once() or True) and queued(rt, batch) == 2, 30, "the unstarted claim to go back")
-    assert not rt.queue.lease_current(never.item_id, never.lease)
-    assert rt.queue.lease_current(running.item_id, running.lease)  # the running task's lease was renewed
-    assert loop.leases.items() == [(running.item_id, running.lease)]  # and the other left the book
-    assert not loop.leases.start(never.item_id, never.lease)  # a task starting this late is stale
+    assert not rt.queue.lease_current(never.attempt)
+    assert rt.queue.lease_current(running.attempt)  # the running task's lease was renewed
+    assert loop.leases.attempts() == [running.attempt]  # and the other left the book
+    assert not loop.leases.start(never.attempt)  # a task starting this late is stale
     (again,) = rt.queue.claim("node-b", 1, 30, ["m"])
-    assert again.item_id == never.item_id and again.attempt == never.attempt + 1
+    assert again.item_id == never.item_id and again.attempt.number == never.attempt.number + 1
 
 
 def test_renewal_rebuilds_the_queue_at_start_and_after_data_loss(rt, make_batch):
@@ -133,8 +133,8 @@ def test_a_settled_item_wakes_the_idle_loop_at_once(rt, make_batch, settings):
         wait_for(lambda: len(sent) == 1, 10, what="the first claim")
         assert released.idle.wait(20), "the loop never went idle with the gate full"
         first = sent[0]
-        rt.queue.complete(first.item_id, first.lease)  # as record() does, then the task gives the lease up
-        loop.leases.discard(first.item_id, first.lease)
+        rt.queue.complete(first.attempt)  # as record() does, then the task gives the lease up
+        loop.leases.discard(first.attempt)
         wait_for(lambda: len(sent) == 2, 20, what="the second claim, before the 30 s idle period ends")
     finally:
         loop.stop()

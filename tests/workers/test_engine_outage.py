@@ -33,12 +33,12 @@ def test_503_with_a_failing_health_is_an_outage_not_a_retry(rt, make_batch, stub
     stub.health = 503
     stub.script("b0-0", *["503"] * 5)
     (claim,), book, engine = on_node(rt)
-    assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "given_back"
+    assert execute_item(rt, book, claim.attempt, engine=engine) == "given_back"
     assert stub.seen("b0-0") == 1 and not engine.up and book.paused.is_set()  # one request, no retry: it is down
     assert queued(rt, batch) == 1 and rt.queue.inflight(NODE) == 0  # back in the queue at once
-    assert give_back(rt, claim.item_id, claim.lease) == "stale"  # a stale lease gives nothing back twice
+    assert give_back(rt, claim.attempt) == "stale"  # a stale lease gives nothing back twice
     (again,) = rt.queue.claim("node-b", 1, lease_seconds=30, models=("m",))  # another node drains the batch
-    assert again.item_id == claim.item_id and again.attempt == 2
+    assert again.item_id == claim.item_id and again.attempt.number == 2
 
 
 def test_going_down_hands_back_at_once_what_is_not_at_the_engine(rt, make_batch):
@@ -47,28 +47,28 @@ def test_going_down_hands_back_at_once_what_is_not_at_the_engine(rt, make_batch)
     batch = make_batch(3)
     (waiting, unstarted, at_engine), book, engine = on_node(rt, 3)
     book.set_target(1)
-    assert book.start(at_engine.item_id, at_engine.lease)
-    assert book.take_token(at_engine.item_id, at_engine.lease, 1.0)[0]  # sent: the only token
-    assert book.start(waiting.item_id, waiting.lease)
+    assert book.start(at_engine.attempt)
+    assert book.take_token(at_engine.attempt, 1.0)[0]  # sent: the only token
+    assert book.start(waiting.attempt)
     woke: list = []
-    thread = threading.Thread(target=lambda: woke.append(book.take_token(waiting.item_id, waiting.lease, 60.0)))
+    thread = threading.Thread(target=lambda: woke.append(book.take_token(waiting.attempt, 60.0)))
     thread.start()
     wait_for(lambda: waiting.item_id in book._waiting, 10, "the task to wait for a token")
     engine.mark_down("a refused connection")
     thread.join(10)
     assert woke == [(False, None)]  # at once, not after its 60 s
-    assert queued(rt, batch) == 1 and not rt.queue.lease_current(unstarted.item_id, unstarted.lease)
+    assert queued(rt, batch) == 1 and not rt.queue.lease_current(unstarted.attempt)
     assert len(book) == 2  # the unstarted claim left the book; the other two are their tasks' to settle
-    assert give_back(rt, waiting.item_id, waiting.lease) == "given_back" and queued(rt, batch) == 2  # as it does
+    assert give_back(rt, waiting.attempt) == "given_back" and queued(rt, batch) == 2  # as it does
     engine.mark_up()
-    assert not book.paused.is_set() and rt.queue.lease_current(at_engine.item_id, at_engine.lease)
+    assert not book.paused.is_set() and rt.queue.lease_current(at_engine.attempt)
 
 
 def test_a_refused_connection_is_an_outage_without_a_probe(rt, make_batch, stub):
     make_batch(1)
     rt.settings = rt.settings.replace(vllm_url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
     (claim,), book, engine = on_node(rt)
-    assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "given_back" and not engine.up
+    assert execute_item(rt, book, claim.attempt, engine=engine) == "given_back" and not engine.up
     with rt.store.read() as s:  # nothing listened: the engine was gone before the request, no death counted
         assert s.get(Item, claim.item_id).engine_deaths == 0
 
@@ -78,7 +78,7 @@ def test_5xx_while_health_passes_is_the_items_own_error(rt, make_batch, stub):
     make_batch(1)
     stub.script("b0-0", "503", "503")  # retry_budget 1: two failures are one too many
     (claim,), book, engine = on_node(rt)
-    assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "failed"
+    assert execute_item(rt, book, claim.attempt, engine=engine) == "failed"
     assert engine.up and stub.seen("b0-0") == 2 and stub.health_checks == 2
 
 

@@ -189,7 +189,7 @@ def test_reclaimed_items_relink_their_batch(rt, make_batch):
     (r,) = reclaim(rt)
     assert r.fate is Fate.requeued and r.item_id == c.item_id
     (again,) = rt.queue.claim(NODES[1], 1, 30, ["m"])
-    assert again.item_id == c.item_id and again.attempt == 2 and again.batch_id == batch
+    assert again.item_id == c.item_id and again.attempt.number == 2 and again.batch_id == batch
 
 
 def test_a_queue_of_layout_1_is_rebuilt_into_this_layout(rt, make_batch):

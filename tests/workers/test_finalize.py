@@ -42,7 +42,7 @@ def test_a_body_is_spliced_in_as_the_engine_wrote_it_never_parsed_again(rt, make
     batch = make_batch(2, enqueue=False)
     pretty = json.dumps({"object": "chat.completion", "usage": {"total_tokens": 3}}, indent=2)  # line breaks inside
     answer(rt, batch, ['{"score": 1.10, "text": "a\\nb"}', pretty])
-    assert finalize.complete(rt, batch)
+    assert finalize.perform_finalize(rt, batch)
     raw = rt.blobs.read_bytes(_output_blob(rt, batch)).decode()
     assert '"body": {"score": 1.10, "text": "a\\nb"}' in raw  # 1.10 kept: a parse and re-dump would write 1.1
     lines = file_lines(rt, batch_row(rt, batch).output_file_id)
@@ -55,7 +55,7 @@ def test_a_lines_id_tells_nothing_of_the_fleet_and_is_the_same_at_every_attempt(
     batch's id and the line, so two finalizes of the same batch write the same ids."""
     batch = make_batch(3, enqueue=False)
     answer(rt, batch, ["{}"] * 3)
-    assert finalize.complete(rt, batch)
+    assert finalize.perform_finalize(rt, batch)
     ids = [line["id"] for line in file_lines(rt, batch_row(rt, batch).output_file_id)]
     assert len(set(ids)) == 3 and all(i.startswith("batch_req_") and len(i) == len("batch_req_") + 24 for i in ids)
     assert not {f"batch_req_{item_id}" for item_id in item_ids(rt, batch)} & set(ids)
@@ -78,7 +78,7 @@ def test_items_are_fetched_in_groups_bounded_by_their_bodies_length(rt, make_bat
 
     monkeypatch.setattr(finalize, "FETCH_CHARS", 700)
     monkeypatch.setattr(finalize, "fetch_groups", recorded)
-    assert finalize.complete(rt, batch)
+    assert finalize.perform_finalize(rt, batch)
     lines = file_lines(rt, batch_row(rt, batch).output_file_id)
     assert [line["response"]["body"]["n"] for line in lines] == list(range(7))  # every line, in order
     ids = item_ids(rt, batch)
@@ -122,7 +122,7 @@ def test_a_batch_whose_files_cannot_be_written_fails_after_its_attempts_and_keep
     break_blobs(rt)
     failed_before = unwritten(rt)
     with pytest.raises(OSError):
-        finalize.maybe_finalize(rt, batch)  # the item task's request: the first attempt
+        finalize.perform_finalize(rt, batch)  # the item task's request: the first attempt
     since = batch_row(rt, batch).finalizing_at
     assert (batch_row(rt, batch).status, attempts_of(rt, batch)) == ("finalizing", 1)
     r = rt.settings.reconcile_seconds
@@ -153,7 +153,7 @@ def test_a_fault_that_passes_costs_only_the_attempts_it_lasted(rt, make_batch):
     answer(rt, batch, ['{"n": 0}'])
     break_blobs(rt)
     with pytest.raises(OSError):
-        finalize.complete(rt, batch)
+        finalize.perform_finalize(rt, batch)
     since, r = batch_row(rt, batch).finalizing_at, rt.settings.reconcile_seconds
     reconcile(rt, now=since + r)
     assert attempts_of(rt, batch) == 2
@@ -200,7 +200,7 @@ def test_a_writer_is_not_held_up_while_finalize_writes_the_files(rt, make_batch,
     reached, resume = paused_write
     batch = make_batch(3, enqueue=False)
     answer(rt, batch, ['{"n": 0}', '{"n": 1}', '{"n": 2}'])
-    finalizing, done = _in_thread(finalize.complete, rt, batch)
+    finalizing, done = _in_thread(finalize.perform_finalize, rt, batch)
     assert reached.wait(30), "finalize never wrote its output file"
     committed = threading.Event()
 

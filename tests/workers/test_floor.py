@@ -40,8 +40,8 @@ def loop_for(rt, target: int, sent: list, settle: bool):
     def send(claims):
         sent.extend(claims)
         for c in claims if settle else ():  # an engine that answers at once: the slot is free again
-            rt.queue.complete(c.item_id, c.lease)
-            book.discard(c.item_id, c.lease)
+            rt.queue.complete(c.attempt)
+            book.discard(c.attempt)
         return claims
 
     return ClaimLoop(WorkerContext(rt, book), FixedGate(target), send)
@@ -135,8 +135,8 @@ def test_the_floor_holds_at_most_its_share_of_the_pool_and_tenants_take_turns(rt
         assert loop.leases.floor_held() <= 2
     assert Counter(c.batch_id for c in sent) == {acme[0]: 1, globex: 1}
     first = sent[0]
-    rt.queue.complete(first.item_id, first.lease)
-    loop.leases.discard(first.item_id, first.lease)  # one answered: room for one more
+    rt.queue.complete(first.attempt)
+    loop.leases.discard(first.attempt)  # one answered: room for one more
     loop.tick(t0 + 11)
     assert len(sent) == 3 and loop.leases.floor_held() == 2
 

@@ -20,6 +20,7 @@ from tests.support.worker_helpers import validating_batch
 from tidal_workers import ingest
 from tidal_workers.cancel import cancel_batch
 from tidal_workers.celery_app import make_celery
+from tidal_workers.finalize import perform_finalize
 from tidal_workers.ingest import after_failed_attempt
 from tidal_workers.ingest import ingest_batch
 from tidal_workers.ingest import request_ingest
@@ -30,6 +31,7 @@ from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
 from tidal_workers.sweeps import expire_due
 from tidal_workers.sweeps import reconcile
+from tidal_workers.task_names import FINALIZE
 from tidal_workers.task_names import INGEST
 from tidal_workers.task_names import INGEST_QUEUE
 
@@ -284,6 +286,8 @@ def test_a_batch_cancelled_mid_ingest_keeps_no_rows_and_no_files(rt, paused_seco
     ingesting = _in_thread(ingest_batch, rt, batch_id)
     assert reached.wait(30), "the ingest never reached its second pass"
     cancel_batch(rt, batch_id)
+    assert ops_batch_ids(rt, FINALIZE) == [batch_id]  # the cancel asks for the finalize; the ops worker runs it
+    assert perform_finalize(rt, batch_id)
     resume.set()
     ingesting.join(60)
     b, n = _state(rt, batch_id)

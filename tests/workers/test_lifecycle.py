@@ -13,6 +13,7 @@ from tests.support.wait import wait_for
 from tests.support.worker_helpers import assert_exactly_once
 from tests.support.worker_helpers import batch_row
 from tests.support.worker_helpers import booked
+from tests.support.worker_helpers import ops_batch_ids
 from tests.support.worker_helpers import queued
 from tests.support.worker_helpers import settled
 from tests.support.worker_helpers import wait_lease_expired
@@ -20,10 +21,11 @@ from tidal_workers.cancel import cancel_batch
 from tidal_workers.claim import ClaimLoop
 from tidal_workers.context import WorkerContext
 from tidal_workers.execute import execute_item
-from tidal_workers.finalize import maybe_finalize
+from tidal_workers.finalize import perform_finalize
 from tidal_workers.gate import FixedGate
 from tidal_workers.leases import LeaseBook
 from tidal_workers.reclaim import reclaim
+from tidal_workers.result import Entry
 from tidal_workers.result import Outcome
 from tidal_workers.result import record
 from tidal_workers.store.models import Batch
@@ -31,6 +33,7 @@ from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
 from tidal_workers.store.models import ItemStatus
 from tidal_workers.sweeps import reconcile
+from tidal_workers.task_names import FINALIZE
 
 NODE = "test-node"
 
@@ -41,15 +44,15 @@ def test_stale_attempt_is_dropped_and_first_write_wins(rt, make_batch, stub):
     wait_lease_expired(rt, old.item_id)
     reclaim(rt)  # the first worker "died": its lease expired
     (new,) = rt.queue.claim("node-b", 1, 30, ["m"])
-    assert new.item_id == old.item_id and new.attempt == 2
+    assert new.item_id == old.item_id and new.attempt.number == 2
 
-    assert execute_item(rt, booked(old), old.item_id, old.lease) == "stale" and stub.requests == []
+    assert execute_item(rt, booked(old), old.attempt) == "stale" and stub.requests == []
     late = Outcome(status=ItemStatus.completed, response_status=200, request_id="late", body='{"late": true}')
-    assert not record(rt, old.item_id, batch, old.lease, late)  # a zombie's late result never lands
+    assert not record(rt, Entry(old.attempt, batch, late))  # a zombie's late result never lands
 
-    assert execute_item(rt, booked(new), new.item_id, new.lease) == "completed"
-    assert not record(rt, new.item_id, batch, new.lease, late)  # a second write of the same attempt neither
-    assert maybe_finalize(rt, batch)  # what the ops worker does on the item task's finalize request
+    assert execute_item(rt, booked(new), new.attempt) == "completed"
+    assert not record(rt, Entry(new.attempt, batch, late))  # a second write of the same attempt neither
+    assert perform_finalize(rt, batch)  # what the ops worker does on the item task's finalize request
     b, out, err = settled(rt, batch)
     assert (b.completed, b.failed, err) == (1, 0, [])
     assert out[0]["response"]["request_id"] != "late"
@@ -72,22 +75,25 @@ def test_the_book_vouches_for_a_lease_only_until_half_of_it_has_passed(rt, make_
     before = time.monotonic()
     trusted = claim_one(60.0)
     assert before + 30 <= book._held[trusted.item_id].trusted_until <= time.monotonic() + 30
-    assert book.current(trusted.item_id, trusted.lease)
-    assert rt.queue.complete(trusted.item_id, trusted.lease)
-    book.discard(trusted.item_id, trusted.lease)
+    assert book.current(trusted.attempt)
+    assert rt.queue.complete(trusted.attempt)
+    book.discard(trusted.attempt)
 
     stalled = claim_one(0.2)  # trusted for 0.1 s
     wait_lease_expired(rt, stalled.item_id)
     reclaim(rt)
     (again,) = rt.queue.claim("node-b", 1, 30, ["m"])
     assert again.item_id == stalled.item_id
-    assert not book.current(stalled.item_id, stalled.lease)
-    assert execute_item(rt, book, stalled.item_id, stalled.lease) == "stale" and stub.requests == []
+    assert not book.current(stalled.attempt)
+    assert execute_item(rt, book, stalled.attempt) == "stale" and stub.requests == []
 
 
-def test_cancel_with_nothing_in_flight_is_immediate(rt, make_batch):
+def test_cancel_with_nothing_in_flight_asks_the_ops_worker_which_closes_it_at_once(rt, make_batch):
+    """The cancel (the HTTP request's work) writes no file: it asks for the finalize, which the ops worker performs."""
     batch = make_batch(3)
     cancel_batch(rt, batch)
+    assert batch_row(rt, batch).status == "cancelling" and ops_batch_ids(rt, FINALIZE) == [batch]
+    assert perform_finalize(rt, batch)  # the ops worker's task for that request
     b, out, err = settled(rt, batch, ("cancelled",))
     assert b.cancelling_at and b.cancelled_at and out == [] and b.output_file_id is None
     assert [line["error"]["code"] for line in err] == ["batch_cancelled"] * 3
@@ -122,7 +128,7 @@ def test_racing_finalizers_elect_exactly_one(rt, make_batch):
         )
         s.execute(update(Batch).where(Batch.id == batch).values(completed=3))
     with ThreadPoolExecutor(4) as pool:
-        won = list(pool.map(lambda _: maybe_finalize(rt, batch), range(4)))
+        won = list(pool.map(lambda _: perform_finalize(rt, batch), range(4)))
     assert won.count(True) == 1
     _b, out, err = settled(rt, batch)
     assert len(out) == 3 and err == []
@@ -158,5 +164,5 @@ def test_priority_sent_is_the_batch_priority_at_submission(rt, make_batch, stub)
     (claim,) = rt.queue.claim(NODE, 1, 30, ["m"])
     with rt.store.transaction() as s:  # escalated after the claim, before the POST
         s.execute(update(Batch).where(Batch.id == batch).values(priority=3))
-    assert execute_item(rt, booked(claim), claim.item_id, claim.lease) == "completed"
+    assert execute_item(rt, booked(claim), claim.attempt) == "completed"
     assert [body["priority"] for body in stub.requests] == [3]

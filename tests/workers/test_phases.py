@@ -128,17 +128,17 @@ def test_split_items_are_claimed_by_phase_only_and_requeued_as_their_decode(rt, 
     first, second = rt.queue.claim_phase(NODE, PREFILL, 2, 30, MODELS)
     assert [first.item_id, second.item_id] == ids[:2] and first.batch_id == batch
 
-    assert prefilled(rt, first.item_id, first.lease) == "prefilled"
+    assert prefilled(rt, first.attempt) == "prefilled"
     assert phases(rt, batch) == [DECODE, PREFILL, PREFILL] and waiting(rt, batch, DECODE) == 1
-    assert prefilled(rt, first.item_id, first.lease) == "stale"  # its lease went with it
+    assert prefilled(rt, first.attempt) == "stale"  # its lease went with it
     (decode,) = rt.queue.claim_phase(NODE, DECODE, 10, 30, MODELS)
-    assert decode.item_id == first.item_id and decode.attempt == 2
+    assert decode.item_id == first.item_id and decode.attempt.number == 2
 
     rt.queue.drop_batch(batch)  # cancel: the split items go with the whole ones
     assert rt.queue.claim_phase(NODE, PREFILL, 10, 30, MODELS) == []
     assert not rt.redis.exists(keys.phase_ready(batch, PREFILL), keys.phase_batches(PREFILL, "m"))
     assert rt.queue.queued_batches() == [] and rt.redis.keys(keys.PHASE_BATCHES_PREFIX + "*") == []
-    assert prefilled(rt, second.item_id, second.lease) == "abandoned"
+    assert prefilled(rt, second.attempt) == "abandoned"
 
 
 def test_one_claim_takes_each_phases_split_items_in_order_then_whole_items(rt, make_batch):

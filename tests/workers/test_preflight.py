@@ -35,7 +35,7 @@ def test_a_priority_refusal_hands_the_item_back_and_fails_the_preflight(rt, make
     batch = make_batch(1)
     stub.refuse_priority = True
     (claim,), book, engine = on_node(rt)
-    assert execute_item(rt, book, claim.item_id, claim.lease, engine=engine) == "given_back"
+    assert execute_item(rt, book, claim.attempt, engine=engine) == "given_back"
     assert queued(rt, batch) == 1 and stub.seen("b0-0") == 1  # back in the queue, sent once: no retry
     with rt.store.read() as s:
         item = s.get(Item, claim.item_id)

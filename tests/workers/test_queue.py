@@ -12,11 +12,12 @@ from tests.support.worker_helpers import item_ids
 from tests.support.worker_helpers import queued
 from tests.support.worker_helpers import wait_lease_expired
 from tidal_workers import keys
+from tidal_workers.attempt import Attempt
+from tidal_workers.attempt import parse_lease
 from tidal_workers.enqueue import rebuild
 from tidal_workers.metrics import register_queue_metrics
 from tidal_workers.queue import WHOLE
 from tidal_workers.queue import batch_score
-from tidal_workers.queue import parse_lease
 from tidal_workers.reclaim import Fate
 from tidal_workers.reclaim import reclaim
 from tidal_workers.store.models import Item
@@ -64,21 +65,21 @@ def test_rescore_reorders_queued_items_with_one_zadd(rt, make_batch):
 def test_lease_fencing_renew_complete_and_reclaim(rt, make_batch):
     batch = make_batch(2)
     first, second = rt.queue.claim(NODE, 2, 2.0, MODELS)  # long enough to renew one before it expires
-    assert parse_lease(first.lease) == (NODE, 1) and first.task_id == f"item-{first.item_id}#1"
+    assert parse_lease(first.lease) == (NODE, 1) and first.attempt.task_id == f"item-{first.item_id}#1"
     assert rt.queue.inflight(NODE) == 2 and rt.queue.batch_inflight(batch) == 2
 
-    assert rt.queue.renew(NODE, [(second.item_id, second.lease)], lease_seconds=30) == []
+    assert rt.queue.renew(NODE, [second.attempt], lease_seconds=30) == []
     wait_lease_expired(rt, first.item_id)
     reclaimed = reclaim(rt)
     assert [(r.item_id, r.fate) for r in reclaimed] == [(first.item_id, Fate.requeued)]  # the renewed one stays
     assert rt.queue.inflight(NODE) == 1
 
     (again,) = rt.queue.claim("other-node", 5, 30, MODELS)
-    assert again.item_id == first.item_id and again.attempt == 2
-    assert not rt.queue.lease_current(first.item_id, first.lease)
-    assert not rt.queue.complete(first.item_id, first.lease)  # the stale attempt is fenced off
-    assert rt.queue.renew(NODE, [(first.item_id, first.lease)], 30) == [first.item_id]
-    assert rt.queue.complete(again.item_id, again.lease)
+    assert again.item_id == first.item_id and again.attempt.number == 2
+    assert not rt.queue.lease_current(first.attempt)
+    assert not rt.queue.complete(first.attempt)  # the stale attempt is fenced off
+    assert rt.queue.renew(NODE, [first.attempt], 30) == [first.item_id]
+    assert rt.queue.complete(again.attempt)
     assert rt.queue.inflight_by_node() == {NODE: 1, "other-node": 0}
 
 
@@ -86,16 +87,11 @@ def test_complete_all_releases_a_groups_current_leases_in_order_and_fences_a_sta
     make_batch(4)
     mine = rt.queue.claim(NODE, 3, 30, MODELS)
     (theirs,) = rt.queue.claim("other-node", 1, 30, MODELS)
-    stale = (mine[1].item_id, mine[1].lease.rsplit("|", 1)[0] + "|0")  # not the lease the claim gave it
-    attempts = [
-        (mine[0].item_id, mine[0].lease),
-        stale,
-        (theirs.item_id, theirs.lease),
-        (mine[2].item_id, mine[2].lease),
-    ]
+    stale = Attempt(mine[1].item_id, mine[1].lease.rsplit("|", 1)[0] + "|0")  # not the lease the claim gave it
+    attempts = [mine[0].attempt, stale, theirs.attempt, mine[2].attempt]
     assert rt.queue.complete_all(attempts) == [True, False, True, True]
     assert rt.queue.inflight_by_node() == {NODE: 1, "other-node": 0}  # only mine[1], whose lease was not given
-    assert rt.queue.lease_current(mine[1].item_id, mine[1].lease)
+    assert rt.queue.lease_current(mine[1].attempt)
     assert not rt.redis.exists(keys.item(mine[0].item_id), keys.item(mine[2].item_id), keys.item(theirs.item_id))
     assert rt.redis.exists(keys.item(mine[1].item_id))
     assert rt.queue.complete_all([]) == []
@@ -108,7 +104,7 @@ def test_drop_batch_forgets_queued_items_and_abandons_leased_ones(rt, make_batch
     assert claim_order(rt, 10) == []
     wait_lease_expired(rt, leased.item_id)
     (r,) = rt.queue.take_expired()
-    assert (r.item_id, r.lease, r.batch_id, r.taken) == (leased.item_id, leased.lease, batch, False)
+    assert (r.attempt, r.batch_id, r.taken) == (leased.attempt, batch, False)
     assert rt.queue.batch_inflight(batch) == 0
     assert not rt.redis.exists(keys.item(leased.item_id), keys.ready(batch), keys.batch(batch))
 

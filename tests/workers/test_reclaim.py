@@ -53,7 +53,7 @@ def test_an_item_whose_worker_dies_each_time_becomes_an_error_line_at_the_limit(
         assert [(r.item_id, r.fate) for r in reclaim(rt)] == [(claim.item_id, Fate.requeued)]
         assert reclaims(rt, batch) == {"b0-0": death, "b0-1": 0, "b0-2": 0}  # the lowest ordinal: b0-0 each time
     (claim,) = die_holding(rt)
-    assert claim.attempt == 3
+    assert claim.attempt.number == 3
     # The third death is reclaimed by a live worker's renewal thread, which writes it off and drains the rest.
     with worker():
         b, out, err = settled(rt, batch)
@@ -74,10 +74,10 @@ def test_a_live_workers_hand_back_counts_no_reclaim(rt, make_batch):
     batch = make_batch(1)
     for _ in range(2 * rt.settings.reclaim_limit):
         (claim,) = rt.queue.claim("live-node", 1, 30, ("m",))
-        assert give_back(rt, claim.item_id, claim.lease) == "given_back"
+        assert give_back(rt, claim.attempt) == "given_back"
     assert reclaim(rt) == [] and reclaims(rt, batch) == {"b0-0": 0}
     (claim,) = rt.queue.claim("live-node", 1, 30, ("m",))
-    assert claim.attempt == 2 * rt.settings.reclaim_limit + 1  # fencing went on counting every claim
+    assert claim.attempt.number == 2 * rt.settings.reclaim_limit + 1  # fencing went on counting every claim
 
 
 def test_an_item_settled_before_its_worker_died_is_forgotten_not_counted(rt, make_batch):
@@ -104,4 +104,4 @@ def test_an_item_goes_back_uncounted_when_sql_cannot_count(rt, make_batch, monke
         reclaim(rt)
     assert reclaims(rt, batch) == {"b0-0": 0}
     (again,) = wait_for(lambda: rt.queue.claim("node-b", 1, 30, ("m",)), 5, "the item to be claimable again")
-    assert again.item_id == claim.item_id and again.attempt == 2
+    assert again.item_id == claim.item_id and again.attempt.number == 2

@@ -33,9 +33,9 @@ def test_a_group_commit_counts_each_first_write_once(rt, make_batch):
     writer = ResultWriter(rt)
     try:
         with ThreadPoolExecutor(10) as pool:
-            firsts = list(pool.map(lambda c: record(rt, c.item_id, c.batch_id, c.lease, done(1), writer.write), claims))
+            firsts = list(pool.map(lambda c: record(rt, Entry(c.attempt, c.batch_id, done(1)), writer.write), claims))
             # the same attempts again (a retried write, a zombie racing past the lease check): none lands
-            again = writer.write([Entry(c.item_id, c.batch_id, c.lease, done(5)) for c in claims[:5]])
+            again = writer.write([Entry(c.attempt, c.batch_id, done(5)) for c in claims[:5]])
     finally:
         writer.close()
     assert firsts == [True] * 20 and again == [False] * 5
@@ -53,7 +53,7 @@ def test_one_group_spanning_batches_counts_each_on_its_own_row(rt, make_batch):
         of_first = [c for c in claims if c.batch_id == first]
         (of_second,) = [c for c in claims if c.batch_id == second]
         outcomes = [(of_first[0], done(3)), (of_first[1], failed), (of_second, done(7))]
-        assert writer.write([Entry(c.item_id, c.batch_id, c.lease, o) for c, o in outcomes]) == [True] * 3
+        assert writer.write([Entry(c.attempt, c.batch_id, o) for c, o in outcomes]) == [True] * 3
     finally:
         writer.close()
     a, b = batch_row(rt, first), batch_row(rt, second)
@@ -83,11 +83,9 @@ def test_an_idle_writer_writes_on_the_callers_thread_and_a_busy_one_groups_what_
     monkeypatch.setattr(result, "write_outcomes", write_outcomes)
     try:
         with ThreadPoolExecutor(5, thread_name_prefix="caller") as pool:
-            first = pool.submit(
-                record, rt, claims[0].item_id, claims[0].batch_id, claims[0].lease, done(1), writer.write
-            )
+            first = pool.submit(record, rt, Entry(claims[0].attempt, claims[0].batch_id, done(1)), writer.write)
             assert first_under_way.wait(30)
-            rest = [pool.submit(record, rt, c.item_id, c.batch_id, c.lease, done(1), writer.write) for c in claims[1:]]
+            rest = [pool.submit(record, rt, Entry(c.attempt, c.batch_id, done(1)), writer.write) for c in claims[1:]]
             wait_for(
                 lambda: len(writer._queue) >= 4, 30, "the four outcomes to queue behind the first write", every=0.01
             )
@@ -109,11 +107,11 @@ def test_the_write_of_a_batchs_last_item_asks_for_its_finalize_from_the_counts_i
     batch = make_batch(3)
     claims = rt.queue.claim(NODE, 3, 30, ["m"])
     finalize_requests(rt)
-    assert record(rt, claims[0].item_id, batch, claims[0].lease, done(1))
+    assert record(rt, Entry(claims[0].attempt, batch, done(1)))
     assert finalize_requests(rt) == []  # two items to go
     writer = ResultWriter(rt)
     try:  # the last two in one group: one request for the batch
-        assert writer.write([Entry(c.item_id, batch, c.lease, done(1)) for c in claims[1:]]) == [True, True]
+        assert writer.write([Entry(c.attempt, batch, done(1)) for c in claims[1:]]) == [True, True]
     finally:
         writer.close()
     assert finalize_requests(rt) == [batch]
@@ -133,14 +131,14 @@ def test_the_next_group_is_written_while_the_last_one_releases_its_leases(rt, ma
 
     def write_outcomes(rt_, entries):
         out = real_write(rt_, entries)
-        order.append(("commit", entries[0].item_id))
-        if entries[0].item_id == second.item_id:
+        order.append(("commit", entries[0].attempt.item_id))
+        if entries[0].attempt.item_id == second.item_id:
             second_committed.set()
         return out
 
     def release(rt_, entries, due):
-        order.append(("release", entries[0].item_id))
-        if entries[0].item_id == first.item_id:
+        order.append(("release", entries[0].attempt.item_id))
+        if entries[0].attempt.item_id == first.item_id:
             first_releasing.set()
             assert second_committed.wait(30), "the second group's write waited for the first group's release"
         real_release(rt_, entries, due)
@@ -150,9 +148,9 @@ def test_the_next_group_is_written_while_the_last_one_releases_its_leases(rt, ma
     writer = ResultWriter(rt)
     try:
         with ThreadPoolExecutor(2) as pool:
-            one = pool.submit(record, rt, first.item_id, first.batch_id, first.lease, done(1), writer.write)
+            one = pool.submit(record, rt, Entry(first.attempt, first.batch_id, done(1)), writer.write)
             assert first_releasing.wait(30)
-            two = pool.submit(record, rt, second.item_id, second.batch_id, second.lease, done(1), writer.write)
+            two = pool.submit(record, rt, Entry(second.attempt, second.batch_id, done(1)), writer.write)
             assert one.result(30) and two.result(30)
     finally:
         writer.close()
@@ -167,11 +165,11 @@ def test_the_write_puts_every_column_of_the_outcome_on_the_item_row(rt, make_bat
     batch = make_batch(2)
     ok, failed = rt.queue.claim(NODE, 2, 30, ["m"])
     usage = Usage(input_tokens=11, cached_tokens=3, output_tokens=22, reasoning_tokens=5)
-    written = result.settle(
+    written = result.commit_and_release(
         rt,
         [
-            Entry(ok.item_id, batch, ok.lease, Outcome(ItemStatus.completed, 200, "req-1", '{"a": 1}', usage=usage)),
-            Entry(failed.item_id, batch, failed.lease, Outcome(ItemStatus.failed, error_code="x", error_message="y")),
+            Entry(ok.attempt, batch, Outcome(ItemStatus.completed, 200, "req-1", '{"a": 1}', usage=usage)),
+            Entry(failed.attempt, batch, Outcome(ItemStatus.failed, error_code="x", error_message="y")),
         ],
     )
     assert written == [True, True]
@@ -222,5 +220,5 @@ def test_a_driver_transaction_that_fails_writes_nothing_and_gives_its_connection
         raise RuntimeError("after the UPDATE")
     assert batch_row(rt, batch).completed == 0  # rolled back
     assert rt.store.engine.pool.checkedout() == 0
-    assert result.settle(rt, [Entry(claim.item_id, batch, claim.lease, done(1))]) == [True]  # the store still writes
+    assert result.commit_and_release(rt, [Entry(claim.attempt, batch, done(1))]) == [True]  # the store still writes
     assert batch_row(rt, batch).completed == 1

@@ -48,8 +48,8 @@ def test_many_stalled_batches_of_one_tenant_neither_escalate_nor_crowd_out_anoth
 
     def send(claims):
         for c in claims:
-            rt.queue.complete(c.item_id, c.lease)
-            book.discard(c.item_id, c.lease)
+            rt.queue.complete(c.attempt)
+            book.discard(c.attempt)
             sent.append((clock[0], owner[c.batch_id]))
         with rt.store.transaction() as s:  # the engine answered at once: the batches' counts follow
             for batch_id, n in Counter(c.batch_id for c in claims).items():

@@ -21,6 +21,7 @@ import time
 import redis
 
 from tidal_workers import keys
+from tidal_workers.attempt import Attempt
 from tidal_workers.queue import WHOLE
 from tidal_workers.queue import Queue
 
@@ -78,7 +79,7 @@ def run_once(cfg: FairnessConfig, rep: int) -> dict[str, float | int]:
             now = time.monotonic()
             while held and held[0][0] <= now:
                 _, item, lease = heapq.heappop(held)
-                q.complete(item, lease)
+                q.complete(Attempt(item, lease))
             claims = q.claim(name, cfg.inflight - len(held), 600, [MODEL])
             with lock:
                 if not done.is_set():

@@ -1,4 +1,4 @@
-"""Engine and session handling for SQLite (WAL) and PostgreSQL."""
+"""Engine and session handling for SQLite (WAL) and PostgreSQL: the two ways into the store (``Store``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import typing as t
 
 from sqlalchemy import CursorResult
 from sqlalchemy import Delete
+from sqlalchemy import Select
 from sqlalchemy import Update
 from sqlalchemy import create_engine
 from sqlalchemy import event
@@ -21,6 +22,9 @@ from sqlalchemy.orm import sessionmaker
 
 from config import Settings
 from tidal_workers.store.models import Base
+
+#: What ``Store.driver`` compiles: one row per call of the item path at most (a SELECT, or an UPDATE's RETURNING).
+Statement = Select[*tuple[t.Any, ...]] | Update | Delete
 
 
 def make_engine(url: str) -> Engine:
@@ -56,17 +60,17 @@ def rows_updated(
 class DriverStatement:
     """A Core statement compiled once for one database, to run on the driver's own cursor (``Store.driver``).
 
-    For the statements run for every answered item: on them SQLAlchemy's execution machinery (the compiled-cache
-    lookup, the execution context, the result object) cost more than SQLite spends running them (measured on a
-    result write: 0.51 ms through a Core connection, 0.20 ms on the driver's cursor). Only for statements whose
-    bound values need no type conversion (plain integers and strings), as nothing converts them here."""
+    For the statements run for every item: on them SQLAlchemy's execution machinery (the compiled-cache lookup, the
+    execution context, the result object) cost more than SQLite spends running them (measured on a result write:
+    0.51 ms through a Core connection, 0.20 ms on the driver's cursor). Only for statements whose bound values and
+    columns need no type conversion (plain integers and strings), as nothing converts them here."""
 
     sql: str
     names: tuple[str, ...] | None  # a positional driver's (sqlite3's qmark) bound names in order; None: by name
     constants: t.Mapping[str, t.Any]  # the statement's own literals (``status = 'pending'``), bound as any name
 
     @classmethod
-    def compile(cls, statement: Update | Delete, dialect: Dialect) -> DriverStatement:
+    def compile(cls, statement: Statement, dialect: Dialect) -> DriverStatement:
         compiled = statement.compile(dialect=dialect)
         constants = {name: bind.value for name, bind in compiled.binds.items() if not bind.required}
         names = tuple(compiled.positiontup) if compiled.positiontup is not None else None
@@ -78,9 +82,24 @@ class DriverStatement:
         cursor.execute(self.sql, tuple(bound[n] for n in self.names) if self.names is not None else bound)
         return cursor
 
+    def one_or_none(self, cursor: DBAPICursor, values: t.Mapping[str, t.Any]) -> tuple[t.Any, ...] | None:
+        """Execute, then the first row (a SELECT's, or an UPDATE's RETURNING), or None if there is none."""
+        row = self.run(cursor, values).fetchone()
+        return tuple(row) if row is not None else None
+
 
 class Store:
-    """The database of one process: an engine, a session factory and start-up helpers."""
+    """The database of one process: an engine, a session factory and start-up helpers.
+
+    Two ways in, each for its own path:
+
+    * ``read`` and ``transaction``, an ORM ``Session``: the API, ingest, finalize, the sweeps and the CLI, whose
+      work per call is large or rare (a request, a batch), so clarity wins.
+    * ``driver`` and ``driver_transaction``, a statement compiled once and run on the driver's own cursor: the item
+      path alone (``execute``, ``result``, ``poison`` and ``finalize``'s counts read), whose statements run once or
+      more per item on every GPU node, where SQLAlchemy's machinery costs more than the database's work
+      (``DriverStatement``). A statement on this path is a module-level constant, bound at each execution.
+    """
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -90,7 +109,7 @@ class Store:
             Path(settings.home).mkdir(parents=True, exist_ok=True)
         self.engine = make_engine(settings.sqlalchemy_url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._driver_statements: dict[Update | Delete, DriverStatement] = {}
+        self._driver_statements: dict[Statement, DriverStatement] = {}
 
     @contextlib.contextmanager
     def read(self) -> t.Iterator[Session]:
@@ -109,21 +128,7 @@ class Store:
                 session.rollback()
                 raise
 
-    # The item path's statements run once or more per item on every GPU node: on a Core connection they cost a
-    # third of what they cost through a Session (measured: a result write, 0.6 ms against 1.8 ms).
-    @contextlib.contextmanager
-    def core_read(self) -> t.Iterator[Connection]:
-        """A Core connection for reading, as ``read``: closed at the end, nothing in it is ever committed."""
-        with self.engine.connect() as connection:
-            yield connection
-
-    @contextlib.contextmanager
-    def core_transaction(self) -> t.Iterator[Connection]:
-        """A Core connection in a transaction, as ``transaction``: committed on success, rolled back on error."""
-        with self.engine.begin() as connection:
-            yield connection
-
-    def driver(self, statement: Update | Delete) -> DriverStatement:
+    def driver(self, statement: Statement) -> DriverStatement:
         """``statement`` compiled for this store's database, once per process (``DriverStatement``)."""
         compiled = self._driver_statements.get(statement)
         if compiled is None:
@@ -133,7 +138,8 @@ class Store:
     @contextlib.contextmanager
     def driver_transaction(self) -> t.Iterator[DBAPICursor]:
         """A driver cursor on a pooled connection, in a transaction, for ``DriverStatement``s: committed on
-        success and rolled back on error (a connection that cannot even roll back is dropped from the pool)."""
+        success (a read's too: it ends the transaction PostgreSQL's driver opened) and rolled back on error (a
+        connection that cannot even roll back is dropped from the pool)."""
         connection = self.engine.raw_connection()
         try:
             cursor = connection.cursor()
