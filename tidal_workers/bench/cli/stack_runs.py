@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import typing as t
 from pathlib import Path
 
 import click
@@ -259,21 +260,19 @@ def dispatch(
     finish("dispatch", origin, results, out_dir, headline)
 
 
+def _dispatch_results(arm: str, which: str) -> t.Callable[[t.Callable], t.Callable]:
+    return click.option(
+        f"--{arm}",
+        multiple=True,
+        required=True,
+        type=click.Path(exists=True, dir_okay=False),
+        help=f"A dispatch.json of the code {which}.",
+    )
+
+
 @click.command("dispatch-compare")
-@click.option(
-    "--old",
-    multiple=True,
-    required=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="A dispatch.json of the code before.",
-)
-@click.option(
-    "--new",
-    multiple=True,
-    required=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="A dispatch.json of the code after.",
-)
+@_dispatch_results("old", "before")
+@_dispatch_results("new", "after")
 @out_option("dispatch-compare")
 def dispatch_compare(old: tuple[str, ...], new: tuple[str, ...], out: str) -> None:
     """New ÷ old of the dispatch medians (POST answered → lease released; token freed → next POST), from whole
