@@ -63,29 +63,41 @@ def read(engine_url: str, timeout: float = 2.0) -> Reading:
     return Reading(at=time.monotonic(), **{field: values[name] for field, name in _NAMES.items()})
 
 
-class Sampler:
-    """Reads /metrics every ``period`` seconds in a thread until stopped."""
+class Periodic:
+    """``sample()`` every ``period`` seconds in a thread while the context lasts, and ``close_sample()`` on leaving
+    it: the lifecycle every sampler of a run shares, so each says only what one reading is. A failed request is
+    skipped (a busy server answers late: the next reading comes a period later); any other error ends the thread
+    through ``failed``."""
 
-    def __init__(self, engine_url: str, period: float = 1.0, also: t.Callable[[], dict[str, float]] | None = None):
-        self.engine_url = engine_url
+    def __init__(self, period: float):
         self.period = period
-        self.readings: list[Reading] = []
-        self.also = also  # a second source read on the same clock (the worker's gate)
-        self.also_readings: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        """Take one reading and keep it."""
+        raise NotImplementedError
+
+    def close_sample(self) -> None:
+        """The reading taken on leaving, after the thread has stopped."""
+        self.sample()
+
+    def failed(self, exc: Exception) -> None:
+        """Raises ``exc`` in the thread (its traceback on stderr); override to keep it for the caller instead."""
+        raise exc
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.readings.append(read(self.engine_url))
-                if self.also is not None:
-                    self.also_readings.append((self.readings[-1].at - self.readings[0].at, self.also()))
+                self.sample()
             except requests.RequestException:
                 pass
+            except Exception as exc:
+                self.failed(exc)
+                return
             self._stop.wait(self.period)
 
-    def __enter__(self) -> Sampler:
+    def __enter__(self) -> t.Self:
         self._thread.start()
         return self
 
@@ -93,7 +105,30 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         with contextlib.suppress(requests.RequestException):
-            self.readings.append(read(self.engine_url))
+            self.close_sample()
+
+
+class Sampler(Periodic):
+    """Reads /metrics every ``period`` seconds in a thread until stopped."""
+
+    def __init__(self, engine_url: str, period: float = 1.0, also: t.Callable[[], dict[str, float]] | None = None):
+        super().__init__(period)
+        self.engine_url = engine_url
+        self.readings: list[Reading] = []
+        self.also = also  # a second source read on the same clock (the worker's gate)
+        self.also_readings: list[tuple[float, dict[str, float]]] = []
+
+    def sample(self) -> None:
+        self._read_engine()
+        if self.also is not None:
+            self.also_readings.append((self.readings[-1].at - self.readings[0].at, self.also()))
+
+    def close_sample(self) -> None:
+        """The engine alone: the second source is read only on the sampling clock."""
+        self._read_engine()
+
+    def _read_engine(self) -> None:
+        self.readings.append(read(self.engine_url))
 
 
 def budget_fill(readings: list[Reading], budget_tokens: int) -> list[tuple[float, float]]:

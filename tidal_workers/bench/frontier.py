@@ -29,14 +29,12 @@ import math
 import random
 import shutil
 import tempfile
-import threading
 import time
 import typing as t
 import zlib
 from pathlib import Path
 
 import numpy as np
-import requests
 
 from config import Settings
 from tidal_engine.twin import load_profile
@@ -82,40 +80,21 @@ Log = t.Callable[[str], None]
 Counts = t.Callable[[engine_stats.Reading], dict[str, float]]
 
 
-class Observer:
+class Observer(engine_stats.Periodic):
     """The engine's /metrics and the arm's counts, every PERIOD_S in a thread: the series a window is judged on."""
 
     def __init__(self, engine_url: str, counts: Counts):
+        super().__init__(PERIOD_S)
         self.engine_url, self.counts = engine_url, counts
         self.rows: list[dict[str, float]] = []
         self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _read(self) -> None:
+    def sample(self) -> None:
         reading = engine_stats.read(self.engine_url, timeout=10.0)
         self.rows.append({**dataclasses.asdict(reading), **self.counts(reading)})
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._read()
-            except requests.RequestException:
-                pass  # a busy server answers late: the next reading comes a period later
-            except Exception as exc:  # raised by settle(), in the benchmark's thread
-                self.error = exc
-                return
-            self._stop.wait(PERIOD_S)
-
-    def __enter__(self) -> Observer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        with contextlib.suppress(requests.RequestException):
-            self._read()
+    def failed(self, exc: Exception) -> None:
+        self.error = exc  # raised by settle(), in the benchmark's thread
 
     def admission(self, hold_s: float) -> steady.Admission:
         rows = list(self.rows)

@@ -1,5 +1,5 @@
 """The frontier's measurement, its pure parts (tidal_workers/bench/frontier.py): the online trace every arm of a
-block sends, and the batch's samples with the online tokens taken out."""
+block sends, the batch's samples with the online tokens taken out, and the observer's error reaching settle()."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 
 from config import load_settings
 from tidal_engine.tiny import build_tiny
+from tidal_workers.bench import engine_stats
 from tidal_workers.bench import frontier
 from tidal_workers.bench import frontier_plan as fp
 from tidal_workers.bench.workload import ONLINE_LOADS
@@ -74,3 +75,18 @@ def test_batch_samples_are_the_engine_s_counters_less_the_online_tokens():
         [2.0, 10.0, 2.0, 2000.0, 1000.0],
         [3.0, 10.0, 3.0, 3000.0, 1500.0],
     ]
+
+
+def test_an_observer_keeps_an_error_of_its_own_for_settle_and_stops_sampling(monkeypatch):
+    monkeypatch.setattr(engine_stats, "read", lambda url, timeout: engine_stats.Reading(0.0, *[0.0] * 10))
+    monkeypatch.setattr(frontier, "PERIOD_S", 0.01)
+
+    def counts(reading: engine_stats.Reading) -> dict[str, float]:
+        raise KeyError("at_engine")
+
+    observer = frontier.Observer("http://engine", counts)
+    # The closing reading raises the KeyError too, on leaving.
+    with pytest.raises(KeyError), observer, pytest.raises(RuntimeError, match="the sampler stopped"):
+        observer.settle(hold_s=1.0, settle_max_s=30.0)
+    assert isinstance(observer.error, KeyError)
+    assert observer.rows == []
