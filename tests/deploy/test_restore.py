@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.deploy_helpers import ROOT
 from tests.support.fault_helpers import start_worker
 from tests.support.stack_helpers import assert_every_line_once
 from tests.support.stack_helpers import backup
 from tests.support.stack_helpers import custom_ids
+from tests.support.stack_helpers import db_upgrade
 from tests.support.stack_helpers import fresh_database
 from tests.support.stack_helpers import restore
 from tests.support.wait import wait_for
 from tests.support.worker_helpers import batch_row
-from tests.support.worker_helpers import settings_env
 from tidal_api import create_app
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.services import kill_group
@@ -97,15 +94,7 @@ def test_a_backup_taken_mid_batch_restores_onto_a_fresh_stack(settings, stub, ch
                 rt.close()
 
             restore(tmp_path / "backup", new)
-            upgrade = subprocess.run(
-                [sys.executable, "-m", "tidal_api.cli", "db", "upgrade"],
-                cwd=ROOT,
-                env=settings_env(new),
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert upgrade.returncode == 0, upgrade.stderr[-3000:]
+            db_upgrade(new)
             rt = Runtime(new)
             try:
                 restored = batch_row(rt, batch)

@@ -25,6 +25,7 @@ from alembic.script import ScriptDirectory
 from tests.support.deploy_helpers import ROOT
 from tests.support.fault_helpers import start_worker
 from tests.support.stack_helpers import assert_every_line_once
+from tests.support.stack_helpers import db_upgrade
 from tests.support.stack_helpers import fresh_database
 from tests.support.stack_helpers import scalar
 from tests.support.wait import wait_for
@@ -140,15 +141,7 @@ def test_in_flight_batches_of_the_previous_release_complete_after_the_upgrade(
         done_before = scalar(s, "SELECT count(*) FROM items WHERE status = 'completed'")
         assert 4 <= done_before < sum(BATCHES.values())
 
-        upgrade = subprocess.run(
-            [sys.executable, "-m", "tidal_api.cli", "db", "upgrade"],
-            cwd=ROOT,
-            env=settings_env(s),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert upgrade.returncode == 0, upgrade.stderr[-3000:]
+        db_upgrade(s)
         heads = ScriptDirectory.from_config(alembic_config(None)).get_heads()  # type: ignore[arg-type]
         assert [scalar(s, "SELECT version_num FROM alembic_version")] == heads and MIGRATIONS.is_dir()
 
