@@ -1,5 +1,5 @@
 """Helpers of the worker tests (and of every test that runs a batch): reading batches and their output files, the
-environment and start of a `tidal` child process."""
+environment and start of a `tidal` child process, and of a fleet of them."""
 
 from __future__ import annotations
 
@@ -120,6 +120,15 @@ def spawn(settings, *args: str, log: Path) -> subprocess.Popen:
         stdout=out,
         stderr=subprocess.STDOUT,
     )
+
+
+def spawn_fleet(settings, engines: dict[str, str], children: list[subprocess.Popen], log_dir: Path) -> None:
+    """A fleet as deployed: a GPU node's `tidal worker` per node in ``engines`` (node: its engine's URL), then the
+    ops worker, which finalizes; each appended to ``children``, its log ``log_dir/<node>.log`` (``ops.log``)."""
+    for node, url in engines.items():
+        worker = settings.replace(node=node, vllm_url=url)
+        children.append(spawn(worker, "worker", "--loglevel=warning", log=log_dir / f"{node}.log"))
+    children.append(spawn(settings, "worker", "--ops", "--loglevel=warning", log=log_dir / "ops.log"))
 
 
 def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions", tenant: str = "acme") -> str:
