@@ -19,6 +19,7 @@ from tests.support.stack_helpers import custom_ids
 from tests.support.stack_helpers import db_upgrade
 from tests.support.stack_helpers import fresh_database
 from tests.support.stack_helpers import restore
+from tests.support.stack_helpers import stack_settings
 from tests.support.wait import wait_for
 from tests.support.worker_helpers import batch_row
 from tidal_api import create_app
@@ -61,15 +62,7 @@ def _create_batch(rt: Runtime, tag: str, n: int) -> str:
 
 @pytest.mark.slow
 def test_a_backup_taken_mid_batch_restores_onto_a_fresh_stack(settings, stub, children, tmp_path):
-    base = settings.replace(
-        vllm_url=stub.url,
-        gate_mode="fixed",
-        lease_seconds=2.0,
-        claim_idle_seconds=0.02,
-        max_inflight=4,
-        worker_threads=4,
-        worker_metrics_port=0,
-    )
+    base = stack_settings(settings, stub)
     fresh_redis = PrivateRedis(tmp_path)
     try:
         with fresh_database(base, "old-stack") as old, fresh_database(base, "new-stack") as new:

@@ -14,9 +14,18 @@ import sqlalchemy as sa
 
 from config import Settings
 from tests.support.worker_helpers import ROOT
+from tests.support.worker_helpers import on_stub
 from tests.support.worker_helpers import settings_env
 from tests.support.worker_helpers import settled
 from tidal_api.cli.services import pg_bin
+
+
+def stack_settings(settings: Settings, stub, **changes) -> Settings:
+    """The stack of the upgrade and restore tests, which both kill a worker mid-batch: on the stub engine, with
+    2-s leases and four requests in flight per worker, and ``changes``."""
+    return on_stub(
+        settings, stub, lease_seconds=2.0, claim_idle_seconds=0.02, max_inflight=4, worker_threads=4, **changes
+    )
 
 
 @contextlib.contextmanager

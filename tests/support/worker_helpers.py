@@ -110,6 +110,12 @@ def settings_env(settings) -> dict[str, str]:
     return env
 
 
+def on_stub(settings, stub, **changes):
+    """``settings`` for `tidal` processes on the stub engine, with ``changes``: a fixed gate (its target is
+    max_inflight) and no worker /metrics port, which the processes of one test would share."""
+    return settings.replace(vllm_url=stub.url, gate_mode="fixed", worker_metrics_port=0, **changes)
+
+
 def spawn(settings, *args: str, log: Path) -> subprocess.Popen:
     """Start ``tidal <args>`` as a child process with ``settings``; output goes to ``log``."""
     out = open(log, "ab")
