@@ -27,14 +27,8 @@ def test_each_node_claims_only_its_engines_models_and_an_unserved_batch_waits(
     a, b = two_model_engines  # a serves tiny-a and tiny-a2, b serves tiny-b
     serving = {"tiny-a": ("tiny-a", "tiny-a2"), "tiny-a2": ("tiny-a", "tiny-a2"), "tiny-b": ("tiny-b",)}
     batches = {model: make_batch(4, model=model, max_tokens=4) for model in (*serving, "tiny-c")}  # before any node
-    base = settings.replace(
-        gate_mode="fixed",
-        max_inflight=4,
-        worker_threads=4,
-        worker_metrics_port=0,
-        request_timeout_seconds=120.0,
-        lease_seconds=10.0,
-    )
+    # QUICK's fixed gate at 4 in flight (the settings fixture), a real engine's timeout and lease
+    base = settings.replace(worker_metrics_port=0, request_timeout_seconds=120.0, lease_seconds=10.0)
     # with the ops worker: finalization runs on the ops queue, without it no batch would reach `completed`
     spawn_fleet(base, {"node-a": a.url, "node-b": b.url}, children, tmp_path)
 
