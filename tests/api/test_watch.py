@@ -9,6 +9,7 @@ from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner
 
 from tests.support.stub_engine import StubEngine
+from tests.support.worker_helpers import on_stub
 from tests.support.worker_helpers import upload_batch
 from tidal_api.cli import main
 from tidal_api.cli.watch import final_summary
@@ -53,13 +54,12 @@ def stub():
 
 @pytest.fixture
 def settings(settings, stub):
-    return settings.replace(
-        vllm_url=stub.url,
-        gate_mode="fixed",
+    return on_stub(
+        settings,
+        stub,
         max_inflight=2,
         worker_threads=2,
         claim_idle_seconds=0.02,
-        worker_metrics_port=0,
         prices='{"*": [0.15, 0.60]}',
         batch_discount=0.5,
     )

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from tests.support.wait import wait_for
 from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import on_stub
 from tests.support.worker_helpers import spawn
 from tests.support.worker_helpers import upload_batch
 from tidal_engine.serve import free_port
@@ -21,12 +22,11 @@ AUTH = ("admin", "s3cret")
 
 @pytest.fixture
 def settings(settings, stub):
-    return settings.replace(
-        vllm_url=stub.url,
-        gate_mode="fixed",
+    return on_stub(
+        settings,
+        stub,
         claim_idle_seconds=0.05,
         worker_threads=4,
-        worker_metrics_port=0,
         flower_port=free_port(),
         flower_basic_auth=":".join(AUTH),
     )

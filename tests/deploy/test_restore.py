@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.deploy_helpers import ROOT
 from tests.support.fault_helpers import start_worker
 from tests.support.stack_helpers import assert_every_line_once
 from tests.support.stack_helpers import backup
 from tests.support.stack_helpers import custom_ids
+from tests.support.stack_helpers import db_upgrade
 from tests.support.stack_helpers import fresh_database
 from tests.support.stack_helpers import restore
+from tests.support.stack_helpers import stack_settings
 from tests.support.wait import wait_for
 from tests.support.worker_helpers import batch_row
-from tests.support.worker_helpers import settings_env
 from tidal_api import create_app
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.services import kill_group
@@ -64,15 +62,7 @@ def _create_batch(rt: Runtime, tag: str, n: int) -> str:
 
 @pytest.mark.slow
 def test_a_backup_taken_mid_batch_restores_onto_a_fresh_stack(settings, stub, children, tmp_path):
-    base = settings.replace(
-        vllm_url=stub.url,
-        gate_mode="fixed",
-        lease_seconds=2.0,
-        claim_idle_seconds=0.02,
-        max_inflight=4,
-        worker_threads=4,
-        worker_metrics_port=0,
-    )
+    base = stack_settings(settings, stub)
     fresh_redis = PrivateRedis(tmp_path)
     try:
         with fresh_database(base, "old-stack") as old, fresh_database(base, "new-stack") as new:
@@ -97,15 +87,7 @@ def test_a_backup_taken_mid_batch_restores_onto_a_fresh_stack(settings, stub, ch
                 rt.close()
 
             restore(tmp_path / "backup", new)
-            upgrade = subprocess.run(
-                [sys.executable, "-m", "tidal_api.cli", "db", "upgrade"],
-                cwd=ROOT,
-                env=settings_env(new),
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert upgrade.returncode == 0, upgrade.stderr[-3000:]
+            db_upgrade(new)
             rt = Runtime(new)
             try:
                 restored = batch_row(rt, batch)

@@ -25,8 +25,10 @@ from alembic.script import ScriptDirectory
 from tests.support.deploy_helpers import ROOT
 from tests.support.fault_helpers import start_worker
 from tests.support.stack_helpers import assert_every_line_once
+from tests.support.stack_helpers import db_upgrade
 from tests.support.stack_helpers import fresh_database
 from tests.support.stack_helpers import scalar
+from tests.support.stack_helpers import stack_settings
 from tests.support.wait import wait_for
 from tests.support.worker_helpers import settings_env
 from tidal_api.cli.services import kill_group
@@ -99,16 +101,8 @@ def _held_from_old_node(s, client, stub) -> bool:
 def test_in_flight_batches_of_the_previous_release_complete_after_the_upgrade(
     settings, stub, previous_release, children, tmp_path
 ):
-    base = settings.replace(
-        vllm_url=stub.url,
-        gate_mode="fixed",
-        lease_seconds=2.0,
-        claim_idle_seconds=0.02,
-        max_inflight=4,
-        worker_threads=4,
-        worker_metrics_port=0,
-        sync_validate_bytes=0,  # every batch through the ingest task, as large files go
-    )
+    # every batch through the ingest task, as large files go
+    base = stack_settings(settings, stub, sync_validate_bytes=0)
     with fresh_database(base, "upgrade") as s:
         client = redis.Redis.from_url(s.redis_url, decode_responses=True)
         client.flushdb()
@@ -140,15 +134,7 @@ def test_in_flight_batches_of_the_previous_release_complete_after_the_upgrade(
         done_before = scalar(s, "SELECT count(*) FROM items WHERE status = 'completed'")
         assert 4 <= done_before < sum(BATCHES.values())
 
-        upgrade = subprocess.run(
-            [sys.executable, "-m", "tidal_api.cli", "db", "upgrade"],
-            cwd=ROOT,
-            env=settings_env(s),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert upgrade.returncode == 0, upgrade.stderr[-3000:]
+        db_upgrade(s)
         heads = ScriptDirectory.from_config(alembic_config(None)).get_heads()  # type: ignore[arg-type]
         assert [scalar(s, "SELECT version_num FROM alembic_version")] == heads and MIGRATIONS.is_dir()
 

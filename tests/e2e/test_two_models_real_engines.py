@@ -11,7 +11,7 @@ from tests.support.worker_helpers import QUICK
 from tests.support.worker_helpers import batch_row
 from tests.support.worker_helpers import queued
 from tests.support.worker_helpers import settled
-from tests.support.worker_helpers import spawn
+from tests.support.worker_helpers import spawn_fleet
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -27,19 +27,10 @@ def test_each_node_claims_only_its_engines_models_and_an_unserved_batch_waits(
     a, b = two_model_engines  # a serves tiny-a and tiny-a2, b serves tiny-b
     serving = {"tiny-a": ("tiny-a", "tiny-a2"), "tiny-a2": ("tiny-a", "tiny-a2"), "tiny-b": ("tiny-b",)}
     batches = {model: make_batch(4, model=model, max_tokens=4) for model in (*serving, "tiny-c")}  # before any node
-    base = settings.replace(
-        gate_mode="fixed",
-        max_inflight=4,
-        worker_threads=4,
-        worker_metrics_port=0,
-        request_timeout_seconds=120.0,
-        lease_seconds=10.0,
-    )
-    for node, engine in (("node-a", a), ("node-b", b)):
-        worker = base.replace(node=node, vllm_url=engine.url)
-        children.append(spawn(worker, "worker", "--loglevel=warning", log=tmp_path / f"{node}.log"))
-    # finalization runs on the ops queue: without an ops worker no batch would reach `completed`
-    children.append(spawn(base, "worker", "--ops", "--loglevel=warning", log=tmp_path / "ops.log"))
+    # QUICK's fixed gate at 4 in flight (the settings fixture), a real engine's timeout and lease
+    base = settings.replace(worker_metrics_port=0, request_timeout_seconds=120.0, lease_seconds=10.0)
+    # with the ops worker: finalization runs on the ops queue, without it no batch would reach `completed`
+    spawn_fleet(base, {"node-a": a.url, "node-b": b.url}, children, tmp_path)
 
     for model, names in serving.items():
         batch, out, err = settled(rt, batches[model], timeout=180)

@@ -23,6 +23,7 @@ from tests.support.fault_helpers import start_worker
 from tests.support.wait import wait_for
 from tests.support.worker_helpers import CHAT
 from tests.support.worker_helpers import batch_row
+from tests.support.worker_helpers import on_stub
 from tests.support.worker_helpers import open_for_writing
 from tests.support.worker_helpers import settled
 from tests.support.worker_helpers import validating_batch
@@ -37,11 +38,10 @@ OPS = "control"
 
 @pytest.fixture
 def settings(settings, stub):
-    return settings.replace(
-        vllm_url=stub.url,
-        gate_mode="fixed",
+    return on_stub(
+        settings,
+        stub,
         claim_idle_seconds=0.02,
-        worker_metrics_port=0,
         reconcile_seconds=0.5,  # beat's reconcile: the resends, and the verdict after the last attempt
         ingest_resend_seconds=2.0,  # an attempt presumed dead 2 s after it began, then 4 s, then 8 s
         beat_lock_seconds=2,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import sys
 import typing as t
 import uuid
 from pathlib import Path
@@ -12,8 +13,19 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from config import Settings
+from tests.support.worker_helpers import ROOT
+from tests.support.worker_helpers import on_stub
+from tests.support.worker_helpers import settings_env
 from tests.support.worker_helpers import settled
 from tidal_api.cli.services import pg_bin
+
+
+def stack_settings(settings: Settings, stub, **changes) -> Settings:
+    """The stack of the upgrade and restore tests, which both kill a worker mid-batch: on the stub engine, with
+    2-s leases and four requests in flight per worker, and ``changes``."""
+    return on_stub(
+        settings, stub, lease_seconds=2.0, claim_idle_seconds=0.02, max_inflight=4, worker_threads=4, **changes
+    )
 
 
 @contextlib.contextmanager
@@ -67,6 +79,20 @@ def restore(backup_dir: Path, settings: Settings) -> None:
         Path(settings.home).mkdir(parents=True)
         shutil.copy(backup_dir / "tidal.db", settings.sqlalchemy_url.removeprefix("sqlite:///"))
     shutil.copytree(backup_dir / "blobs", settings.blob_path)
+
+
+def db_upgrade(settings: Settings) -> None:
+    """What docs/deployment.md has an operator run after a new release or a restore: `tidal db upgrade`, a child
+    process on ``settings``, which must succeed."""
+    upgrade = subprocess.run(
+        [sys.executable, "-m", "tidal_api.cli", "db", "upgrade"],
+        cwd=ROOT,
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert upgrade.returncode == 0, upgrade.stderr[-3000:]
 
 
 def scalar(settings_or_engine, sql: str, **params) -> t.Any:

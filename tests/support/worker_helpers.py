@@ -1,5 +1,5 @@
 """Helpers of the worker tests (and of every test that runs a batch): reading batches and their output files, the
-environment and start of a `tidal` child process."""
+environment and start of a `tidal` child process, and of a fleet of them."""
 
 from __future__ import annotations
 
@@ -110,6 +110,12 @@ def settings_env(settings) -> dict[str, str]:
     return env
 
 
+def on_stub(settings, stub, **changes):
+    """``settings`` for `tidal` processes on the stub engine, with ``changes``: a fixed gate (its target is
+    max_inflight) and no worker /metrics port, which the processes of one test would share."""
+    return settings.replace(vllm_url=stub.url, gate_mode="fixed", worker_metrics_port=0, **changes)
+
+
 def spawn(settings, *args: str, log: Path) -> subprocess.Popen:
     """Start ``tidal <args>`` as a child process with ``settings``; output goes to ``log``."""
     out = open(log, "ab")
@@ -120,6 +126,15 @@ def spawn(settings, *args: str, log: Path) -> subprocess.Popen:
         stdout=out,
         stderr=subprocess.STDOUT,
     )
+
+
+def spawn_fleet(settings, engines: dict[str, str], children: list[subprocess.Popen], log_dir: Path) -> None:
+    """A fleet as deployed: a GPU node's `tidal worker` per node in ``engines`` (node: its engine's URL), then the
+    ops worker, which finalizes; each appended to ``children``, its log ``log_dir/<node>.log`` (``ops.log``)."""
+    for node, url in engines.items():
+        worker = settings.replace(node=node, vllm_url=url)
+        children.append(spawn(worker, "worker", "--loglevel=warning", log=log_dir / f"{node}.log"))
+    children.append(spawn(settings, "worker", "--ops", "--loglevel=warning", log=log_dir / "ops.log"))
 
 
 def validating_batch(rt, data: bytes, endpoint: str = "/v1/chat/completions", tenant: str = "acme") -> str:

@@ -12,7 +12,7 @@ from tests.support.stub_engine import StubEngine
 from tests.support.stub_engine import metrics_text
 from tests.support.wait import wait_for
 from tests.support.worker_helpers import settled
-from tests.support.worker_helpers import spawn
+from tests.support.worker_helpers import spawn_fleet
 from tidal_workers.store.models import Item
 
 BUSY = metrics_text(kv_usage=0.95)  # above kv_high: the gate halves, down to 0
@@ -48,17 +48,7 @@ def test_batch_goes_to_the_idle_node_and_follows_the_pressure(rt, settings, make
         worker_metrics_port=0,
     )
     engines[0].metrics, engines[1].metrics = BUSY, IDLE
-    for i, engine in enumerate(engines):
-        children.append(
-            spawn(
-                gated.replace(node=f"node-{i}", vllm_url=engine.url),
-                "worker",
-                "--loglevel=warning",
-                log=tmp_path / f"node-{i}.log",
-            )
-        )
-    # Finalization runs on the ops worker, as deployed.
-    children.append(spawn(gated, "worker", "--ops", "--loglevel=warning", log=tmp_path / "ops.log"))
+    spawn_fleet(gated, {f"node-{i}": engine.url for i, engine in enumerate(engines)}, children, tmp_path)
     wait_for(lambda: all(e.scrapes >= 2 for e in engines), timeout=60, what="both workers' gates to scrape")
 
     first = make_batch(40)

@@ -11,9 +11,9 @@ import hashlib
 import sqlalchemy as sa
 
 from config.settings import Settings
+from tests.support.migrations import store_at
 from tidal_workers.store import Store
 from tidal_workers.store import api_keys
-from tidal_workers.store.db import make_engine
 from tidal_workers.store.migrate import upgrade
 from tidal_workers.store.models import File
 
@@ -21,8 +21,6 @@ T = 1_700_000_000
 
 
 def _store_at_0001(url: str) -> sa.Engine:
-    engine = make_engine(url)
-    upgrade(engine, "0001")
     digest = hashlib.sha256(b"old-configured-key").hexdigest()
     rows = {
         "tenants": [{"id": "acme", "created_at": T}],
@@ -81,12 +79,7 @@ def _store_at_0001(url: str) -> sa.Engine:
             }
         ],
     }
-    meta = sa.MetaData()
-    meta.reflect(engine)
-    with engine.begin() as c:
-        for table, values in rows.items():
-            c.execute(meta.tables[table].insert(), values)
-    return engine
+    return store_at(url, "0001", rows)
 
 
 def test_upgrade_with_data_present(empty_store_url, tmp_path):

@@ -7,13 +7,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import command
 
+from tests.support.migrations import store_at
 from tests.support.worker_helpers import wait_lease_expired
 from tidal_workers import finalize
 from tidal_workers.enqueue import enqueue_batch
 from tidal_workers.reclaim import Fate
 from tidal_workers.reclaim import reclaim
 from tidal_workers.runtime import Runtime
-from tidal_workers.store.db import make_engine
 from tidal_workers.store.migrate import alembic_config
 from tidal_workers.store.migrate import upgrade
 from tidal_workers.store.models import Batch
@@ -68,8 +68,6 @@ def _item(batch_id: str, status: str) -> dict:
 
 
 def _store_at_0008(url: str) -> sa.Engine:
-    engine = make_engine(url)
-    upgrade(engine, "0008")
     rows = {
         "tenants": [{"id": "acme", "created_at": T}],
         "files": [
@@ -92,12 +90,7 @@ def _store_at_0008(url: str) -> sa.Engine:
         "batches": [_batch("batch_f", "finalizing", 1), _batch("batch_r", "in_progress", 0)],
         "items": [_item("batch_f", "completed"), _item("batch_r", "pending")],
     }
-    meta = sa.MetaData()
-    meta.reflect(engine)
-    with engine.begin() as c:
-        for table, values in rows.items():
-            c.execute(meta.tables[table].insert(), values)
-    return engine
+    return store_at(url, "0008", rows)
 
 
 def test_0009_upgrades_a_store_at_0008_with_work_in_flight(empty_store_url, settings):

@@ -6,30 +6,24 @@ from __future__ import annotations
 import pytest
 
 from config import load_settings
+from tests.support.bench_helpers import frontier_plan
 from tidal_engine.tiny import build_tiny
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import frontier
-from tidal_workers.bench import frontier_plan as fp
 from tidal_workers.bench.workload import ONLINE_LOADS
 from tidal_workers.bench.workload import Prompts
 from tidal_workers.bench.workload import load_tokenizer
 
 pytestmark = pytest.mark.no_sql
 
-PLAN = fp.FrontierPlan(
-    profile="qwen2.5-7b@a6000",
+PLAN = frontier_plan(
     loads=("flat-8", "diurnal-5"),
-    mixes=("standard",),
-    techniques=fp.TECHNIQUES,
-    knobs=fp.QUICK_KNOBS,
-    gate_ceiling=185,
     reps=2,
     window_s=30.0,
     diurnal_window_s=60.0,
     settle_max_s=10.0,
     hold_s=5.0,
     baseline_lead_s=5.0,
-    ceiling=True,
 )
 
 

@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
+from tests.support.bench_helpers import frontier_plan
 from tidal_workers.bench import frontier_plan as fp
 
 pytestmark = pytest.mark.no_sql
-
-
-def plan(**changes) -> fp.FrontierPlan:
-    base = fp.FrontierPlan(
-        profile="qwen2.5-7b@a6000",
-        loads=("flat-8",),
-        mixes=("standard",),
-        techniques=fp.TECHNIQUES,
-        knobs=fp.QUICK_KNOBS,
-        gate_ceiling=185,
-        reps=1,
-        window_s=120.0,
-        diurnal_window_s=600.0,
-        settle_max_s=180.0,
-        hold_s=20.0,
-        baseline_lead_s=20.0,
-        ceiling=True,
-    )
-    return dataclasses.replace(base, **changes)
 
 
 def label(p: fp.Point) -> str:
@@ -35,7 +15,7 @@ def label(p: fp.Point) -> str:
 
 
 def test_quick_measures_the_ceiling_then_alternates_the_arms_around_online_alone():
-    points = plan().points()
+    points = frontier_plan().points()
     assert [label(p) for p in points] == [
         "ceiling",
         "outside 8",
@@ -55,7 +35,7 @@ def test_quick_measures_the_ceiling_then_alternates_the_arms_around_online_alone
 
 
 def test_every_other_block_runs_in_reverse_and_the_ceiling_is_measured_once_per_mix():
-    points = plan(loads=("flat-8", "flat-5"), reps=2).points()
+    points = frontier_plan(loads=("flat-8", "flat-5"), reps=2).points()
     assert sum(p.kind == fp.CEILING for p in points) == 1
     blocks = [
         [p for p in points if p.kind != fp.CEILING and (p.load, p.rep) == key]
@@ -67,35 +47,35 @@ def test_every_other_block_runs_in_reverse_and_the_ceiling_is_measured_once_per_
 
 
 def test_knob_settings_above_the_gate_ceiling_are_dropped():
-    assert plan(gate_ceiling=20).knob_values("outside") == (8, 20)
+    assert frontier_plan(gate_ceiling=20).knob_values("outside") == (8, 20)
 
 
 def test_the_estimate_counts_each_point_kind():
-    quick = plan()
+    quick = frontier_plan()
     seconds = quick.expected_s(quick.points(), {"flat-8": "flat"})
     assert 40 * 60 < seconds < 60 * 60  # quick is sized to fit an hour
 
 
 def test_a_run_resumes_with_its_plan_and_refuses_another(tmp_path):
     run = fp.RunDir(tmp_path / "run")
-    run.open(plan())
-    point = plan().points()[1]
+    run.open(frontier_plan())
+    point = frontier_plan().points()[1]
     assert not run.done(point)
     (run.points_dir / f"{point.name}.json.tmp").write_text("{")  # a write cut short: not a point
     assert not run.done(point)
     run.write(point, {"harvest": 1.0})
     again = fp.RunDir(tmp_path / "run")
-    again.open(plan())
+    again.open(frontier_plan())
     assert again.done(point)
     assert again.records() == [{"point": point.as_dict(), "harvest": 1.0}]
     with pytest.raises(fp.PlanMismatch, match="window_s differ"):
-        again.open(plan(window_s=60.0))
+        again.open(frontier_plan(window_s=60.0))
 
 
 def test_a_failed_point_is_kept_apart_and_measured_again(tmp_path):
     run = fp.RunDir(tmp_path / "run")
-    run.open(plan())
-    point = plan().points()[2]
+    run.open(frontier_plan())
+    point = frontier_plan().points()[2]
     try:
         raise TimeoutError("the engine never ran 256 requests at once")
     except TimeoutError as exc:

@@ -9,6 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from tests.support.bench_helpers import frontier_plan
 from tidal_workers.bench import efficiency
 from tidal_workers.bench import frontier_plan as fp
 from tidal_workers.bench import frontier_report as fr
@@ -17,21 +18,7 @@ from tidal_workers.bench.cli import bench
 
 pytestmark = pytest.mark.no_sql
 
-PLAN = fp.FrontierPlan(
-    profile="qwen2.5-7b@a6000",
-    loads=("flat-8",),
-    mixes=("standard",),
-    techniques=("outside",),
-    knobs={"outside": (8,)},
-    gate_ceiling=185,
-    reps=3,
-    window_s=120.0,
-    diurnal_window_s=600.0,
-    settle_max_s=180.0,
-    hold_s=20.0,
-    baseline_lead_s=20.0,
-    ceiling=True,
-)
+PLAN = frontier_plan(techniques=("outside",), knobs={"outside": (8,)}, reps=3)
 STEADY = fr.steady_ratio("standard")
 
 

@@ -5,26 +5,27 @@ from __future__ import annotations
 
 import pytest
 
+from tidal_engine.twin_model import TRACE_COLUMNS
 from tidal_workers.bench import step_trace
 
 pytestmark = pytest.mark.no_sql
 
-COLUMNS = (
-    "started_s",
-    "num_tokens",
-    "context",
-    "pairs",
-    "num_reqs",
-    "target_s",
-    "forward_s",
-    "outside_s",
-    "sleep_s",
-    "overruns",
-)
-
 
 def row(started: float, *, target: float = 0.030, forward: float = 0.002, sleep: float = 0.026, tokens: int = 40):
-    return dict(zip(COLUMNS, (started, tokens, 1000, 1000, tokens, target, forward, 0.002, sleep, 0.0), strict=True))
+    """One step as the twin traces it: a line of ``twin_model.TRACE_COLUMNS``, every one of them (a trace written
+    with them fails on one the twin has and this row lacks)."""
+    return {
+        "started_s": started,
+        "num_tokens": tokens,
+        "context": 1000,
+        "pairs": 1000,
+        "num_reqs": tokens,
+        "target_s": target,
+        "forward_s": forward,
+        "outside_s": 0.002,
+        "sleep_s": sleep,
+        "overruns": 0.0,
+    }
 
 
 def paced(n: int, start: float = 100.0, step: float = 0.030) -> list[dict[str, float]]:
@@ -77,10 +78,10 @@ def test_trace_reads_from_a_mark_whole_lines_only(tmp_path):
     assert trace.mark() == 0 and trace.rows() == []
 
     def line(r: dict[str, float]) -> str:
-        return ",".join(str(r[c]) for c in COLUMNS) + "\n"
+        return ",".join(str(r[c]) for c in TRACE_COLUMNS) + "\n"
 
     rows = paced(6)
-    path.write_text(",".join(COLUMNS) + "\n" + "".join(line(r) for r in rows[:3]))
+    path.write_text(",".join(TRACE_COLUMNS) + "\n" + "".join(line(r) for r in rows[:3]))
     mark = trace.mark()
     with path.open("a") as f:
         f.write("".join(line(r) for r in rows[3:]) + "100.9,4")  # a line still being written
