@@ -164,8 +164,7 @@ def _check_storage(rt: Runtime, session: Session, batch: Batch) -> None:
     """Once a batch's files are added, before they commit: they count against its tenant's stored bytes as any file,
     and are kept even past the limit, since they hold the only copy of work done and billed. A tenant past it is
     refused new uploads and batches until it frees room (``quotas``); the operator is told here."""
-    limit = rt.settings.limits_for(batch.tenant_id).stored_bytes
-    stored = quotas.stored_bytes(session, batch.tenant_id)
+    stored, limit = quotas.storage_use(session, rt.settings, batch.tenant_id)
     if stored > limit:
         log.warning(
             "batch %s: its files take tenant %s to %d stored bytes, past its limit of %d; written anyway, its new "

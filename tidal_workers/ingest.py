@@ -54,7 +54,7 @@ from tidal_workers.policy.phase import Phase
 from tidal_workers.policy.phase import SplitConfig
 from tidal_workers.policy.phase import split_item
 from tidal_workers.quotas import lock_tenant
-from tidal_workers.quotas import stored_bytes
+from tidal_workers.quotas import storage_use
 from tidal_workers.quotas import token_limit_message
 from tidal_workers.runtime import Runtime
 from tidal_workers.store.db import rows_updated
@@ -444,7 +444,8 @@ def _decide(
             _claim(s, batch_id, status=BatchStatus.failed.value, failed_at=now, model=model, errors=[token_error(over)])
             return None
         # No rate yet, so the drain counts 0 (policy.laxity): the batch's laxity is its whole window.
-        room = stored_bytes(s, begun.tenant) < rt.settings.limits_for(begun.tenant).stored_bytes
+        stored, limit = storage_use(s, rt.settings, begun.tenant)
+        room = stored < limit
         if not start:
             return room
         started = rows_updated(

@@ -93,10 +93,14 @@ def open_batch_message(session: Session, settings: Settings, tenant: str) -> str
     )
 
 
+def storage_use(session: Session, settings: Settings, tenant: str) -> tuple[int, int]:
+    """(bytes ``tenant`` stores now, its limit)."""
+    return stored_bytes(session, tenant), settings.limits_for(tenant).stored_bytes
+
+
 def batch_storage_message(session: Session, settings: Settings, tenant: str) -> str | None:
     """Why ``tenant`` may not start a batch now (its stored bytes are at its limit), or None if it may."""
-    limit = settings.limits_for(tenant).stored_bytes
-    stored = stored_bytes(session, tenant)
+    stored, limit = storage_use(session, settings, tenant)
     if stored < limit:
         return None
     return (
@@ -125,6 +129,7 @@ __all__ = [
     "open_batch_message",
     "open_batches",
     "storage_message",
+    "storage_use",
     "stored_bytes",
     "token_limit_message",
 ]
