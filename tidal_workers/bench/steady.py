@@ -6,10 +6,12 @@ A window that opens while the gate is still at its cap, or while the items at th
 prefilled) before it, measures a transient: the audit behind issue 35 found windows at 0.5-1.2 prefill tokens per
 generated token against 2.04 in steady state, and harvests above any steady state's compute bound.
 
-- ``admission``: the window opens only once the batch requests at the engine have held one level (within
-  ``TOLERANCE`` of it, at least one request either way) for ``hold_s``, and as many batch requests have completed
-  since that level was reached as it holds: the requests at the engine then were admitted at that level, not in
-  the ramp.
+- ``admission``: the window opens only once the batch requests at the engine have held one level for ``hold_s``
+  and as many batch requests have completed since that level was reached as it holds: the requests at the engine
+  then were admitted at that level, not in the ramp. "Held" is judged on means over blocks of ``hold_s`` / 2, each
+  within ``TOLERANCE`` of the level (at least one request either way), not on every sample: a gate's AIMD saws
+  around its mean, and a sawtooth that is steady on average must settle (the quick run's did not, sample by
+  sample).
 - ``judge``: after it closes, a window is valid when (1) its batch requests at the engine drift less than
   ``DRIFT_MAX`` (the difference between the means of its two halves, over the window's mean; not applied to a
   diurnal phase, whose load moves on purpose), (2) its batch prefill per generated token is within
@@ -58,21 +60,40 @@ class Admission:
 
 def admission(samples: t.Sequence[Sample], hold_s: float, tolerance: float = TOLERANCE) -> Admission:
     """Whether the batch's admission has settled by the last sample (module docstring)."""
-    if not samples:
-        return Admission(False, 0.0, None, 0.0)
-    last = samples[-1].at
-    recent = [s.at_engine for s in samples if s.at >= last - hold_s]
-    level = float(np.mean(recent))
+    means = _block_means(samples, hold_s / 2)
+    if len(means) < 2:
+        return Admission(False, float(means[0][1]) if means else 0.0, None, 0.0)
+    level = (means[0][1] + means[1][1]) / 2
     band = max(tolerance * level, 1.0)
-    first = len(samples) - 1
-    while first > 0 and abs(samples[first - 1].at_engine - level) <= band:
-        first -= 1
-    if abs(samples[first].at_engine - level) > band:  # the last sample itself is off the level
+    held = 0
+    while held < len(means) and abs(means[held][1] - level) <= band:
+        held += 1
+    if held < 2:  # the last hold_s itself is off its own level
         return Admission(False, level, None, 0.0)
+    first = means[held - 1][0]
     since = samples[first].at
     turnover = samples[-1].completions - samples[first].completions
-    settled = level > 0 and last - since >= hold_s and turnover >= level
+    settled = level > 0 and turnover >= level
     return Admission(settled, level, since, turnover)
+
+
+def _block_means(samples: t.Sequence[Sample], block_s: float) -> list[tuple[int, float]]:
+    """Back from the last sample, whole blocks of ``block_s``: (the index of the block's first sample, the mean of
+    its batch requests at the engine), the latest block first."""
+    out: list[tuple[int, float]] = []
+    if not samples:
+        return out
+    end, i = samples[-1].at, len(samples) - 1
+    while end - block_s >= samples[0].at:
+        start, levels = end - block_s, []
+        while i >= 0 and samples[i].at > start:
+            levels.append(samples[i].at_engine)
+            i -= 1
+        if not levels:
+            break
+        out.append((i + 1, float(np.mean(levels))))
+        end = start
+    return out
 
 
 def within(samples: t.Sequence[Sample], start: float, end: float) -> list[Sample]:

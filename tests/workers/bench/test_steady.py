@@ -46,6 +46,15 @@ def test_a_small_level_may_move_by_one_request():
     assert steady.admission(series(wobble, per_s=1.0), hold_s=10).settled
 
 
+def test_a_sawtooth_steady_on_average_settles():
+    """A gate's AIMD saws around its mean: every sample is off the level, every block's mean is on it."""
+    saw = [30.0 + 2.0 * (i % 20) for i in range(120)]  # 30 to 68 and back to 30, a 20-s period
+    verdict = steady.admission(series(saw, per_s=2.0), hold_s=40)
+    assert verdict.settled
+    assert verdict.level == pytest.approx(49.0)
+    assert verdict.since == pytest.approx(20.0)  # the first of the whole 20-s blocks back from the last sample
+
+
 def test_a_steady_window_is_valid():
     verdict = steady.judge(series([100.0] * 121, per_s=2.0), STEADY, overrun_share=0.01)
     assert verdict.valid, verdict.reasons

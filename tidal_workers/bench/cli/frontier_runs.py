@@ -28,7 +28,7 @@ class Sizes:
 
 
 QUICK = Sizes("flat-8", "standard", 120.0, 180.0)
-FULL = Sizes("flat-8,flat-5", "standard,decode-heavy", 180.0, 300.0)
+FULL = Sizes("flat-8,flat-5", "standard,decode-heavy", 180.0, 420.0)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -64,9 +64,11 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
 @click.option("--window-seconds", type=float, default=0.0, help="A flat window (quick 120, full 180).")
 @click.option("--diurnal-window-seconds", default=600.0, show_default=True, help="A diurnal window: one period.")
 @click.option(
-    "--settle-max-seconds", type=float, default=0.0, help="Longest wait for admission to settle (quick 180, full 300)."
+    "--settle-max-seconds", type=float, default=0.0, help="Longest wait for admission to settle (quick 180, full 420)."
 )
-@click.option("--hold-seconds", default=20.0, show_default=True, help="Admission holds its level this long to settle.")
+@click.option(
+    "--hold-seconds", default=40.0, show_default=True, help="Admission holds its level this long to settle (steady.py)."
+)
 @click.option("--baseline-lead-seconds", default=20.0, show_default=True, help="Online alone before its window.")
 @click.option("--ceiling/--no-ceiling", default=True, show_default=True, help="Measure each mix's all-slots ceiling.")
 @click.option("--max-num-seqs", default=0, type=int, help="Engine slots (0: the profile's).")
