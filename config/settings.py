@@ -395,8 +395,18 @@ class Settings(SchedulerSettings):
     # --- the AIMD gate ------------------------------------------------------
     gate_mode: str = _setting(
         "aimd",
-        "`aimd`: the in-flight target follows the co-located vLLM's /metrics; `fixed`: it stays at `TIDAL_MAX_INFLIGHT`.",
-        choices=("aimd", "fixed"),
+        "`aimd`: the in-flight target follows the co-located vLLM's /metrics (KV use, online waiting, preemptions); `latency`: the same, but between KV pressure and preemptions it follows online inter-token latency, kept within `TIDAL_GATE_ALPHA_SET` of its online-alone reference (docs/architecture.md, the gate); `fixed`: it stays at `TIDAL_MAX_INFLIGHT`.",
+        choices=("aimd", "latency", "fixed"),
+    )
+    gate_alpha_set: float = _setting(
+        1.18,
+        "`latency` gate: the budget multiplier, how much online inter-token latency batch work may add (1.18: each online token up to 18 % later than with online work alone).",
+        gt=1,
+    )
+    gate_reference_itl_ms: float = _setting(
+        0.0,
+        "`latency` gate: the engine's online-alone inter-token latency in ms, where known (the profile's decode step, a calibration run); 0: fitted from the engine's own readings, inter-token latency against the batch working set, down to none.",
+        ge=0,
     )
     scrape_seconds: float = _setting(1.0, "Period of the /metrics scrape and of the AIMD controller.", gt=0)
     ewma_alpha: float = _setting(0.5, "Smoothing of KV usage and waiting counts (1 = no smoothing).", gt=0, le=1)

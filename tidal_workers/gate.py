@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 CACHE_CONFIG = "vllm:cache_config_info"
 PROMPT_TOKENS, STEPS = "vllm:prompt_tokens_total", "vllm:iteration_tokens_total_count"
+ITL_SUM, ITL_COUNT = "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"
 
 TARGET = prometheus_client.Gauge(
     "tidal_gate_target", "The gate's target: the most batch requests this node keeps at its engine."
@@ -63,6 +64,18 @@ CEILING = prometheus_client.Gauge(
 )
 KV_EWMA = prometheus_client.Gauge("tidal_gate_kv_ewma", "Smoothed KV cache usage of the co-located vLLM (0..1).")
 WAITING_EWMA = prometheus_client.Gauge("tidal_gate_waiting_ewma", "Smoothed count of online requests waiting in vLLM.")
+ALPHA_SET = prometheus_client.Gauge(
+    "tidal_gate_alpha_set", "Latency gate: the budget multiplier, online ITL allowed over its online-alone reference."
+)
+REFERENCE_ITL = prometheus_client.Gauge(
+    "tidal_gate_reference_itl_seconds", "Latency gate: the engine's online-alone inter-token latency (given or fitted)."
+)
+INFLATION = prometheus_client.Gauge(
+    "tidal_gate_inflation", "Latency gate: the engine's inter-token latency over its reference, smoothed."
+)
+WORKING_SET = prometheus_client.Gauge(
+    "tidal_gate_working_set", "Batch requests this node has at its engine (POSTs sent, not answered) at the last step."
+)
 DECIDED = prometheus_client.Counter("tidal_gate_decisions", "AIMD controller steps by decision.", ["decision"])
 for _decision in DECISIONS:
     DECIDED.labels(_decision)  # export every series from the start, at 0
@@ -152,22 +165,46 @@ def _page_values(source: str, text: str, wanted: set[str], now: float, stale_sec
     return values
 
 
-def step_counters(text: str) -> tuple[float, float] | None:
-    """(prompt tokens prefilled, engine steps) since the engine started, or None where the page lacks either."""
+Counters = tuple[float, float]
+
+
+def counter_pair(text: str, names: tuple[str, str]) -> Counters | None:
+    """Two counters' values since the engine started, or None where the page lacks either."""
     try:
-        read = totals(text, (PROMPT_TOKENS, STEPS))
+        read = totals(text, names)
     except Exception:  # text that is not an exposition: parse_metrics says why
         return None
-    return (read[PROMPT_TOKENS], read[STEPS]) if len(read) == 2 else None
+    return (read[names[0]], read[names[1]]) if len(read) == 2 else None
 
 
-def prefill_per_step(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
-    """Prompt tokens per engine step between two readings of ``step_counters``; 0 if the engine took no step (it
-    is idle); None without two readings, or across a restart (the counters fell)."""
+def step_counters(text: str) -> Counters | None:
+    """(prompt tokens prefilled, engine steps) since the engine started."""
+    return counter_pair(text, (PROMPT_TOKENS, STEPS))
+
+
+def itl_counters(text: str) -> Counters | None:
+    """(seconds between tokens, tokens timed) of vLLM's inter-token latency histogram since the engine started."""
+    return counter_pair(text, (ITL_SUM, ITL_COUNT))
+
+
+def _deltas(before: Counters | None, after: Counters | None) -> Counters | None:
+    """Both counters' increments; None without two readings, or across a restart (a counter fell)."""
     if before is None or after is None or after[0] < before[0] or after[1] < before[1]:
         return None
-    steps = after[1] - before[1]
-    return (after[0] - before[0]) / steps if steps else 0.0
+    return after[0] - before[0], after[1] - before[1]
+
+
+def prefill_per_step(before: Counters | None, after: Counters | None) -> float | None:
+    """Prompt tokens per engine step between two readings of ``step_counters``; 0 if the engine took no step (it
+    is idle); None without two readings, or across a restart."""
+    d = _deltas(before, after)
+    return None if d is None else d[0] / d[1] if d[1] else 0.0
+
+
+def mean_itl(before: Counters | None, after: Counters | None) -> float | None:
+    """Mean inter-token latency in seconds between two readings of ``itl_counters``; None if no token was timed."""
+    d = _deltas(before, after)
+    return d[0] / d[1] if d is not None and d[1] else None
 
 
 def kv_capacity_tokens(text: str) -> int | None:
@@ -223,10 +260,12 @@ class AimdGate:
         self.state = self.controller.initial()
         self._scraped_at: float | None = None
         self._kv_seen = bool(settings.max_inflight)  # an override needs nothing from the engine
-        self._counters: tuple[float, float] | None = None  # the engine's step_counters at the last scrape
+        self._counters: Counters | None = None  # the engine's step_counters at the last scrape
+        self._itl: Counters | None = None  # and its itl_counters
         self.prefill_tokens_per_step: float | None = None  # over the last period; None: not known
         TARGET.set(self.state.target)
         CEILING.set(self.controller.config.max_target)
+        ALPHA_SET.set(self.controller.config.alpha_set or math.nan)
 
     def poll(self, now: float, inflight: int) -> int:
         if self._scraped_at is not None and 0 <= now - self._scraped_at < self.period:
@@ -239,10 +278,12 @@ class AimdGate:
             if not self._kv_seen and ENGINE in pages:  # the ceiling follows the co-located engine's KV pool
                 self._size(pages[ENGINE])
             counters = step_counters(pages[ENGINE]) if ENGINE in pages else None
+            itl = itl_counters(pages[ENGINE]) if ENGINE in pages else None
+            obs = dataclasses.replace(obs, itl_seconds=mean_itl(self._itl, itl))
         except MetricsError as exc:
-            obs, why, counters = Observation.failed(inflight), str(exc), None
+            obs, why, counters, itl = Observation.failed(inflight), str(exc), None, None
         self.prefill_tokens_per_step = prefill_per_step(self._counters, counters)
-        self._counters = counters
+        self._counters, self._itl = counters, itl
         before = self.state
         self.state = self.controller.step(before, obs, now)
         self._export(before, obs, why)
@@ -283,6 +324,9 @@ class AimdGate:
         TARGET.set(st.target)
         KV_EWMA.set(st.kv_ewma if st.kv_ewma is not None else math.nan)
         WAITING_EWMA.set(st.waiting_ewma if st.waiting_ewma is not None else math.nan)
+        WORKING_SET.set(obs.batch_inflight)
+        REFERENCE_ITL.set(st.reference_s if st.reference_s is not None else math.nan)
+        INFLATION.set(st.inflation if st.inflation is not None else math.nan)
         if why:
             if st.target != before.target or before.decision != FAILSAFE:
                 log.warning("gate target %d -> %d (failsafe: %s)", before.target, st.target, why)

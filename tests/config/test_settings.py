@@ -49,7 +49,7 @@ def test_every_setting_has_a_doc_and_a_unique_variable():
     assert {name: default for name, default, *_ in rows}["TIDAL_WORKER_METRICS_PORT"] == "9187"
     accepts = {name: accepts for name, _, accepts, _ in rows}
     assert (accepts["TIDAL_GATE_MODE"], accepts["TIDAL_KV_HIGH"], accepts["TIDAL_LEASE_SECONDS"]) == (
-        "aimd, fixed",
+        "aimd, latency, fixed",
         "≥ 0, ≤ 1",
         "> 0",
     )
@@ -159,7 +159,7 @@ def test_a_bad_api_key_entry_fails_at_load_and_never_echoes_a_key(keys, why):
 @pytest.mark.parametrize(
     ("environ", "why"),
     [
-        ({"TIDAL_GATE_MODE": "adaptive"}, "TIDAL_GATE_MODE='adaptive': must be one of aimd, fixed."),
+        ({"TIDAL_GATE_MODE": "adaptive"}, "TIDAL_GATE_MODE='adaptive': must be one of aimd, latency, fixed."),
         ({"TIDAL_KV_LOW": "0.9"}, "TIDAL_KV_LOW=0.9 exceeds TIDAL_KV_HIGH=0.85"),
         ({"TIDAL_KV_HIGH": "1.5"}, "TIDAL_KV_HIGH=1.5: must be at least 0 and at most 1 (default 0.85)."),
         ({"TIDAL_MIN_INFLIGHT": "5", "TIDAL_MAX_INFLIGHT": "4"}, "TIDAL_MIN_INFLIGHT=5 exceeds TIDAL_MAX_INFLIGHT=4"),

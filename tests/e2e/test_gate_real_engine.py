@@ -23,11 +23,15 @@ import threading
 import pytest
 
 from config import load_settings
+from tests.e2e.conftest import TWIN_PROFILE
 from tests.support.engine_readings import reading_when
 from tests.support.wait import wait_for
+from tidal_engine.step_time import decode_seconds
+from tidal_engine.twin import load_profile
 from tidal_workers.bench import gate_trace
 from tidal_workers.gate import AimdGate
 from tidal_workers.gate import FixedGate
+from tidal_workers.policy.aimd import FAILSAFE
 from tidal_workers.policy.aimd import GROW
 from tidal_workers.policy.aimd import HALVE
 from tidal_workers.policy.aimd import HOLD
@@ -124,3 +128,36 @@ def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(twin):
     print(f"gate scrapes (target, decision): {scrapes}")
     assert not backlog.errors, backlog.errors[:3]
     assert backlog.completed > 0
+
+
+@pytest.mark.timeout(600)
+def test_the_latency_gate_reads_the_engines_inter_token_latency(twin):
+    """TIDAL_GATE_MODE=latency on the twin: the mean inter-token latency the gate reads between scrapes (vLLM's
+    ``vllm:inter_token_latency_seconds``) is the profile's decode step, name and unit alike. With that step as the
+    reference, the batch's four requests show an inflation near 1 (the host's gaps between steps on a loaded
+    machine add some)."""
+    reference = decode_seconds(load_profile(TWIN_PROFILE), MAX_INFLIGHT, 100)
+    settings = load_settings().replace(
+        vllm_url=twin.url,
+        gate_mode="latency",
+        gate_reference_itl_ms=1000 * reference,
+        scrape_seconds=PERIOD,
+        min_inflight=0,
+        max_inflight=MAX_INFLIGHT,
+        initial_inflight=MAX_INFLIGHT,
+        metrics_stale_seconds=3 * PERIOD,
+    )
+    reading_when(twin.url, lambda r: r.running == r.waiting == 0, 120, "an idle engine")
+    gate = AimdGate(settings)
+    backlog_gate = FixedGate(MAX_INFLIGHT)
+    readings: list[tuple[float | None, str]] = []
+    with gate_trace.Trickle(twin.url, twin.model, backlog_gate, max_tokens=64) as backlog:
+        reading_when(twin.url, lambda r: r.running >= 1, 240, "the batch backlog running")
+        for i in range(4):
+            gate.poll(i * PERIOD, backlog.inflight)
+            readings.append((gate.state.inflation, gate.state.decision))
+            done = backlog.completed + 2  # tokens between this scrape and the next
+            wait_for(lambda done=done: backlog.completed >= done, 120, lambda: "batch requests completing", every=0.1)
+    assert FAILSAFE not in (d for _, d in readings), readings
+    inflation = gate.state.inflation
+    assert inflation is not None and 0.8 <= inflation <= 2.0, (readings, reference)

@@ -204,7 +204,7 @@ def test_make_gate(gate_settings):
     assert isinstance(make_gate(gate_settings), AimdGate)
     fixed = make_gate(gate_settings.replace(gate_mode="fixed", max_inflight=7))
     assert isinstance(fixed, FixedGate) and fixed.poll(0.0, 3) == 7
-    with pytest.raises(SettingsError, match="TIDAL_GATE_MODE='adaptive': must be one of aimd, fixed"):
+    with pytest.raises(SettingsError, match="TIDAL_GATE_MODE='adaptive': must be one of aimd, latency, fixed"):
         gate_settings.replace(gate_mode="adaptive")  # refused when the settings are built, before any gate
 
 
@@ -272,6 +272,35 @@ def test_prefill_slack_is_the_engines_prompt_tokens_per_step(gate_settings, serv
     server.body = "not an exposition"
     gate.poll(9.0, 0)
     assert not gate.prefill_slack(cfg)  # a failed scrape: no reading, no slack
+
+
+def test_the_latency_gate_reads_the_engines_inter_token_latency_and_cuts_over_its_budget(gate_settings, server):
+    """TIDAL_GATE_MODE=latency: the mean ITL between scrapes (vLLM's histogram, sum and count deltas) over the
+    reference; 16 requests at the engine at 1.6× a 26-ms reference, against 1.18×, are cut at once."""
+
+    def page(seconds, tokens):
+        labels = 'engine="0",model_name="tiny"'
+        return vllm_metrics(kv=0.3) + (
+            "# TYPE vllm:inter_token_latency_seconds histogram\n"
+            f'vllm:inter_token_latency_seconds_bucket{{{labels},le="+Inf"}} {tokens}\n'
+            f"vllm:inter_token_latency_seconds_count{{{labels}}} {tokens}\n"
+            f"vllm:inter_token_latency_seconds_sum{{{labels}}} {seconds}\n"
+        )
+
+    settings = gate_settings.replace(
+        gate_mode="latency", gate_reference_itl_ms=26.0, max_inflight=64, initial_inflight=16
+    )
+    gate = AimdGate(settings)
+    assert sample("tidal_gate_alpha_set") == 1.18
+    server.body = page(10.0, 400)
+    assert gate.poll(0.0, 16) == 17  # the first reading: no interval to average over yet, so the KV rule's +1
+    assert gate.state.inflation is None
+    server.body = page(10.0 + 1000 * 0.026 * 1.6, 1400)  # 1,000 tokens at 41.6 ms
+    assert gate.poll(1.0, 16) == 9  # O* = 16 × 0.18 / 0.6 = 4.8, but at most halved in a period
+    assert gate.state.decision == "cut"
+    assert sample("tidal_gate_inflation") == pytest.approx(1.6)
+    assert sample("tidal_gate_reference_itl_seconds") == pytest.approx(0.026)
+    assert sample("tidal_gate_working_set") == 16
 
 
 def test_max_inflight_overrides_the_engine(gate_settings, server):

@@ -25,12 +25,22 @@ queue. One :meth:`AimdController.step` per scrape of the co-located vLLM:
 Waiting counts are whole requests: comparing the rounded count keeps an EWMA
 that decays geometrically toward zero from holding a tolerance of 0 breached
 for ever after a burst ends.
+
+With ``alpha_set`` configured (``TIDAL_GATE_MODE=latency``) the target follows
+online latency instead (:mod:`tidal_workers.policy.inflation`): KV pressure and
+preemptions still halve it, online waiting does not, and between them the
+target moves to the working set that keeps the engine's inter-token latency
+within ``alpha_set`` of its online-alone reference (once per period; until the
+reference is known, it grows by one as above).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing as t
+
+from tidal_workers.policy import inflation
+from tidal_workers.policy.inflation import ItlFit
 
 if t.TYPE_CHECKING:
     from config import Settings
@@ -39,7 +49,8 @@ HALVE = "halve"
 GROW = "grow"
 HOLD = "hold"
 FAILSAFE = "failsafe"
-DECISIONS = (HALVE, GROW, HOLD, FAILSAFE)
+CUT = "cut"  # latency mode: inflation over alpha_set
+DECISIONS = (HALVE, GROW, HOLD, FAILSAFE, CUT)
 
 
 #: The gate's ceiling while the engine has told neither its slots nor its KV capacity (the CPU engine's value).
@@ -65,8 +76,12 @@ class AimdConfig:
     min_target: int = 0
     max_target: int = 4
     initial_target: int = 1
+    alpha_set: float | None = None  # latency mode: the inflation of online ITL the batch may cause
+    reference_itl_s: float = 0.0  # latency mode: the online-alone ITL if known (> 0), else fitted
 
     def __post_init__(self) -> None:
+        if self.alpha_set is not None and self.alpha_set <= 1:
+            raise ValueError(f"alpha_set must exceed 1, got {self.alpha_set}")
         if not 0 < self.alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
         if not self.kv_low <= self.kv_high:
@@ -90,6 +105,8 @@ class AimdConfig:
             max_target=ceiling,
             # a misconfigured start value is clamped rather than fatal: the bounds are what matter
             initial_target=min(max(settings.initial_inflight, settings.min_inflight), ceiling),
+            alpha_set=settings.gate_alpha_set if settings.gate_mode == "latency" else None,
+            reference_itl_s=settings.gate_reference_itl_ms / 1000,
         )
 
 
@@ -103,6 +120,7 @@ class Observation:
     preemptions_total: float  # a counter
     batch_inflight: int  # O: this node's batch requests at the engine (POSTs sent and not yet answered)
     ok: bool = True  # False: unreachable, malformed or stale
+    itl_seconds: float | None = None  # the engine's mean inter-token latency since the last reading; None: no token
 
     @classmethod
     def failed(cls, batch_inflight: int) -> Observation:
@@ -133,6 +151,9 @@ class AimdState:
     halved_at: float | None = None
     changed_at: float | None = None
     decision: str = HOLD  # what the last step decided
+    fit: ItlFit = ItlFit()  # latency mode: ITL against the working set, for the reference
+    reference_s: float | None = None  # latency mode: the online-alone ITL now believed
+    inflation: float | None = None  # latency mode: smoothed ITL ÷ reference
 
 
 class AimdController:
@@ -155,15 +176,38 @@ class AimdController:
             state, kv_ewma=kv, waiting_ewma=waiting, preemptions_seen=obs.preemptions_total, decision=HOLD
         )
 
+        if cfg.alpha_set is not None:
+            new = self._track_inflation(new, obs)
+            pressure = kv > cfg.kv_high or preempted  # online waiting is priced by the ITL it causes
         if pressure:
             if _elapsed(state.halved_at, now, cfg.period):
                 target = max(cfg.min_target, state.target // 2)
                 return dataclasses.replace(new, target=target, halved_at=now, changed_at=now, decision=HALVE)
             return new
+        if cfg.alpha_set is not None and new.inflation is not None:
+            if not _elapsed(state.changed_at, now, cfg.period):
+                return new
+            target = inflation.next_target(
+                state.target, obs.batch_inflight, new.inflation, cfg.alpha_set, cfg.min_target, cfg.max_target
+            )
+            if target == state.target:
+                return new
+            decision = CUT if target < state.target else GROW
+            return dataclasses.replace(new, target=target, changed_at=now, decision=decision)
         in_use = obs.batch_inflight >= state.target - 1
         if kv < cfg.kv_low and in_use and state.target < cfg.max_target and _elapsed(state.changed_at, now, cfg.period):
             return dataclasses.replace(new, target=state.target + 1, changed_at=now, decision=GROW)
         return new
+
+    def _track_inflation(self, state: AimdState, obs: Observation) -> AimdState:
+        """The reading's ITL into the fit, the reference, and the smoothed inflation (unchanged without a token)."""
+        cfg = self.config
+        if obs.itl_seconds is None:
+            return state
+        fit = state.fit.add(float(obs.batch_inflight), obs.itl_seconds)
+        ref = inflation.reference(cfg.reference_itl_s, fit)
+        infl = None if ref is None else _ewma(state.inflation, obs.itl_seconds / ref, cfg.alpha)
+        return dataclasses.replace(state, fit=fit, reference_s=ref, inflation=infl)
 
 
 def _ewma(prev: float | None, value: float, alpha: float) -> float:

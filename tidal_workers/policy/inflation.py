@@ -1,0 +1,102 @@
+"""The gate's latency target (issue 36): batch requests at the engine sized so that online inter-token latency
+stays within ``alpha_set`` of what online work alone would see.
+
+On a stock vLLM every running request gets one token per step, so the engine's mean inter-token latency (ITL) over
+a scrape period is the online ITL. Between two scrapes the gate reads it from vLLM's
+``vllm:inter_token_latency_seconds`` histogram (sum and count deltas). Locally ITL grows linearly in the batch
+working set O (each batch decode adds its KV read and its share of the step): ITL ≈ r + s·O, with r the
+online-alone reference. Then inflation = ITL ÷ r and the working set that meets the budget is
+
+    O* = O · (alpha_set − 1) ÷ (inflation − 1)
+
+(the slope s read off the point itself, (ITL − r) ÷ O). Above the budget the target drops to O* at once (at most
+halving in a period, so one bad reading cannot empty the engine), and no further while the engine still holds
+more than the target: a cut reaches the engine only as admitted requests finish, and cutting again for the same
+excess would undershoot. Below it the target climbs by half the gap, at
+least one and at most doubling: increases sized to the gap, not one a second.
+
+The reference r is either given (``TIDAL_GATE_REFERENCE_ITL_MS``: from the engine's profile, e.g. the twin's
+decode step, or a calibration run) or estimated by regressing ITL on O down to O = 0 with exponential forgetting
+(``ItlFit``): a busy node rarely sees a period with no batch work, but the gate's own moves spread O enough to
+fit a line. Until the fit has that spread (``MIN_SPREAD`` requests of standard deviation) the reference is
+unknown and the gate grows as the KV rule lets it, which makes the spread.
+
+Online waiting is not a cut here: an open-loop arrival stream waits a step in its normal course; its cost shows
+in the ITL it causes. KV pressure and preemptions still halve (aimd.py).
+
+Pure: readings in, a target out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+FORGET = 0.99  # per reading: a reading ~100 periods old weighs a third of a new one
+MIN_SPREAD = 2.0  # requests: the fit's weighted standard deviation of O before its intercept is trusted
+GAIN_UP = 0.5  # share of the gap to O* closed in one period when under the budget
+MAX_CUT = 0.5  # the most one period removes, as a share of the target
+
+
+@dataclasses.dataclass(frozen=True)
+class ItlFit:
+    """Exponentially weighted sums for the line ITL = r + s·O (weights, O, ITL, O², O·ITL)."""
+
+    w: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, working_set: float, itl: float, forget: float = FORGET) -> ItlFit:
+        f = forget
+        return ItlFit(
+            f * self.w + 1.0,
+            f * self.x + working_set,
+            f * self.y + itl,
+            f * self.xx + working_set**2,
+            f * self.xy + working_set * itl,
+        )
+
+    def intercept(self) -> float | None:
+        """r, the fitted ITL at no batch work; None until O has spread ``MIN_SPREAD`` or when the line does not
+        rise with O (then it says nothing about the batch's cost)."""
+        if self.w <= 0:
+            return None
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        var_x = self.xx / self.w - mean_x**2
+        if var_x < MIN_SPREAD**2:
+            return None
+        slope = (self.xy / self.w - mean_x * mean_y) / var_x
+        if slope <= 0:
+            return None
+        r = mean_y - slope * mean_x
+        return r if r > 0 else None
+
+
+def reference(configured_s: float, fit: ItlFit) -> float | None:
+    """The online-alone ITL in seconds: the configured one when set (> 0), else the fit's intercept."""
+    return configured_s if configured_s > 0 else fit.intercept()
+
+
+def budget_working_set(working_set: float, inflation: float, alpha_set: float) -> float:
+    """O*, the batch requests at the engine at which inflation would be ``alpha_set`` (module docstring); infinite
+    where the batch shows no cost (inflation ≤ 1)."""
+    if inflation <= 1.0:
+        return math.inf
+    return working_set * (alpha_set - 1.0) / (inflation - 1.0)
+
+
+def next_target(target: int, working_set: float, inflation: float, alpha_set: float, lo: int, hi: int) -> int:
+    """The target after one period at ``inflation`` with ``working_set`` batch requests at the engine."""
+    wanted = budget_working_set(working_set, inflation, alpha_set)
+    if inflation > alpha_set:
+        cut = min(target, max(math.floor(wanted), math.ceil(target * (1 - MAX_CUT)), lo))
+        if cut == target and working_set <= target and target > lo:
+            cut -= 1  # at the target and still over: one less (O* rounds to it)
+        return cut  # while the engine still drains what a cut allowed before (O > target), no further cut
+    gap = wanted - target  # infinite where the batch shows no cost: then at most doubling
+    step = max(1, math.floor(min(GAIN_UP * gap, max(target, 1)))) if gap >= 1 else 0
+    if working_set < target - 1:  # the engine does not hold what the target allows: growing would be unearned
+        step = 0
+    return max(lo, min(hi, target + step))
