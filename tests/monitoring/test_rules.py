@@ -27,6 +27,7 @@ ALERTS = {
     "TidalWorkerLostItem",
     "TidalFinalizeFailed",
     "TidalGateStuckAtZero",
+    "TidalOnlineLatencyOverBudget",
 }
 
 
