@@ -112,6 +112,20 @@ class SchedulerSettings:
         gt=0,
         le=1,
     )
+    sched_alpha_set: float = _setting(
+        0.0,
+        "TidalScheduler: the budget multiplier, how much online latency batch work may add. Above 1, each step with online traffic may take at most this times T̂(its online work alone), each batch decode priced by its own KV read and the rest of the batch parked (docs/engine.md, the relative budget); the TBT SLO less its guard stays a ceiling. 0: the absolute budget alone (the TBT SLO less its guard).",
+        ge=0,
+    )
+    sched_profile: str = _setting(
+        "",
+        "TidalScheduler: a profile of `tidal_engine/twin_profiles.toml` (`model@gpu`) whose step-time form T̂ the relative budget prices steps with; empty: the latency model fitted on the engine's own steps.",
+    )
+    sched_max_park_seconds: float = _setting(
+        60.0,
+        "TidalScheduler, relative budget: a batch request parked (running, its KV held, no token scheduled) this long is preempted, its KV freed; it waits to be admitted again.",
+        gt=0,
+    )
     sched_metrics_port: int = _setting(
         0,
         "TidalScheduler: port of its Prometheus endpoint in the engine-core process; 0 turns it off.",
@@ -628,6 +642,11 @@ def _scheduler_problems(s: SchedulerSettings) -> list[str]:
         problems.append(
             f"TIDAL_SCHED_H_MIN={s.sched_h_min} exceeds TIDAL_SCHED_H_MAX={s.sched_h_max}: the guardband's lower "
             "clamp must not exceed its upper clamp."
+        )
+    if 0 < s.sched_alpha_set <= 1:
+        problems.append(
+            f"TIDAL_SCHED_ALPHA_SET={s.sched_alpha_set}: must exceed 1 (a step may take that many times its online "
+            "work alone), or be 0 for the absolute budget."
         )
     return problems
 

@@ -21,6 +21,7 @@ class Mode(str, enum.Enum):
     MODEL = "model"  # the latency model is trusted and sets the cap
     STATIC = "static"  # online traffic present, model untrusted: a fixed share of τ
     NO_ONLINE = "no_online"  # nothing to protect: batch may use the whole step
+    RELATIVE = "relative"  # alpha_set × T̂(online work alone), batch priced request by request
 
 
 class SchedulerMetrics:
@@ -82,6 +83,26 @@ class SchedulerMetrics:
             registry=r,
         )
         self.steps = Counter("tidal_sched_steps", "Steps scheduled.", registry=r)
+        # The relative budget (TIDAL_SCHED_ALPHA_SET).
+        self.alpha_set = Gauge(
+            "tidal_sched_alpha_set",
+            "The budget multiplier: a step may take this times its online work alone.",
+            registry=r,
+        )
+        self.reference_step_seconds = Gauge(
+            "tidal_sched_reference_step_seconds", "T̂ of the last budgeted step's online work alone.", registry=r
+        )
+        self.inflation = Gauge(
+            "tidal_sched_inflation",
+            "Measured step time over T̂ of its online work alone, smoothed over about 50 budgeted steps.",
+            registry=r,
+        )
+        self.working_set = Gauge("tidal_sched_working_set", "Batch requests scheduled in the last step.", registry=r)
+        self.park_releases = Counter(
+            "tidal_sched_park_releases",
+            "Batch requests preempted after sitting out longer than TIDAL_SCHED_MAX_PARK_SECONDS (KV freed).",
+            registry=r,
+        )
         self._mode: Mode | None = None
 
     def set_mode(self, mode: Mode) -> None:

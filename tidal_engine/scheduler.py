@@ -13,6 +13,11 @@ itself (budgets, chunked prefill, KV allocation, preemption) stays vLLM's:
   budget ``tbt_slo × (1 − guard)``, or a static share of τ
   (max_num_batched_tokens) while online traffic is present and the model's R²
   is too low, or all of τ without online traffic;
+- with ``TIDAL_SCHED_ALPHA_SET`` the budget is relative instead
+  (``step_budget.py``): ``alpha_set × T̂(the step's online work alone)``, each
+  running batch request priced by what it adds (its own KV read included),
+  those that do not fit parked, and one parked longer than
+  ``TIDAL_SCHED_MAX_PARK_SECONDS`` preempted so that its KV is freed;
 - the KV guardband (``guardband.py``) stops batch admission above KV usage
   1 − H and evicts the cheapest resident batch request above 1 − H/2;
 - an online request never waits for a slot that batch holds: when online
@@ -78,8 +83,14 @@ from tidal_engine.latency import LatencyModel
 from tidal_engine.latency import batch_cap
 from tidal_engine.metrics import Mode
 from tidal_engine.metrics import SchedulerMetrics
+from tidal_engine.step_budget import StepCost
+from tidal_engine.step_budget import Work
+from tidal_engine.step_budget import select
+from tidal_engine.step_time import step_seconds
+from tidal_engine.twin import load_profile
 
 ONLINE_PRIORITY = 0
+INFLATION_EWMA = 0.02  # weight of one step in the measured inflation (about 50 steps)
 
 
 def is_online(request: Request) -> bool:
@@ -129,6 +140,9 @@ class StepPlan:
     evict: str | None = None  # kv_usage > 1 − H/2: the resident batch request whose eviction loses least
     yielded: list[str] = dataclasses.field(default_factory=list)  # batch requests giving waiting online a slot
     parked: list[str] = dataclasses.field(default_factory=list)  # running batch requests beyond X: sit out
+    released: list[str] = dataclasses.field(default_factory=list)  # parked too long: preempted, KV freed
+    batch_order: list[str] = dataclasses.field(default_factory=list)  # relative budget: running batch, in its order
+    alone_s: float | None = None  # relative budget: T̂ of the step's online work alone
     # Filled in by _gated and _account, from what the step did.
     hidden: list[str] = dataclasses.field(default_factory=list)  # waiting batch requests kept out (not admitted)
     online_scheduled: int = 0  # tokens the step scheduled for online requests
@@ -179,6 +193,9 @@ class TidalScheduler(Scheduler):
         self.r2_min = s.sched_r2_min
         self.static_cap = int(s.sched_static_cap_frac * self.tau)
         self.latency = LatencyModel(window=s.sched_window)
+        self.alpha_set = s.sched_alpha_set  # 0: the absolute budget alone
+        self.profile = load_profile(s.sched_profile) if s.sched_profile else None
+        self.max_park_s = s.sched_max_park_seconds
         self.guard = Guardband(s.sched_h_min, s.sched_h_max, s.sched_h_alpha)
         self.kv_capacity_tokens: int = self.kv_cache_config.num_blocks * self.block_size
         self.tidal_metrics = SchedulerMetrics()
@@ -186,6 +203,11 @@ class TidalScheduler(Scheduler):
             self.tidal_metrics.serve(s.sched_metrics_port, s.sched_metrics_host)
         self.last_plan: StepPlan | None = None
         self.slack_fill = SlackFill()
+        self._parked_since: dict[str, float] = {}  # req_id -> when its current stretch of sitting out began
+        self._ran_last: set[str] = set()  # batch requests scheduled in the last step
+        self.inflation: float | None = None  # measured step ÷ T̂(online alone), smoothed (relative budget)
+        if self.alpha_set:
+            self.tidal_metrics.alpha_set.set(self.alpha_set)
         self._cached_tokens: dict[str, int] = {}  # req_id -> prefix-cache hit at its last admission
         self._step_started: float | None = None
         self.clock: t.Callable[[], float] = time.monotonic  # the step timer's clock; tests drive their own
@@ -193,16 +215,16 @@ class TidalScheduler(Scheduler):
     # --- one step: plan, evict, gate the stock schedule(), check, account ------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         started = self.clock()
-        plan = self._plan()
+        plan = self._plan(started)
         self._evict(plan, started)
         with self._gated(plan):
             output = super().schedule(throttle_prefills)
         self._check(plan, output)
-        self._account(plan, output)
+        self._account(plan, output, started)
         self._step_started = started
         return output
 
-    def _plan(self) -> StepPlan:
+    def _plan(self, now: float) -> StepPlan:
         """Decide the step from the queues and the KV pool; changes nothing but the guardband's EWMA."""
         online_running = [r for r in self.running if is_online(r)]
         online_waiting = waiting_online(self.waiting)
@@ -215,9 +237,42 @@ class TidalScheduler(Scheduler):
         yielded = self._slot_yields(staying, len(online_waiting))
         if yielded:
             staying = [r for r in staying if r.request_id not in yielded]
+        released = self._park_expired(staying, now) if self.alpha_set else []
+        if released:
+            staying = [r for r in staying if r.request_id not in released]
         context = sum(r.num_computed_tokens for r in staying)
+        admit = self.guard.admits(usage) and not yielded
         if not (online_running or online_waiting):
             mode, cap = Mode.NO_ONLINE, self.tau
+        elif self.alpha_set and (cost := self._step_cost()) is not None:
+            chosen = select(
+                cost,
+                [Work(r.request_id, running_demand(r), r.num_computed_tokens) for r in online_running]
+                + [Work(r.request_id, waiting_demand(r), r.num_computed_tokens) for r in online_waiting],
+                [Work(r.request_id, running_demand(r), r.num_computed_tokens) for r in self._batch_order(staying)],
+                self.alpha_set,
+                self.budget_s,
+                self.tau,
+                chunk_allowed=not online_waiting,
+                admit_room=admit,
+            )
+            self.tidal_metrics.online_waiting.set(len(online_waiting))
+            return StepPlan(
+                mode=Mode.RELATIVE,
+                batch_cap=chosen.batch_tokens,
+                token_budget=max(min(self.tau, online_demand + chosen.batch_tokens), 1),
+                online_demand=online_demand,
+                kv_usage=usage,
+                guardband=h,
+                admit_batch=admit,
+                context=context,
+                evict=victim,
+                yielded=yielded,
+                parked=list(chosen.parked),
+                released=released,
+                batch_order=list(chosen.scheduled),
+                alone_s=chosen.alone_s,
+            )
         elif (fit := self.latency.trusted(self.r2_min)) is not None:
             mode = Mode.MODEL
             cap = batch_cap(fit, online_demand, context, self.budget_s, self.tau)
@@ -233,12 +288,41 @@ class TidalScheduler(Scheduler):
             guardband=h,
             # Decided on the usage before any eviction, so an evicted request
             # is not re-admitted in the same step; nor is a yielding one.
-            admit_batch=self.guard.admits(usage) and not yielded,
+            admit_batch=admit,
             context=context,
             evict=victim,
             yielded=yielded,
             parked=[] if mode is Mode.NO_ONLINE else beyond_cap(staying, cap, online_waits=bool(online_waiting)),
+            released=released,
         )
+
+    def _step_cost(self) -> StepCost | None:
+        """T̂ for the relative budget: the profile's form where the engine's profile is named (its knee is what a
+        small alpha_set depends on, and a linear fit has none), else the trusted rolling fit; None without either."""
+        if self.profile is not None:
+            profile = self.profile
+            return lambda tokens, context, pairs: step_seconds(profile, tokens, context, pairs)
+        fit = self.latency.trusted(self.r2_min)
+        if fit is None:
+            return None
+        return lambda tokens, context, pairs: float(fit.predict(tokens, context))
+
+    def _batch_order(self, staying: list[Request]) -> list[Request]:
+        """Running batch requests in the order they join a relative budget: those that ran last step first (a
+        working set finishes what it started), then the longest parked."""
+        batch = [r for r in staying if not is_online(r)]
+        ran = [r for r in batch if r.request_id in self._ran_last]
+        rest = [r for r in batch if r.request_id not in self._ran_last]
+        rest.sort(key=lambda r: self._parked_since.get(r.request_id, float("inf")))
+        return ran + rest
+
+    def _park_expired(self, staying: list[Request], now: float) -> list[str]:
+        """Batch requests parked longer than TIDAL_SCHED_MAX_PARK_SECONDS: their KV is freed (preempted)."""
+        return [
+            r.request_id
+            for r in staying
+            if not is_online(r) and now - self._parked_since.get(r.request_id, now) > self.max_park_s
+        ]
 
     def _batch_residents(self, running: list[Request]) -> list[Resident]:
         return [
@@ -271,6 +355,9 @@ class TidalScheduler(Scheduler):
         for req_id in plan.yielded:
             self._preempt(req_id, now)
             self.tidal_metrics.slot_yields.inc()
+        for req_id in plan.released:
+            self._preempt(req_id, now)
+            self.tidal_metrics.park_releases.inc()
 
     def _preempt(self, req_id: str, now: float) -> None:
         request = self.requests[req_id]
@@ -284,7 +371,10 @@ class TidalScheduler(Scheduler):
         self.waiting.remove_requests(hidden)
         plan.hidden = [r.request_id for r in hidden]
         if plan.mode is not Mode.NO_ONLINE:
-            self.running.sort(key=lambda r: not is_online(r))  # stable: arrival order kept within each class
+            # Online first; under a relative budget the batch in the order it was priced in, so that a chunk the
+            # budget cut goes to the request it was priced for. Stable: arrival order kept otherwise.
+            rank = {req_id: i for i, req_id in enumerate(plan.batch_order)}
+            self.running.sort(key=lambda r: (not is_online(r), rank.get(r.request_id, len(rank))))
         parked = [self.requests[i] for i in plan.parked]
         for request in parked:
             self.running.remove(request)
@@ -318,7 +408,7 @@ class TidalScheduler(Scheduler):
             waiting = {r.request_id for r in self.waiting}
             assert waiting.issuperset(plan.hidden), f"hidden requests not restored: {set(plan.hidden) - waiting}"
 
-    def _account(self, plan: StepPlan, output: SchedulerOutput) -> None:
+    def _account(self, plan: StepPlan, output: SchedulerOutput, now: float) -> None:
         for new in output.scheduled_new_reqs:
             self._cached_tokens[new.req_id] = new.num_computed_tokens
         for req_id in output.scheduled_cached_reqs.resumed_req_ids:
@@ -360,6 +450,15 @@ class TidalScheduler(Scheduler):
         ):
             if value:  # most are 0 on most steps: skip the counter's lock
                 counter.inc(value)
+        ran = {i for i in output.num_scheduled_tokens if not is_online(self.requests[i])}
+        for req_id in plan.parked:
+            self._parked_since.setdefault(req_id, now)
+        for req_id in (*ran, *plan.released, *plan.yielded, *([plan.evict] if plan.evict else [])):
+            self._parked_since.pop(req_id, None)
+        self._ran_last = ran
+        m.working_set.set(len(ran))
+        if plan.alone_s is not None:
+            m.reference_step_seconds.set(plan.alone_s)
         m.batch_cap.set(plan.batch_cap)
         m.set_mode(plan.mode)
         m.guardband.set(plan.guardband)
@@ -375,6 +474,11 @@ class TidalScheduler(Scheduler):
         if measured is not None and scheduler_output.total_num_scheduled_tokens > 0:
             plan, seconds = measured
             self.latency.observe(scheduler_output.total_num_scheduled_tokens, plan.context, seconds)
+            if plan.alone_s:
+                sample = seconds / plan.alone_s
+                prev = self.inflation
+                self.inflation = sample if prev is None else prev + INFLATION_EWMA * (sample - prev)
+                self.tidal_metrics.inflation.set(self.inflation)
             if plan.batch_waited:
                 self.tidal_metrics.starved_slack_seconds.inc(max(self.budget_s - seconds, 0.0))
         return super().update_from_output(scheduler_output, model_runner_output)
@@ -394,6 +498,7 @@ class TidalScheduler(Scheduler):
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> t.Any:
         # Every finished request passes here (stopped, aborted, length).
         self._cached_tokens.pop(request.request_id, None)
+        self._parked_since.pop(request.request_id, None)
         return super()._free_request(request, delay_free_blocks)
 
 

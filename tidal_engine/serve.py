@@ -311,8 +311,11 @@ def start_twin(
 ) -> Engine:
     """The timed twin of ``profile`` (MODEL@GPU, ``twin_profiles.toml``) on a free port, served as that name.
 
-    Like ``start_tiny``, TidalScheduler's ``TIDAL_SCHED_*`` settings travel with it.
+    Like ``start_tiny``, TidalScheduler's ``TIDAL_SCHED_*`` settings travel with it; unless they name a profile,
+    the plugin prices a relative budget on the twin's own (``TIDAL_SCHED_PROFILE``).
     """
+    if tidal_scheduler and not settings.sched_profile:
+        settings = settings.replace(sched_profile=profile)
     options = twin_options(
         settings,
         profile,

@@ -16,9 +16,13 @@ from config import load_settings
 from tests.support.engine_steps import ScheduleAhead
 from tests.support.engine_steps import make_request
 from tests.support.engine_steps import run_step
+from tests.support.engine_steps import runner_output
 from tidal_engine.metrics import Mode
 from tidal_engine.scheduler import TidalAsyncScheduler
 from tidal_engine.scheduler import TidalScheduler
+from tidal_engine.step_time import sequence_pairs
+from tidal_engine.step_time import step_seconds
+from tidal_engine.twin import load_profile
 
 TAU = 2048
 # A step costs 0.15 ms per scheduled token, 0.05 ms per token in the attention
@@ -215,7 +219,7 @@ def test_planning_changes_nothing_and_eviction_is_its_own_phase(make_scheduler):
     running = [r.request_id for r in s.running]
     waiting = [r.request_id for r in s.waiting]
 
-    plan = s._plan()
+    plan = s._plan(s.clock())
     assert plan.evict == "b"  # the fewest computed tokens, none of them from the prefix cache
     assert [r.request_id for r in s.running] == running and [r.request_id for r in s.waiting] == waiting
     assert plan.context == sum(r.num_computed_tokens for r in s.running if r.request_id != "b")
@@ -322,3 +326,82 @@ def test_online_waiting_for_a_slot_takes_one_from_the_cheapest_batch_request(mak
         step()
     assert not s.requests  # the yielding request finished too
     assert s.tidal_metrics.registry.get_sample_value("tidal_sched_slot_yields_total") == 1
+
+
+A6000 = "qwen2.5-7b@a6000"
+
+
+def relative(alpha: float = 1.2, **changes):
+    return settings(sched_alpha_set=alpha, sched_profile=A6000, **changes)
+
+
+def step_priced(s, profile):
+    """One synchronous step; (its output, T̂ of what it scheduled on ``profile``), each request's context being its
+    KV before the step."""
+    out = s.schedule()
+    tokens = context = pairs = 0
+    for req_id, n in out.num_scheduled_tokens.items():
+        before = s.requests[req_id].num_computed_tokens - n  # schedule() has already counted the step's tokens
+        tokens, context, pairs = tokens + n, context + before, pairs + sequence_pairs(n, before)
+    s.update_from_output(out, runner_output(s, out))
+    return out, step_seconds(profile, tokens, context, pairs)
+
+
+def test_a_relative_budget_keeps_every_step_within_alpha_of_its_online_work_alone(make_scheduler):
+    """Issue 36, item 1: 40 batch requests decoding when 8 online ones arrive. Every step with online work takes
+    at most 1.1 × T̂(that online work alone), the batch decodes it can afford and no more: the rest sit out."""
+    profile = load_profile(A6000)
+    s = make_scheduler(TidalScheduler, settings=relative(1.1), max_num_seqs=64, num_blocks=4000)
+    for i in range(40):  # 1,000-token prompts: each decode reads 1,000 tokens of KV (57 MB on this model)
+        s.add_request(make_request(f"batch-{i}", 1000, priority=1, max_tokens=300))
+    for _ in range(25):
+        run_step(s)  # no online traffic: every batch request prefills and decodes
+    assert s.last_plan.mode is Mode.NO_ONLINE and len(s.running) == 40
+    for i in range(8):
+        s.add_request(make_request(f"online-{i}", 32, priority=0, max_tokens=60))
+    working_sets = []
+    for _ in range(40):
+        out, priced = step_priced(s, profile)
+        plan = s.last_plan
+        assert plan.mode is Mode.RELATIVE and plan.alone_s is not None
+        assert priced <= 1.1 * plan.alone_s * (1 + 1e-9), (priced, plan.alone_s)
+        assert all(out.num_scheduled_tokens.get(f"online-{i}") for i in range(8))  # online never held back
+        working_sets.append(sum(1 for r in out.num_scheduled_tokens if r.startswith("batch")))
+        assert working_sets[-1] + len(plan.parked) == 40
+    assert min(working_sets) > 0 and max(working_sets) < 40  # the budget, not the slots, sets the working set
+    sample = s.tidal_metrics.registry.get_sample_value
+    assert sample("tidal_sched_alpha_set") == 1.1
+    assert sample("tidal_sched_mode", {"mode": "relative"}) == 1.0
+    assert sample("tidal_sched_working_set") == working_sets[-1]
+    assert sample("tidal_sched_reference_step_seconds") == pytest.approx(s.last_plan.alone_s)
+    assert sample("tidal_sched_inflation") > 0
+
+
+def test_the_working_set_keeps_its_members_and_a_request_parked_too_long_frees_its_kv(make_scheduler):
+    """Those that ran last step go first, so a working set finishes what it started; one parked longer than
+    TIDAL_SCHED_MAX_PARK_SECONDS is preempted (its KV freed) and waits to be admitted again."""
+    s = make_scheduler(
+        TidalScheduler, settings=relative(1.05, sched_max_park_seconds=30.0), max_num_seqs=64, num_blocks=4000
+    )
+    now = [0.0]
+    s.clock = lambda: now[0]
+    for i in range(24):
+        s.add_request(make_request(f"batch-{i}", 1000, priority=1, max_tokens=400))
+    for _ in range(15):
+        run_step(s)
+    for i in range(8):
+        s.add_request(make_request(f"online-{i}", 32, priority=0, max_tokens=300))
+    for _ in range(2):  # the online prompts' step, then their first decode
+        run_step(s)
+    members = set(s.last_plan.batch_order)
+    assert members and s.last_plan.parked
+    for _ in range(5):
+        now[0] += 0.03
+        run_step(s)
+        assert set(s.last_plan.batch_order) == members  # the same working set, step after step
+    parked = set(s.last_plan.parked)
+    now[0] += 31.0
+    run_step(s)
+    assert set(s.last_plan.released) == parked  # parked since the online requests came: over 30 s
+    assert parked <= {r.request_id for r in s.waiting}  # preempted: KV freed, waiting to be admitted again
+    assert s.tidal_metrics.registry.get_sample_value("tidal_sched_park_releases_total") == len(parked)

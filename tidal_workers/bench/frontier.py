@@ -218,13 +218,12 @@ class Frontier:
         return self._stock
 
     @contextlib.contextmanager
-    def inside_engine(self, point: Point, slo_ms: float) -> t.Iterator[BenchEngine]:
-        self.log(f"    starting an engine with TidalScheduler, TBT SLO {slo_ms:.1f} ms ...")
+    def inside_engine(self, point: Point, alpha_set: float) -> t.Iterator[BenchEngine]:
+        self.log(f"    starting an engine with TidalScheduler, α_set {alpha_set:g} ...")
         log_path = self.run_dir.root / "logs" / f"engine-{point.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with started(
-            self.request, self.settings.replace(sched_tbt_slo_ms=slo_ms), plugin=True, log_path=log_path
-        ) as engine:
+        engine_settings = self.settings.replace(sched_alpha_set=alpha_set, sched_profile=self.plan.profile)
+        with started(self.request, engine_settings, plugin=True, log_path=log_path) as engine:
             yield engine
 
     def prompts(self, point: Point, engine: BenchEngine) -> Prompts:
@@ -374,17 +373,12 @@ class Frontier:
         return {**body, "knob": knob, "backlog_submitted": count}
 
     def _inside(self, point: Point, knob: dict[str, t.Any]) -> t.ContextManager[BenchEngine]:
-        """The inside engine at the point's budget: ``knob`` × the online-alone decode step (the profile's), as the
-        TBT SLO TidalScheduler keeps a step under after its guard."""
-        load = ONLINE_LOADS[str(point.load)]
-        mix = BATCH_MIXES[point.mix].workload()
-        online_class = oracle.RequestClass.of(mix.online_prompt, mix.online_output)
-        batch_class = oracle.RequestClass.of(mix.batch_prompt, mix.batch_output)
-        alone = oracle.harvest_oracle(self.profile, load.rate, online_class, batch_class, 1.0)
-        slo_ms = 1000 * t.cast(float, point.knob) * alone.decode_step_s / (1 - self.settings.sched_guard)
-        knob.update(budget_multiple=point.knob, decode_step_ms=1000 * alone.decode_step_s, sched_tbt_slo_ms=slo_ms)
-        knob.update(gate_ceiling=self.plan.gate_ceiling, sched_guard=self.settings.sched_guard)
-        return self.inside_engine(point, slo_ms)
+        """The inside engine at the point's α_set: each step at most α_set × T̂(its online work alone), priced on the
+        profile the twin runs (step_budget.py)."""
+        alpha_set = t.cast(float, point.knob)
+        knob.update(alpha_set=alpha_set, sched_profile=self.plan.profile, gate_ceiling=self.plan.gate_ceiling)
+        knob.update(sched_tbt_slo_ms=self.settings.sched_tbt_slo_ms, sched_guard=self.settings.sched_guard)
+        return self.inside_engine(point, alpha_set)
 
     def _backlog(self, load: OnlineLoad, mix_name: str, cap: int) -> int:
         """Batch items enough for the slowest settling and the window at the most any scheduler harvests, with half

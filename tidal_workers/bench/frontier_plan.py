@@ -7,8 +7,8 @@ A point is one measured window:
 - ``online-alone``: the online load alone on the stock engine, the reference of every inflation in its block;
 - ``coserved``: the online load beside the batch, one technique at one setting of its knob:
   ``outside`` (Tidal's gate in front of vLLM's stock scheduler; knob: the gate's ceiling, batch requests at the
-  engine), ``inside`` (TidalScheduler behind the same gate; knob: its step budget as a multiple of the online-alone
-  decode step) and ``vllm-priority`` (no Tidal: the batch posted straight to vLLM at the lowest priority; knob: its
+  engine), ``inside`` (TidalScheduler behind the same gate; knob: its α_set, each step at most that times T̂ of
+  its online work alone, step_budget.py) and ``vllm-priority`` (no Tidal: the batch posted straight to vLLM at the lowest priority; knob: its
   fixed concurrency).
 
 A block is one online load beside one batch mix in one repetition. Its points alternate between the techniques
@@ -38,7 +38,7 @@ FULL_KNOBS = {"outside": (6, 12, 24, 64), "inside": (1.1, 1.25, 1.5, 2.0, 4.0), 
 QUICK_KNOBS = {"outside": (8, 32), "inside": (1.1, 1.5, 4.0), "vllm-priority": (4, 16, 64)}
 KNOB_NAMES = {
     "outside": "gate ceiling (batch requests at the engine)",
-    "inside": "TidalScheduler's step budget ÷ the online-alone decode step",
+    "inside": "TidalScheduler's α_set (a step ÷ T̂ of its online work alone)",
     "vllm-priority": "batch requests at the engine (fixed)",
 }
 

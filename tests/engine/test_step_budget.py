@@ -1,0 +1,97 @@
+"""The relative step budget (tidal_engine/step_budget.py; pure), priced on the A6000 twin's own step-time form."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tidal_engine.step_budget import Work
+from tidal_engine.step_budget import select
+from tidal_engine.step_time import decode_seconds
+from tidal_engine.step_time import sequence_pairs
+from tidal_engine.step_time import step_seconds
+from tidal_engine.twin import load_profile
+
+pytestmark = pytest.mark.no_sql
+
+A6000 = load_profile("qwen2.5-7b@a6000")
+TAU = 2048
+SLO = 0.160  # the absolute budget's default: 200 ms less its 20 % guard
+
+
+def cost(tokens: int, context: int, pairs: int) -> float:
+    return step_seconds(A6000, tokens, context, pairs)
+
+
+def decodes(prefix: str, n: int, context: int) -> list[Work]:
+    return [Work(f"{prefix}-{i}", 1, context) for i in range(n)]
+
+
+def choose(online, batch, alpha=1.2, *, chunk_allowed=True, admit_room=False):
+    return select(cost, online, batch, alpha, SLO, TAU, chunk_allowed=chunk_allowed, admit_room=admit_room)
+
+
+def test_the_budget_is_alpha_times_the_online_work_alone():
+    online = decodes("on", 40, 600)
+    chosen = choose(online, decodes("b", 200, 800))
+    assert chosen.alone_s == pytest.approx(decode_seconds(A6000, 40, 600))
+    assert chosen.budget_s == pytest.approx(1.2 * chosen.alone_s)
+    assert chosen.predicted_s <= chosen.budget_s
+    n = len(chosen.scheduled)
+    # the working set is what the budget holds: one more batch decode would not fit
+    with_one_more = step_seconds(
+        A6000, 40 + n + 1, 40 * 600 + (n + 1) * 800, 40 * sequence_pairs(1, 600) + (n + 1) * sequence_pairs(1, 800)
+    )
+    assert with_one_more > chosen.budget_s
+    assert 10 <= n <= 60 and len(chosen.parked) == 200 - n
+    assert chosen.batch_tokens == n and chosen.room == 0
+
+
+def test_the_working_set_grows_with_alpha():
+    sizes = [len(choose(decodes("on", 40, 600), decodes("b", 300, 800), alpha).scheduled) for alpha in (1.1, 1.5, 2.0)]
+    assert sizes[0] < sizes[1] < sizes[2]
+
+
+def test_a_parked_request_costs_nothing_and_a_cheaper_one_behind_it_still_fits():
+    online = decodes("on", 8, 400)
+    huge = Work("long-context", 1, 200_000)  # its KV read alone would overrun the budget
+    chosen = choose(online, [huge, Work("short", 1, 100)], alpha=1.1)
+    assert chosen.parked == ("long-context",) and chosen.scheduled == ("short",)
+
+
+def test_online_is_never_held_back_and_batch_gets_nothing_when_online_alone_fills_the_ceiling():
+    online = [Work("prompt", 2000, 0)]  # a long online prompt: its step alone is over the absolute ceiling
+    chosen = choose(online, decodes("b", 5, 100), alpha=1.5)
+    assert chosen.alone_s > SLO and chosen.budget_s == chosen.alone_s
+    assert chosen.scheduled == () and len(chosen.parked) == 5 and chosen.batch_tokens == 0
+
+
+def test_a_prefill_in_progress_takes_the_chunk_that_fits_unless_online_waits():
+    online = decodes("on", 20, 500)
+    prefill = Work("prefill", 1500, 512)
+    chosen = choose(online, [prefill, Work("after", 1, 100)], alpha=1.5)
+    assert chosen.scheduled == ("prefill",) and chosen.parked == ("after",)  # the chunk spent the budget
+    assert 0 < chosen.batch_tokens < 1500 and chosen.predicted_s <= chosen.budget_s
+    waits = choose(online, [prefill, Work("after", 1, 100)], alpha=1.5, chunk_allowed=False)
+    assert waits.scheduled == ("after",) and waits.parked == ("prefill",)
+
+
+def test_what_the_decodes_leave_is_room_for_a_waiting_prefill():
+    online = decodes("on", 20, 500)
+    chosen = choose(online, decodes("b", 3, 500), alpha=1.5, admit_room=True)
+    assert len(chosen.scheduled) == 3 and chosen.room > 0 and chosen.batch_tokens == 3 + chosen.room
+    assert chosen.predicted_s <= chosen.budget_s
+    assert choose(online, decodes("b", 3, 500), alpha=1.5).room == 0  # admission closed (the KV guardband)
+
+
+def test_every_selection_stays_inside_its_budget_and_tau():
+    rng = random.Random(3)
+    for _ in range(200):
+        online = [Work(f"on-{i}", rng.choice([1, 1, 1, rng.randint(2, 900)]), rng.randint(0, 3000)) for i in range(8)]
+        batch = [Work(f"b-{i}", rng.choice([1, 1, rng.randint(2, 1500)]), rng.randint(0, 3000)) for i in range(60)]
+        alpha = rng.uniform(1.05, 4.0)
+        chosen = choose(online, batch, alpha, chunk_allowed=rng.random() < 0.5, admit_room=rng.random() < 0.5)
+        assert chosen.predicted_s <= chosen.budget_s + 1e-12
+        assert sum(w.tokens for w in online) + chosen.batch_tokens <= max(TAU, sum(w.tokens for w in online))
+        assert sorted(chosen.scheduled + chosen.parked) == sorted(w.request_id for w in batch)
