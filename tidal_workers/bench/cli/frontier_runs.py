@@ -56,9 +56,7 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
 )
 @click.option("--techniques", default="outside,inside,vllm-priority", show_default=True, help="The arms.")
 @click.option("--outside-knobs", default="", help="Gate ceilings below the deployment's (which is always measured).")
-@click.option(
-    "--inside-knobs", default="", help="TidalScheduler's step budget as multiples of the online-alone decode step."
-)
+@click.option("--inside-knobs", default="", help="TidalScheduler's α_set values (a step ÷ T̂ of its online work alone).")
 @click.option("--peer-concurrency", default="", help="vLLM-alone batch requests at the engine (full: 4,8,16,32,64).")
 @click.option("--reps", default=1, show_default=True, help="Repetitions of every block; 3 or more add aggregates.")
 @click.option("--window-seconds", type=float, default=0.0, help="A flat window (quick 120, full 180).")
