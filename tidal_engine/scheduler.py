@@ -308,13 +308,15 @@ class TidalScheduler(Scheduler):
         return lambda tokens, context, pairs: float(fit.predict(tokens, context))
 
     def _batch_order(self, staying: list[Request]) -> list[Request]:
-        """Running batch requests in the order they join a relative budget: those that ran last step first (a
-        working set finishes what it started), then the longest parked."""
-        batch = [r for r in staying if not is_online(r)]
-        ran = [r for r in batch if r.request_id in self._ran_last]
-        rest = [r for r in batch if r.request_id not in self._ran_last]
-        rest.sort(key=lambda r: self._parked_since.get(r.request_id, float("inf")))
-        return ran + rest
+        """Running batch requests in the order they join a relative budget: the most urgent priority first (a batch
+        that laxity escalated spends the budget before the others, never past it); within a priority those that
+        ran last step (a working set finishes what it started), then the longest parked."""
+
+        def key(r: Request) -> tuple[int, bool, float]:
+            ran = r.request_id in self._ran_last
+            return r.priority, not ran, self._parked_since.get(r.request_id, float("inf"))
+
+        return sorted((r for r in staying if not is_online(r)), key=key)
 
     def _park_expired(self, staying: list[Request], now: float) -> list[str]:
         """Batch requests parked longer than TIDAL_SCHED_MAX_PARK_SECONDS: their KV is freed (preempted)."""

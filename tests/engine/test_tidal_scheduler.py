@@ -405,3 +405,29 @@ def test_the_working_set_keeps_its_members_and_a_request_parked_too_long_frees_i
     assert set(s.last_plan.released) == parked  # parked since the online requests came: over 30 s
     assert parked <= {r.request_id for r in s.waiting}  # preempted: KV freed, waiting to be admitted again
     assert s.tidal_metrics.registry.get_sample_value("tidal_sched_park_releases_total") == len(parked)
+
+
+def test_an_escalated_batch_spends_the_relative_budget_first_and_never_past_it(make_scheduler):
+    """Laxity escalates a late batch's items toward priority 1; inside the engine they join the budget before the
+    priority-100 ones, and the step still keeps to α × T̂(its online work alone)."""
+    profile = load_profile(A6000)
+    s = make_scheduler(TidalScheduler, settings=relative(1.05), max_num_seqs=64, num_blocks=4000)
+    for i in range(16):
+        s.add_request(make_request(f"calm-{i}", 1000, priority=100, max_tokens=200))
+    for _ in range(10):
+        run_step(s)
+    for i in range(8):
+        s.add_request(make_request(f"late-{i}", 1000, priority=1, max_tokens=200))
+    for _ in range(6):
+        run_step(s)  # no online traffic: the late batch's prompts prefill
+    assert all(s.requests[f"late-{i}"].num_output_tokens > 0 for i in range(8))
+    for i in range(8):
+        s.add_request(make_request(f"online-{i}", 32, priority=0, max_tokens=100))
+    run_step(s)
+    for _ in range(5):
+        out, priced = step_priced(s, profile)
+        plan = s.last_plan
+        assert priced <= 1.05 * plan.alone_s * (1 + 1e-9)
+        ran = [r for r in out.num_scheduled_tokens if not r.startswith("online")]
+        assert ran and all(f"late-{i}" in ran for i in range(min(8, len(ran))))  # the late ones first
+        assert plan.parked and all(r.startswith("calm") for r in plan.parked)  # the budget binds on the calm ones
