@@ -35,6 +35,10 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 # with exactly these names. Until then their queries must be valid but may return nothing. Remove a name
 # from here once it exists, so its panel is held to "returns data" like every other (none is pending now).
 PENDING: set[str] = set()
+# Exported, but not by this run: the session's plugin engine runs the absolute budget (the tiny model has no
+# profile and its fit is never trusted, tests/conftest.py), so the relative budget's gauges stay unset here. The
+# twin exports them in tests/e2e/test_relative_budget_real_engine.py; here their queries must still be valid.
+ABSOLUTE_BUDGET_RUN = {"tidal_sched_inflation", "tidal_sched_alpha_set", "tidal_sched_reference_step_seconds"}
 
 BATCH_ITEMS, BATCH_TOKENS = 96, 48
 ONLINE_CLIENTS, ONLINE_TOKENS = 2, 32
@@ -144,7 +148,7 @@ def test_every_dashboard_panel_has_data_from_a_real_run(
         missing = [
             f"{r['panel']} / {r['legend']}: {r['expr']}"
             for r in results
-            if not finite_points(r["series"]) and not any(name in r["expr"] for name in PENDING)
+            if not finite_points(r["series"]) and not any(name in r["expr"] for name in PENDING | ABSOLUTE_BUDGET_RUN)
         ]
         assert not missing, "panel queries without data:\n" + "\n".join(missing)
         assert all(any(name in r["expr"] for r in results) for name in PENDING), "a pending metric left the board"
@@ -159,6 +163,7 @@ def test_every_dashboard_panel_has_data_from_a_real_run(
             "TidalWorkerLostItem",
             "TidalFinalizeFailed",
             "TidalGateStuckAtZero",
+            "TidalOnlineLatencyOverBudget",
         }
         assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
     finally:
