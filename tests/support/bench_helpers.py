@@ -8,13 +8,13 @@ from tidal_workers.bench import frontier_plan as fp
 
 
 def frontier_plan(**changes) -> fp.FrontierPlan:
-    """The quick plan on one profile and load (every technique, each at its quick knobs), with ``changes``."""
+    """The quick plan on one profile and load (the default techniques, each at its quick knobs), with ``changes``."""
     base = fp.FrontierPlan(
         profile="qwen2.5-7b@a6000",
         loads=("flat-8",),
         mixes=("standard",),
-        techniques=fp.TECHNIQUES,
-        knobs=fp.QUICK_KNOBS,
+        techniques=fp.DEFAULT_TECHNIQUES,
+        knobs={tech: fp.QUICK_KNOBS[tech] for tech in fp.DEFAULT_TECHNIQUES},
         gate_ceiling=185,
         reps=1,
         window_s=120.0,

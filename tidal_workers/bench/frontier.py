@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from config import Settings
+from config.settings import env_name
 from tidal_engine.twin import load_profile
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import frontier_report
@@ -329,9 +330,15 @@ class Frontier:
     def tidal(self, point: Point) -> dict[str, t.Any]:
         load, mix = ONLINE_LOADS[str(point.load)], BATCH_MIXES[point.mix]
         knob: dict[str, t.Any] = {}
+        gate_mode, gate_env = "aimd", {}
         if point.technique == "inside":
             engine_cm: t.ContextManager[BenchEngine] = self._inside(point, knob)
             cap = self.plan.gate_ceiling
+        elif point.technique == "outside-latency":  # the latency gate at the point's α_set, its reference fitted
+            engine_cm = contextlib.nullcontext(self.stock())
+            cap = self.plan.gate_ceiling
+            gate_mode, gate_env = "latency", {env_name("gate_alpha_set"): f"{point.knob:g}"}
+            knob.update(gate_alpha_set=point.knob, gate_ceiling=cap, gate_reference="fitted")
         else:
             engine_cm = contextlib.nullcontext(self.stock())
             cap = int(t.cast(float, point.knob))
@@ -343,7 +350,13 @@ class Frontier:
             prompts, rng = self.prompts(point, engine), random.Random(_seed(point.name))
             bodies = [chat_body(engine.model, r) for r in batch_requests(count, mix.workload(), prompts, rng)]
             with TidalStack(
-                self.settings, engine.url, stack_home, gate_mode="aimd", max_inflight=cap, redis_db=self.redis_db
+                self.settings,
+                engine.url,
+                stack_home,
+                gate_mode=gate_mode,
+                max_inflight=cap,
+                extra_env=gate_env,
+                redis_db=self.redis_db,
             ) as stack:
                 stack.submit(bodies)
 

@@ -8,7 +8,8 @@ A point is one measured window:
 - ``coserved``: the online load beside the batch, one technique at one setting of its knob:
   ``outside`` (Tidal's gate in front of vLLM's stock scheduler; knob: the gate's ceiling, batch requests at the
   engine), ``inside`` (TidalScheduler behind the same gate; knob: its α_set, each step at most that times T̂ of
-  its online work alone, step_budget.py) and ``vllm-priority`` (no Tidal: the batch posted straight to vLLM at the lowest priority; knob: its
+  its online work alone, step_budget.py), ``outside-latency`` (the latency gate, TIDAL_GATE_MODE=latency, in
+  front of the stock scheduler; knob: its α_set; not in the default arms) and ``vllm-priority`` (no Tidal: the batch posted straight to vLLM at the lowest priority; knob: its
   fixed concurrency).
 
 A block is one online load beside one batch mix in one repetition. Its points alternate between the techniques
@@ -31,13 +32,25 @@ from pathlib import Path
 from tidal_workers.bench import online
 from tidal_workers.bench.workload import OnlineLoad
 
-TECHNIQUES = ("outside", "inside", "vllm-priority")
+TECHNIQUES = ("outside", "inside", "vllm-priority", "outside-latency")
+DEFAULT_TECHNIQUES = ("outside", "inside", "vllm-priority")
 CEILING, ONLINE_ALONE, COSERVED = "ceiling", "online-alone", "coserved"
 # The knobs, low to high harvest. The gate's ceiling tops out at the deployment's (``gate_ceiling``).
-FULL_KNOBS = {"outside": (6, 12, 24, 64), "inside": (1.1, 1.25, 1.5, 2.0, 4.0), "vllm-priority": (4, 8, 16, 32, 64)}
-QUICK_KNOBS = {"outside": (8, 32), "inside": (1.1, 1.5, 4.0), "vllm-priority": (4, 16, 64)}
+FULL_KNOBS = {
+    "outside": (6, 12, 24, 64),
+    "inside": (1.1, 1.25, 1.5, 2.0, 4.0),
+    "vllm-priority": (4, 8, 16, 32, 64),
+    "outside-latency": (1.05, 1.1, 1.2, 1.5, 2.0),
+}
+QUICK_KNOBS = {
+    "outside": (8, 32),
+    "inside": (1.1, 1.5, 4.0),
+    "vllm-priority": (4, 16, 64),
+    "outside-latency": (1.1, 1.5),
+}
 KNOB_NAMES = {
     "outside": "gate ceiling (batch requests at the engine)",
+    "outside-latency": "the latency gate's α_set (online inter-token latency ÷ its fitted online-alone reference)",
     "inside": "TidalScheduler's α_set (a step ÷ T̂ of its online work alone)",
     "vllm-priority": "batch requests at the engine (fixed)",
 }

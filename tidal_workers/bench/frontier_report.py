@@ -44,7 +44,7 @@ Record = dict[str, t.Any]
 LATENCIES = ("ttft", "tbt")
 QUANTILES = {"p50": 0.5, "p99": 0.99}
 ONLINE_ERRORS_MAX = 0.01  # a window whose online requests failed more often measured something else
-COLOURS = {"outside": "tab:blue", "inside": "tab:orange", "vllm-priority": "tab:green"}
+COLOURS = {"outside": "tab:blue", "inside": "tab:orange", "vllm-priority": "tab:green", "outside-latency": "tab:purple"}
 
 
 def steady_ratio(mix: str) -> float:
@@ -338,7 +338,7 @@ def plot(report: Report, results: dict[str, t.Any], path: Path) -> Path:
         rates = report.rates(load)[:: max(1, len(report.rates(load)) // 8)]
         curve = [report.oracles(mix).h_star_over(a, rates) for a in alphas]
         ax.plot(alphas, curve, color="black", lw=1.2, label="H*(α), the oracle")
-        for technique in ("outside", "inside", "vllm-priority"):
+        for technique in COLOURS:
             mine = sorted(
                 (r for r in here if r["technique"] == technique and r.get("alpha_m")), key=lambda r: r["knob"]
             )

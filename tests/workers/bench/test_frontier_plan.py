@@ -85,3 +85,14 @@ def test_a_failed_point_is_kept_apart_and_measured_again(tmp_path):
     assert failure["point"] == point.as_dict() and "never ran 256 requests" in failure["error"]
     run.write(point, {})
     assert run.failures() == []
+
+
+def test_the_latency_gate_is_an_arm_of_its_own_when_asked_for():
+    """``--techniques ...,outside-latency``: the latency gate's α_set swept beside the others, ABBA like them; the
+    default plan does not hold it, so a run started before the arm existed still resumes."""
+    techniques = (*fp.DEFAULT_TECHNIQUES, "outside-latency")
+    plan = frontier_plan(techniques=techniques, knobs={tech: fp.QUICK_KNOBS[tech] for tech in techniques})
+    latency = [p.knob for p in plan.points() if p.technique == "outside-latency"]
+    assert latency == [1.1, 1.5]
+    assert not [p for p in frontier_plan().points() if p.technique == "outside-latency"]
+    assert "outside-latency" in fp.KNOB_NAMES

@@ -54,7 +54,12 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
 @click.option(
     "--mixes", default="", help="Batch mixes: standard, decode-heavy, long-prompt (full: standard,decode-heavy)."
 )
-@click.option("--techniques", default="outside,inside,vllm-priority", show_default=True, help="The arms.")
+@click.option(
+    "--techniques",
+    default="outside,inside,vllm-priority",
+    show_default=True,
+    help="The arms: outside, inside, vllm-priority, outside-latency (the latency gate).",
+)
 @click.option("--outside-knobs", default="", help="Gate ceilings below the deployment's (which is always measured).")
 @click.option("--inside-knobs", default="", help="TidalScheduler's α_set values (a step ÷ T̂ of its online work alone).")
 @click.option("--peer-concurrency", default="", help="vLLM-alone batch requests at the engine (full: 4,8,16,32,64).")
@@ -107,7 +112,8 @@ def frontier(
         plan = fp.FrontierPlan(**run.plan())
     else:
         sizes = QUICK if quick else FULL
-        knobs = dict(fp.QUICK_KNOBS if quick else fp.FULL_KNOBS)
+        chosen = _names(techniques)
+        knobs = {tech: given for tech, given in (fp.QUICK_KNOBS if quick else fp.FULL_KNOBS).items() if tech in chosen}
         for technique, given in (
             ("outside", outside_knobs),
             ("inside", inside_knobs),
@@ -119,7 +125,7 @@ def frontier(
             profile=profile,
             loads=_names(loads or sizes.loads),
             mixes=_names(mixes or sizes.mixes),
-            techniques=_names(techniques),
+            techniques=chosen,
             knobs=knobs,
             gate_ceiling=deployment_ceiling(profile, max_num_seqs),
             reps=reps,
