@@ -86,7 +86,7 @@ from tidal_engine.metrics import SchedulerMetrics
 from tidal_engine.step_budget import StepCost
 from tidal_engine.step_budget import Work
 from tidal_engine.step_budget import select
-from tidal_engine.step_time import step_seconds
+from tidal_engine.step_time import StepCosts
 from tidal_engine.twin import load_profile
 
 ONLINE_PRIORITY = 0
@@ -194,7 +194,8 @@ class TidalScheduler(Scheduler):
         self.static_cap = int(s.sched_static_cap_frac * self.tau)
         self.latency = LatencyModel(window=s.sched_window)
         self.alpha_set = s.sched_alpha_set  # 0: the absolute budget alone
-        self.profile = load_profile(s.sched_profile) if s.sched_profile else None
+        # the profile's T̂ as a table over the step's tokens (exact: the form is separable), for pricing in bulk
+        self.profile_costs = StepCosts.of(load_profile(s.sched_profile), self.tau) if s.sched_profile else None
         self.max_park_s = s.sched_max_park_seconds
         self.guard = Guardband(s.sched_h_min, s.sched_h_max, s.sched_h_alpha)
         self.kv_capacity_tokens: int = self.kv_cache_config.num_blocks * self.block_size
@@ -299,13 +300,12 @@ class TidalScheduler(Scheduler):
     def _step_cost(self) -> StepCost | None:
         """T̂ for the relative budget: the profile's form where the engine's profile is named (its knee is what a
         small alpha_set depends on, and a linear fit has none), else the trusted rolling fit; None without either."""
-        if self.profile is not None:
-            profile = self.profile
-            return lambda tokens, context, pairs: step_seconds(profile, tokens, context, pairs)
+        if self.profile_costs is not None:
+            return self.profile_costs.seconds
         fit = self.latency.trusted(self.r2_min)
         if fit is None:
             return None
-        return lambda tokens, context, pairs: float(fit.predict(tokens, context))
+        return lambda tokens, context, _pairs: fit.predict(tokens, context)
 
     def _batch_order(self, staying: list[Request]) -> list[Request]:
         """Running batch requests in the order they join a relative budget: the most urgent priority first (a batch

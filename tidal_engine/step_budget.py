@@ -10,11 +10,12 @@ so it could not price one more batch decode. Here:
   model's rolling fit (``latency.py``). The scheduler says which (``TIDAL_SCHED_PROFILE``).
 - The budget is ``alpha_set × T̂(online alone)``, under the absolute budget as a ceiling, and never under the
   online work itself: online is never held back.
-- Running batch requests join in the order given (the scheduler's: those that ran last step first, so a working
-  set finishes, then the longest parked), each charged T̂ with it minus T̂ without: its tokens and its own KV read.
-  One that does not fit sits the step out (parked, its KV kept, charged nothing); a later, cheaper one may fit. A
-  prefill in progress that does not fit whole takes the chunk that does, unless online requests wait (the stock
-  loop would give that chunk the budget kept for them), and then nothing more joins.
+- Running batch requests join in the order given (the scheduler's: the most urgent priority, then those that ran
+  last step, so a working set finishes, then the longest parked), each charged what it adds to T̂: its tokens and
+  its own KV read. The longest run of them, in that order, that fits the budget takes part; the rest sit the step
+  out (parked, KV kept, charged nothing). One that would not fit even alone beside the online work is set aside
+  first, so that it cannot hold up the ones behind it. A prefill in progress that does not fit whole takes the
+  chunk that does, unless online requests wait (the stock loop would give that chunk the budget kept for them).
 - What the budget still allows after them is room for a waiting batch request's prefill chunk.
 
 So the working set, the batch requests decoding per step, follows from the budget. Pure: no clock, no I/O.
@@ -25,9 +26,14 @@ from __future__ import annotations
 import dataclasses
 import typing as t
 
+import numpy as np
+import numpy.typing as npt
+
 from tidal_engine.step_time import sequence_pairs
 
-StepCost = t.Callable[[int, int, int], float]  # T̂(tokens, resident context, attention pairs) in seconds
+Ints = npt.NDArray[np.int64]
+# T̂ of whole steps, element by element: (tokens, resident context, attention pairs) -> seconds
+StepCost = t.Callable[[Ints, Ints, Ints], npt.NDArray[np.float64]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,19 +56,6 @@ class Selection:
     predicted_s: float  # T̂ of the whole step as selected
 
 
-@dataclasses.dataclass
-class _Step:
-    tokens: int = 0
-    context: int = 0
-    pairs: int = 0
-
-    def plus(self, tokens: int, context: int) -> _Step:
-        return _Step(self.tokens + tokens, self.context + context, self.pairs + sequence_pairs(tokens, context))
-
-    def seconds(self, cost: StepCost) -> float:
-        return cost(self.tokens, self.context, self.pairs)
-
-
 def select(
     cost: StepCost,
     online: t.Sequence[Work],
@@ -74,55 +67,82 @@ def select(
     chunk_allowed: bool,
     admit_room: bool,
 ) -> Selection:
-    """The step's batch part under ``alpha_set`` × T̂(online alone) (module docstring). ``max_tokens``: τ."""
-    step = _Step()
-    for w in online:
-        step = step.plus(w.tokens, w.context)
-    alone = step.seconds(cost)
+    """The step's batch part under ``alpha_set`` × T̂(online alone) (module docstring). ``max_tokens``: τ.
+
+    Every candidate step is priced at once (one vector per question, a few hundred requests in tens of
+    microseconds): the plugin's time is the online step's time too."""
+    base = _totals(online)
+    alone = _price(cost, *base, max_tokens)
     budget = max(alone, min(alpha_set * alone, ceiling_s))
-    scheduled: list[str] = []
-    parked: list[str] = []
-    batch_tokens = 0
-    spent = False  # a chunk took the rest of the budget
-    for w in batch:
-        if spent:
-            parked.append(w.request_id)
-            continue
-        take = w.tokens if _fits(cost, step, w.tokens, w.context, budget, max_tokens) else 0
-        if not take and w.tokens > 1 and chunk_allowed:
-            take = _largest(cost, step, w.context, budget, max_tokens, w.tokens - 1)
-            spent = take > 0
-        if take:
-            step = step.plus(take, w.context)
-            scheduled.append(w.request_id)
-            batch_tokens += take
-        else:
-            parked.append(w.request_id)
-    room = 0
-    if admit_room and not spent:
-        room = _largest(cost, step, 0, budget, max_tokens, max_tokens - step.tokens)
-    predicted = step.plus(room, 0).seconds(cost) if room else step.seconds(cost)
-    return Selection(alone, budget, tuple(scheduled), tuple(parked), batch_tokens + room, room, predicted)
+    tokens, context, pairs = _columns(batch)
+
+    def fits(t_: Ints, c_: Ints, p_: Ints) -> npt.NDArray[np.bool_]:
+        return _fit(cost, (base[0] + t_, base[1] + c_, base[2] + p_), budget, max_tokens)
+
+    # Set aside first what does not fit even alone beside the online work and cannot be cut to fit: a decode, or
+    # a prefill while chunks are not allowed. It holds nobody up.
+    cuttable = (tokens > 1) & chunk_allowed
+    order = np.flatnonzero(fits(tokens, context, pairs) | cuttable)
+    prefix = fits(np.cumsum(tokens[order]), np.cumsum(context[order]), np.cumsum(pairs[order]))
+    taken = int(np.argmin(prefix)) if not prefix.all() else len(order)  # the longest run that fits
+    chosen = [int(i) for i in order[:taken]]
+    step = (
+        base[0] + int(tokens[chosen].sum()),
+        base[1] + int(context[chosen].sum()),
+        base[2] + int(pairs[chosen].sum()),
+    )
+    chunk = 0
+    if taken < len(order) and cuttable[order[taken]]:  # the first that does not fit, a prefill: what fits of it
+        nxt = int(order[taken])
+        chunk = _largest(cost, step, int(context[nxt]), budget, max_tokens, int(tokens[nxt]) - 1)
+        if chunk:
+            chosen.append(nxt)
+            step = (step[0] + chunk, step[1] + int(context[nxt]), step[2] + sequence_pairs(chunk, int(context[nxt])))
+    room = _largest(cost, step, 0, budget, max_tokens, max_tokens - step[0]) if admit_room and not chunk else 0
+    scheduled = [batch[i].request_id for i in chosen]
+    taking = set(chosen)
+    parked = [w.request_id for i, w in enumerate(batch) if i not in taking]
+    predicted = _price(cost, step[0] + room, step[1], step[2] + sequence_pairs(room, 0), max_tokens)
+    batch_tokens = int(step[0] - base[0]) + room
+    return Selection(alone, budget, tuple(scheduled), tuple(parked), batch_tokens, room, predicted)
 
 
-def _fits(cost: StepCost, step: _Step, tokens: int, context: int, budget: float, max_tokens: int) -> bool:
-    return step.tokens + tokens <= max_tokens and step.plus(tokens, context).seconds(cost) <= budget
+def _totals(work: t.Sequence[Work]) -> tuple[int, int, int]:
+    tokens, context, pairs = _columns(work)
+    return int(tokens.sum()), int(context.sum()), int(pairs.sum())
 
 
-def _largest(cost: StepCost, step: _Step, context: int, budget: float, max_tokens: int, most: int) -> int:
-    """The most tokens k ≤ ``most`` one request over ``context`` adds to ``step`` within the budget (T̂ rising
-    with k); 0 if not even one."""
+def _columns(work: t.Sequence[Work]) -> tuple[Ints, Ints, Ints]:
+    tokens = np.fromiter((w.tokens for w in work), dtype=np.int64, count=len(work))
+    context = np.fromiter((w.context for w in work), dtype=np.int64, count=len(work))
+    return tokens, context, tokens * context + tokens * (tokens + 1) // 2  # sequence_pairs, element by element
 
-    def fits(k: int) -> bool:
-        return _fits(cost, step, k, context, budget, max_tokens)
 
-    if most <= 0 or not fits(1):
+def _fit(cost: StepCost, steps: tuple[Ints, Ints, Ints], budget: float, max_tokens: int) -> npt.NDArray[np.bool_]:
+    """Which of the steps fit τ and the budget (one past τ is priced at τ, and fails on τ)."""
+    tokens = np.asarray(steps[0], dtype=np.int64)
+    priced = cost(np.minimum(tokens, max_tokens), np.asarray(steps[1], dtype=np.int64), np.asarray(steps[2]))
+    return (tokens <= max_tokens) & (priced <= budget)
+
+
+def _price(cost: StepCost, tokens: int, context: int, pairs: int, max_tokens: int) -> float:
+    """T̂ of one step; online demand over τ (prompts waiting) is priced at τ, the most a step takes."""
+    one = (
+        np.array([min(tokens, max_tokens)], dtype=np.int64),
+        np.array([context], dtype=np.int64),
+        np.array([pairs], dtype=np.int64),
+    )
+    return float(cost(*one)[0])
+
+
+def _largest(
+    cost: StepCost, step: tuple[int, int, int], context: int, budget: float, max_tokens: int, most: int
+) -> int:
+    """The most tokens k ≤ ``most`` that one request over ``context`` adds to ``step`` within the budget; 0 if not
+    even one. Every k is priced at once."""
+    if most <= 0:
         return 0
-    lo, hi = 1, most  # fits(lo) holds
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    k = np.arange(1, most + 1, dtype=np.int64)
+    pairs = k * context + k * (k + 1) // 2  # sequence_pairs(k, context), for every k
+    ok = _fit(cost, (step[0] + k, np.full_like(k, step[1] + context), step[2] + pairs), budget, max_tokens)
+    return int(np.argmin(ok)) if not ok.all() else most  # the longest run of k that fits from 1

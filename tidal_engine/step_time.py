@@ -26,6 +26,9 @@ import dataclasses
 import statistics
 import typing as t
 
+import numpy as np
+import numpy.typing as npt
+
 GIB = 1 << 30
 KV_BLOCK_TOKENS = 16  # vLLM's default block size: the pool is a whole number of blocks
 
@@ -108,6 +111,43 @@ def step_seconds(profile: Profile, num_tokens: int, context: int, attention_pair
     kv_read = profile.kv_bytes_per_token * (context + num_tokens) / profile.bandwidth
     attention = 4 * profile.num_layers * profile.num_heads * profile.head_dim * attention_pairs / profile.flops
     return profile.step_overhead_s + linear + kv_read + attention
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+    """T(P, C, pairs) = table[P] + per_context·C + per_pair·pairs, read off ``step_seconds`` (the form is separable:
+    overhead + linear layers(P) + K·(C + P) ÷ B + attention(pairs)), so that many steps are priced at once: the
+    oracle's, and the relative budget's every prefix of a step (step_budget.py)."""
+
+    table: npt.NDArray[np.float64]  # index P; entry 0 is one token's step, so that interpolation stays on the form
+    per_context: float
+    per_pair: float
+
+    @classmethod
+    def of(cls, profile: Profile, max_tokens: int) -> StepCosts:
+        table = np.array([step_seconds(profile, max(p, 1), 0, 0) for p in range(max_tokens + 1)])
+        base, far = step_seconds(profile, 1, 0, 0), 1_000_000
+        per_context = (step_seconds(profile, 1, far, 0) - base) / far
+        per_pair = (step_seconds(profile, 1, 0, far) - base) / far
+        return cls(table, per_context, per_pair)
+
+    def tokens(self, p: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """The table at fractional token counts: alternating steps of the neighbouring whole counts."""
+        if np.any(p > len(self.table) - 1):
+            raise ValueError("step longer than the table")
+        return np.interp(p, np.arange(len(self.table)), self.table)
+
+    def seconds(
+        self, tokens: npt.NDArray[np.int64], context: npt.NDArray[np.int64], pairs: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.float64]:
+        """``step_seconds`` of whole steps, element by element (0 for a step of no token)."""
+        priced = (
+            self.table[np.minimum(tokens, len(self.table) - 1)] + self.per_context * context + self.per_pair * pairs
+        )
+        out: npt.NDArray[np.float64] = np.where(tokens > 0, priced, 0.0)
+        if np.any(tokens > len(self.table) - 1):
+            raise ValueError("step longer than the table")
+        return out
 
 
 def smooth_max(a: float, b: float, sharpness: float) -> float:

@@ -41,6 +41,7 @@ import typing as t
 import numpy as np
 
 from tidal_engine.step_time import Profile
+from tidal_engine.step_time import StepCosts
 from tidal_engine.step_time import step_seconds
 from tidal_workers.bench.workload import Lengths
 
@@ -85,29 +86,6 @@ class RequestClass:
     @property
     def decodes(self) -> float:
         return self.output - 1
-
-
-@dataclasses.dataclass(frozen=True)
-class StepCosts:
-    """T(P, C, pairs) = table[P] + per_context·C + per_pair·pairs, read off ``step_seconds``."""
-
-    table: np.ndarray  # index P; entry 0 is one token's step, so that interpolation stays on the form
-    per_context: float
-    per_pair: float
-
-    @classmethod
-    def of(cls, profile: Profile, max_tokens: int) -> StepCosts:
-        table = np.array([step_seconds(profile, max(p, 1), 0, 0) for p in range(max_tokens + 1)])
-        base, far = step_seconds(profile, 1, 0, 0), 1_000_000
-        per_context = (step_seconds(profile, 1, far, 0) - base) / far
-        per_pair = (step_seconds(profile, 1, 0, far) - base) / far
-        return cls(table, per_context, per_pair)
-
-    def tokens(self, p: np.ndarray) -> np.ndarray:
-        """The table at fractional token counts: alternating steps of the neighbouring whole counts."""
-        if np.any(p > len(self.table) - 1):
-            raise ValueError("step longer than the table")
-        return np.interp(p, np.arange(len(self.table)), self.table)
 
 
 @dataclasses.dataclass(frozen=True)
