@@ -243,8 +243,10 @@ class TidalScheduler(Scheduler):
             staying = [r for r in staying if r.request_id not in released]
         context = sum(r.num_computed_tokens for r in staying)
         admit = self.guard.admits(usage) and not yielded
+        order: list[str] = []  # relative budget: the running batch requests that take part, in order
+        alone: float | None = None
         if not (online_running or online_waiting):
-            mode, cap = Mode.NO_ONLINE, self.tau
+            mode, cap, parked = Mode.NO_ONLINE, self.tau, []
         elif self.alpha_set and (cost := self._step_cost()) is not None:
             chosen = select(
                 cost,
@@ -257,28 +259,14 @@ class TidalScheduler(Scheduler):
                 chunk_allowed=not online_waiting,
                 admit_room=admit,
             )
-            self.tidal_metrics.online_waiting.set(len(online_waiting))
-            return StepPlan(
-                mode=Mode.RELATIVE,
-                batch_cap=chosen.batch_tokens,
-                token_budget=max(min(self.tau, online_demand + chosen.batch_tokens), 1),
-                online_demand=online_demand,
-                kv_usage=usage,
-                guardband=h,
-                admit_batch=admit,
-                context=context,
-                evict=victim,
-                yielded=yielded,
-                parked=list(chosen.parked),
-                released=released,
-                batch_order=list(chosen.scheduled),
-                alone_s=chosen.alone_s,
-            )
-        elif (fit := self.latency.trusted(self.r2_min)) is not None:
-            mode = Mode.MODEL
-            cap = batch_cap(fit, online_demand, context, self.budget_s, self.tau)
+            mode, cap, parked = Mode.RELATIVE, chosen.batch_tokens, list(chosen.parked)
+            order, alone = list(chosen.scheduled), chosen.alone_s
         else:
-            mode, cap = Mode.STATIC, self.static_cap
+            if (fit := self.latency.trusted(self.r2_min)) is not None:
+                mode, cap = Mode.MODEL, batch_cap(fit, online_demand, context, self.budget_s, self.tau)
+            else:
+                mode, cap = Mode.STATIC, self.static_cap
+            parked = beyond_cap(staying, cap, online_waits=bool(online_waiting))
         self.tidal_metrics.online_waiting.set(len(online_waiting))
         return StepPlan(
             mode=mode,
@@ -293,8 +281,10 @@ class TidalScheduler(Scheduler):
             context=context,
             evict=victim,
             yielded=yielded,
-            parked=[] if mode is Mode.NO_ONLINE else beyond_cap(staying, cap, online_waits=bool(online_waiting)),
+            parked=parked,
             released=released,
+            batch_order=order,
+            alone_s=alone,
         )
 
     def _step_cost(self) -> StepCost | None:

@@ -46,19 +46,23 @@ BURST_VISIBLE = 8  # waiting requests beyond the batch backlog's that show the b
 RECOVERY_SCRAPES = 30  # the EWMAs decay in about 6 scrapes, then the target grows back one per scrape
 
 
-@pytest.mark.timeout(900)  # generous event deadlines (4 min each) on a busy machine; idle, the test takes ~30 s
-def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(twin):
-    settings = load_settings().replace(
-        vllm_url=twin.url,
+def gate_settings(url: str, **changes: object):
+    """The gate on the twin: one poll per PERIOD of its clock, starting full at MAX_INFLIGHT."""
+    return load_settings().replace(
+        vllm_url=url,
         scrape_seconds=PERIOD,
-        ewma_alpha=0.5,
-        kv_high=0.85,
-        kv_low=0.70,
-        online_waiting_tolerance=0.0,
         min_inflight=0,
         max_inflight=MAX_INFLIGHT,
         initial_inflight=MAX_INFLIGHT,
         metrics_stale_seconds=3 * PERIOD,
+        **changes,
+    )
+
+
+@pytest.mark.timeout(900)  # generous event deadlines (4 min each) on a busy machine; idle, the test takes ~30 s
+def test_burst_halves_the_target_within_two_scrapes_and_it_recovers(twin):
+    settings = gate_settings(
+        twin.url, ewma_alpha=0.5, kv_high=0.85, kv_low=0.70, online_waiting_tolerance=0.0, gate_mode="aimd"
     )
     reading_when(twin.url, lambda r: r.running == r.waiting == 0, 120, "an idle engine")
     gate = AimdGate(settings)
@@ -137,16 +141,7 @@ def test_the_latency_gate_reads_the_engines_inter_token_latency(twin):
     reference, the batch's four requests show an inflation near 1 (the host's gaps between steps on a loaded
     machine add some)."""
     reference = decode_seconds(load_profile(TWIN_PROFILE), MAX_INFLIGHT, 100)
-    settings = load_settings().replace(
-        vllm_url=twin.url,
-        gate_mode="latency",
-        gate_reference_itl_ms=1000 * reference,
-        scrape_seconds=PERIOD,
-        min_inflight=0,
-        max_inflight=MAX_INFLIGHT,
-        initial_inflight=MAX_INFLIGHT,
-        metrics_stale_seconds=3 * PERIOD,
-    )
+    settings = gate_settings(twin.url, gate_mode="latency", gate_reference_itl_ms=1000 * reference)
     reading_when(twin.url, lambda r: r.running == r.waiting == 0, 120, "an idle engine")
     gate = AimdGate(settings)
     backlog_gate = FixedGate(MAX_INFLIGHT)

@@ -335,6 +335,14 @@ def relative(alpha: float = 1.2, **changes):
     return settings(sched_alpha_set=alpha, sched_profile=A6000, **changes)
 
 
+def arrive(s, prefix: str, count: int, prompt: int, priority: int, max_tokens: int, steps: int = 0) -> None:
+    """``count`` requests named PREFIX-i, then ``steps`` engine steps."""
+    for i in range(count):
+        s.add_request(make_request(f"{prefix}-{i}", prompt, priority=priority, max_tokens=max_tokens))
+    for _ in range(steps):
+        run_step(s)
+
+
 def step_priced(s, profile):
     """One synchronous step; (its output, T̂ of what it scheduled on ``profile``), each request's context being its
     KV before the step."""
@@ -352,13 +360,11 @@ def test_a_relative_budget_keeps_every_step_within_alpha_of_its_online_work_alon
     at most 1.1 × T̂(that online work alone), the batch decodes it can afford and no more: the rest sit out."""
     profile = load_profile(A6000)
     s = make_scheduler(TidalScheduler, settings=relative(1.1), max_num_seqs=64, num_blocks=4000)
-    for i in range(40):  # 1,000-token prompts: each decode reads 1,000 tokens of KV (57 MB on this model)
-        s.add_request(make_request(f"batch-{i}", 1000, priority=1, max_tokens=300))
-    for _ in range(25):
-        run_step(s)  # no online traffic: every batch request prefills and decodes
+    # 1,000-token prompts: each decode reads 1,000 tokens of KV (57 MB on this model); no online traffic yet, so
+    # every batch request prefills and decodes
+    arrive(s, "batch", 40, 1000, priority=1, max_tokens=300, steps=25)
     assert s.last_plan.mode is Mode.NO_ONLINE and len(s.running) == 40
-    for i in range(8):
-        s.add_request(make_request(f"online-{i}", 32, priority=0, max_tokens=60))
+    arrive(s, "online", 8, 32, priority=0, max_tokens=60)
     working_sets = []
     for _ in range(40):
         out, priced = step_priced(s, profile)
@@ -385,14 +391,8 @@ def test_the_working_set_keeps_its_members_and_a_request_parked_too_long_frees_i
     )
     now = [0.0]
     s.clock = lambda: now[0]
-    for i in range(24):
-        s.add_request(make_request(f"batch-{i}", 1000, priority=1, max_tokens=400))
-    for _ in range(15):
-        run_step(s)
-    for i in range(8):
-        s.add_request(make_request(f"online-{i}", 32, priority=0, max_tokens=300))
-    for _ in range(2):  # the online prompts' step, then their first decode
-        run_step(s)
+    arrive(s, "batch", 24, 1000, priority=1, max_tokens=400, steps=15)
+    arrive(s, "online", 8, 32, priority=0, max_tokens=300, steps=2)  # their prompts' step, then a decode
     members = set(s.last_plan.batch_order)
     assert members and s.last_plan.parked
     for _ in range(5):
@@ -412,18 +412,10 @@ def test_an_escalated_batch_spends_the_relative_budget_first_and_never_past_it(m
     priority-100 ones, and the step still keeps to α × T̂(its online work alone)."""
     profile = load_profile(A6000)
     s = make_scheduler(TidalScheduler, settings=relative(1.05), max_num_seqs=64, num_blocks=4000)
-    for i in range(16):
-        s.add_request(make_request(f"calm-{i}", 1000, priority=100, max_tokens=200))
-    for _ in range(10):
-        run_step(s)
-    for i in range(8):
-        s.add_request(make_request(f"late-{i}", 1000, priority=1, max_tokens=200))
-    for _ in range(6):
-        run_step(s)  # no online traffic: the late batch's prompts prefill
+    arrive(s, "calm", 16, 1000, priority=100, max_tokens=200, steps=10)
+    arrive(s, "late", 8, 1000, priority=1, max_tokens=200, steps=6)  # no online traffic: their prompts prefill
     assert all(s.requests[f"late-{i}"].num_output_tokens > 0 for i in range(8))
-    for i in range(8):
-        s.add_request(make_request(f"online-{i}", 32, priority=0, max_tokens=100))
-    run_step(s)
+    arrive(s, "online", 8, 32, priority=0, max_tokens=100, steps=1)
     for _ in range(5):
         out, priced = step_priced(s, profile)
         plan = s.last_plan
