@@ -20,12 +20,14 @@ from tidal_workers.policy.inflation import ItlFit
 pytestmark = pytest.mark.no_sql
 
 REF, SLOPE = 0.026, 0.0003  # s: the A6000 twin's decode step with online work alone; s per batch request decoding
+PER_ONLINE, ONLINE = 0.0005, 8  # s per online request running; the online requests running unless a test says
+BASE = REF - PER_ONLINE * ONLINE  # the step with nothing running
 ALPHA = 1.18
 BUDGET = (ALPHA - 1) * REF / SLOPE  # 15.6 batch requests: where ITL is ALPHA × REF
 
 
-def engine_itl(working_set: float) -> float:
-    return REF + SLOPE * working_set
+def engine_itl(working_set: float, online: float = ONLINE) -> float:
+    return BASE + PER_ONLINE * online + SLOPE * working_set
 
 
 def config(**kw) -> AimdConfig:
@@ -33,12 +35,14 @@ def config(**kw) -> AimdConfig:
     return AimdConfig(**{**base, **kw})
 
 
-def reading(working_set: int, itl: float | None, *, kv=0.3, waiting=0.0, preemptions=0.0) -> Observation:
-    return Observation(kv, waiting, working_set, preemptions, working_set, itl_seconds=itl)
+def reading(
+    working_set: int, itl: float | None, *, online: float = ONLINE, kv=0.3, waiting=0.0, preemptions=0.0
+) -> Observation:
+    return Observation(kv, waiting, working_set + online, preemptions, working_set, itl_seconds=itl)
 
 
 def closed_loop(ctl: AimdController, periods: int, noise: float = 0.0, waiting: float = 0.0) -> list[AimdState]:
-    """The engine holds what the target allows by the next reading; its ITL is the line, times a noise factor."""
+    """The engine holds what the target allows by the next reading; its ITL is the model's, times a noise factor."""
     rng = random.Random(1)
     state, states = ctl.initial(), []
     for i in range(periods):
@@ -49,23 +53,31 @@ def closed_loop(ctl: AimdController, periods: int, noise: float = 0.0, waiting: 
     return states
 
 
-def test_the_fit_finds_the_online_alone_reference_from_the_batch_working_set():
+def test_the_fit_finds_the_online_alone_reference_at_each_online_load():
+    fit = ItlFit()
+    for o, n in ((10, 6), (30, 9), (20, 12), (40, 7), (25, 10)):
+        fit = fit.add(n, o, engine_itl(o, n))
+    assert fit.reference(ONLINE) == pytest.approx(REF)
+    assert fit.reference(30) == pytest.approx(BASE + 30 * PER_ONLINE)  # a heavier online load, its own reference
+
+
+def test_an_online_load_that_never_moved_still_gives_its_own_reference():
     fit = ItlFit()
     for o in (10, 30, 20, 40, 25):
-        fit = fit.add(o, engine_itl(o))
-    assert fit.intercept() == pytest.approx(REF)
+        fit = fit.add(ONLINE, o, engine_itl(o))
+    assert fit.reference(ONLINE) == pytest.approx(REF)
 
 
 def test_the_fit_says_nothing_without_spread_or_without_a_rising_line():
     flat = ItlFit()
     for _ in range(50):
-        flat = flat.add(20, engine_itl(20))
-    assert flat.intercept() is None  # O never moved: no line to extend to zero
+        flat = flat.add(ONLINE, 20, engine_itl(20))
+    assert flat.reference(ONLINE) is None  # O never moved: no line to extend to zero
     falling = ItlFit()
     for o in (5, 10, 15, 20):
-        falling = falling.add(o, 0.05 - 0.001 * o)
-    assert falling.intercept() is None
-    assert inflation.reference(0.02, flat) == 0.02  # a configured reference needs no fit
+        falling = falling.add(ONLINE, o, 0.05 - 0.001 * o)
+    assert falling.reference(ONLINE) is None
+    assert inflation.reference(0.02, flat, ONLINE) == 0.02  # a configured reference needs no fit
 
 
 def test_budget_working_set_reads_the_slope_off_the_point():
@@ -105,6 +117,24 @@ def test_with_the_reference_fitted_the_gate_finds_it_and_settles_at_the_budget()
     assert states[-1].reference_s == pytest.approx(REF, rel=0.15)
     settled = [s.target for s in states[40:]]
     assert all(abs(x - BUDGET) <= 4 for x in settled), settled
+
+
+def test_after_a_step_of_the_online_load_the_fitted_reference_follows_and_the_budget_holds_within_seconds():
+    """Issue 36 item 3 on the rule alone: online running goes from ~8 (varying, as arrivals do) to ~40. The fitted
+    reference moves with it in the same reading, so the batch is not blamed for the online load's own cost, and
+    inflation is back within α_set in a few periods even though admitted requests drain two a period."""
+    ctl = AimdController(config())
+    rng = random.Random(4)
+    low = [ONLINE + rng.randint(-3, 3) for _ in range(80)]
+    state, working_set = ctl.initial(), 1
+    for i, n in enumerate([*low, *[40 + rng.randint(-3, 3) for _ in range(30)]]):
+        itl = engine_itl(working_set, n)
+        state = ctl.step(state, reading(working_set, itl, online=n), float(i))
+        if i == 80:
+            assert state.reference_s == pytest.approx(BASE + PER_ONLINE * n, rel=0.05)  # the step's first reading
+        if i == 90:  # 10 periods (seconds) after the step
+            assert itl / (BASE + PER_ONLINE * n) <= ALPHA + 0.02
+        working_set = state.target if state.target > working_set else max(state.target, working_set - 2)
 
 
 def test_a_cut_that_the_engine_has_not_yet_drained_is_not_cut_again():

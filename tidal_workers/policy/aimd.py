@@ -204,8 +204,9 @@ class AimdController:
         cfg = self.config
         if obs.itl_seconds is None:
             return state
-        fit = state.fit.add(float(obs.batch_inflight), obs.itl_seconds)
-        ref = inflation.reference(cfg.reference_itl_s, fit)
+        online = max(0.0, obs.running - min(float(obs.batch_inflight), obs.running))  # ours all run, at best
+        fit = state.fit.add(online, float(obs.batch_inflight), obs.itl_seconds)
+        ref = inflation.reference(cfg.reference_itl_s, fit, online)
         infl = None if ref is None else _ewma(state.inflation, obs.itl_seconds / ref, cfg.alpha)
         return dataclasses.replace(state, fit=fit, reference_s=ref, inflation=infl)
 

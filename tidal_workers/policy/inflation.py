@@ -16,10 +16,12 @@ excess would undershoot. Below it the target climbs by half the gap, at
 least one and at most doubling: increases sized to the gap, not one a second.
 
 The reference r is either given (``TIDAL_GATE_REFERENCE_ITL_MS``: from the engine's profile, e.g. the twin's
-decode step, or a calibration run) or estimated by regressing ITL on O down to O = 0 with exponential forgetting
-(``ItlFit``): a busy node rarely sees a period with no batch work, but the gate's own moves spread O enough to
-fit a line. Until the fit has that spread (``MIN_SPREAD`` requests of standard deviation) the reference is
-unknown and the gate grows as the KV rule lets it, which makes the spread.
+decode step, or a calibration run; a constant, so right at the online load it was taken at) or estimated by
+regressing ITL on the online requests running and on O, down to O = 0, with exponential forgetting (``ItlFit``):
+a busy node rarely sees a period with no batch work, but the gate's own moves spread O enough to fit, and the
+online term moves the reference with the online load in the same reading. Until the fit has that spread
+(``MIN_SPREAD`` requests of standard deviation) the reference is unknown and the gate grows as the KV rule lets
+it, which makes the spread.
 
 Online waiting is not a cut here: an open-loop arrival stream waits a step in its normal course; its cost shows
 in the ITL it causes. KV pressure and preemptions still halve (aimd.py).
@@ -32,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 FORGET = 0.99  # per reading: a reading ~100 periods old weighs a third of a new one
 MIN_SPREAD = 2.0  # requests: the fit's weighted standard deviation of O before its intercept is trusted
 GAIN_UP = 0.5  # share of the gap to O* closed in one period when under the budget
@@ -40,43 +44,42 @@ MAX_CUT = 0.5  # the most one period removes, as a share of the target
 
 @dataclasses.dataclass(frozen=True)
 class ItlFit:
-    """Exponentially weighted sums for the line ITL = r + s·O (weights, O, ITL, O², O·ITL)."""
+    """Exponentially weighted least squares of ITL = a + b·online + s·O, as the sums of its normal equations:
+    ``xx`` the 3 × 3 Σ xxᵀ and ``xy`` the Σ x·ITL, x = (1, online requests running, batch working set O).
 
-    w: float = 0.0
-    x: float = 0.0
-    y: float = 0.0
-    xx: float = 0.0
-    xy: float = 0.0
+    The online term is what lets the reference follow the online load at once: a step of the online rate raises
+    the online-alone ITL, a + b·online, in the same reading, where a line in O alone would take ~100 readings of
+    forgetting to move (and meanwhile call the online load's own cost the batch's)."""
 
-    def add(self, working_set: float, itl: float, forget: float = FORGET) -> ItlFit:
-        f = forget
+    xx: tuple[float, ...] = (0.0,) * 9
+    xy: tuple[float, ...] = (0.0,) * 3
+
+    def add(self, online: float, working_set: float, itl: float, forget: float = FORGET) -> ItlFit:
+        x = (1.0, online, working_set)
         return ItlFit(
-            f * self.w + 1.0,
-            f * self.x + working_set,
-            f * self.y + itl,
-            f * self.xx + working_set**2,
-            f * self.xy + working_set * itl,
+            tuple(forget * v + x[i // 3] * x[i % 3] for i, v in enumerate(self.xx)),
+            tuple(forget * v + x[i] * itl for i, v in enumerate(self.xy)),
         )
 
-    def intercept(self) -> float | None:
-        """r, the fitted ITL at no batch work; None until O has spread ``MIN_SPREAD`` or when the line does not
-        rise with O (then it says nothing about the batch's cost)."""
-        if self.w <= 0:
+    def reference(self, online: float) -> float | None:
+        """a + b·online, the fitted ITL with no batch work at this online load; None until O has spread
+        ``MIN_SPREAD`` or when ITL does not rise with O (then the fit says nothing about the batch's cost)."""
+        weight = self.xx[0]
+        if weight <= 0:
             return None
-        mean_x, mean_y = self.x / self.w, self.y / self.w
-        var_x = self.xx / self.w - mean_x**2
-        if var_x < MIN_SPREAD**2:
+        mean_o = self.xx[2] / weight
+        if self.xx[8] / weight - mean_o**2 < MIN_SPREAD**2:
             return None
-        slope = (self.xy / self.w - mean_x * mean_y) / var_x
-        if slope <= 0:
-            return None
-        r = mean_y - slope * mean_x
-        return r if r > 0 else None
+        # least squares even where the online load never moved (then a and b are one number, a + b·online)
+        coef = np.linalg.lstsq(np.array(self.xx).reshape(3, 3), np.array(self.xy), rcond=None)[0]
+        a, b, slope = (float(c) for c in coef)
+        r = a + b * online
+        return r if slope > 0 and r > 0 else None
 
 
-def reference(configured_s: float, fit: ItlFit) -> float | None:
-    """The online-alone ITL in seconds: the configured one when set (> 0), else the fit's intercept."""
-    return configured_s if configured_s > 0 else fit.intercept()
+def reference(configured_s: float, fit: ItlFit, online: float) -> float | None:
+    """The online-alone ITL in seconds: the configured one when set (> 0), else the fit's at this online load."""
+    return configured_s if configured_s > 0 else fit.reference(online)
 
 
 def budget_working_set(working_set: float, inflation: float, alpha_set: float) -> float:
