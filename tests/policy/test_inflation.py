@@ -182,3 +182,15 @@ def test_latency_mode_from_settings():
     assert AimdConfig.from_settings(s.replace(gate_mode="aimd"), 64).alpha_set is None
     with pytest.raises(ValueError, match="alpha_set"):
         AimdConfig(alpha_set=1.0)
+
+
+def test_a_reference_once_fitted_outlives_a_working_set_that_holds_still():
+    """At the budget the working set barely moves, and the fit's spread decays with forgetting; the gate keeps the
+    reference it had rather than fall back to growing one a period."""
+    ctl = AimdController(config())
+    state = closed_loop(ctl, 40)[-1]
+    assert state.reference_s is not None
+    for i in range(600):  # ten minutes at one working set
+        state = ctl.step(state, reading(state.target, engine_itl(state.target)), 40.0 + i)
+    assert state.fit.reference(ONLINE) is None  # the fit alone has lost its spread
+    assert state.reference_s == pytest.approx(REF, rel=0.05) and abs(state.target - BUDGET) <= 2

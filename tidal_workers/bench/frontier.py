@@ -337,8 +337,11 @@ class Frontier:
         elif point.technique == "outside-latency":  # the latency gate at the point's α_set, its reference fitted
             engine_cm = contextlib.nullcontext(self.stock())
             cap = self.plan.gate_ceiling
-            gate_mode, gate_env = "latency", {env_name("gate_alpha_set"): f"{point.knob:g}"}
-            knob.update(gate_alpha_set=point.knob, gate_ceiling=cap, gate_reference="fitted")
+            # From one request, as a deployed worker starts (TIDAL_INITIAL_INFLIGHT's default): the gate's own climb
+            # spreads the working set its reference is fitted on; started at the cap it has none to fit.
+            gate_mode = "latency"
+            gate_env = {env_name("gate_alpha_set"): f"{point.knob:g}", env_name("initial_inflight"): "1"}
+            knob.update(gate_alpha_set=point.knob, gate_ceiling=cap, gate_reference="fitted", initial_inflight=1)
         else:
             engine_cm = contextlib.nullcontext(self.stock())
             cap = int(t.cast(float, point.knob))

@@ -206,7 +206,8 @@ class AimdController:
             return state
         online = max(0.0, obs.running - min(float(obs.batch_inflight), obs.running))  # ours all run, at best
         fit = state.fit.add(online, float(obs.batch_inflight), obs.itl_seconds)
-        ref = inflation.reference(cfg.reference_itl_s, fit, online)
+        # once known, a reference outlives a stretch in which the working set held still and the fit lost its spread
+        ref = inflation.reference(cfg.reference_itl_s, fit, online) or state.reference_s
         infl = None if ref is None else _ewma(state.inflation, obs.itl_seconds / ref, cfg.alpha)
         return dataclasses.replace(state, fit=fit, reference_s=ref, inflation=infl)
 
