@@ -332,7 +332,7 @@ class AimdGate:
                 log.warning("gate target %d -> %d (failsafe: %s)", before.target, st.target, why)
         elif st.target != before.target:
             log.info(
-                "gate target %d -> %d (%s: kv_ewma=%.3f online_waiting_ewma=%.2f preemptions=%g inflight=%d)",
+                "gate target %d -> %d (%s: kv_ewma=%.3f online_waiting_ewma=%.2f preemptions=%g inflight=%d%s)",
                 before.target,
                 st.target,
                 st.decision,
@@ -340,6 +340,7 @@ class AimdGate:
                 st.waiting_ewma,
                 obs.preemptions_total,
                 obs.batch_inflight,
+                "" if st.inflation is None else f" inflation={st.inflation:.3f} reference_s={st.reference_s:.4f}",
             )
 
 

@@ -88,19 +88,19 @@ def test_budget_working_set_reads_the_slope_off_the_point():
 
 
 def test_over_the_budget_the_target_drops_to_it_at_once_but_never_below_half():
-    assert inflation.next_target(40, 40, engine_itl(40) / REF, ALPHA, 0, 185) == 20  # O* 15.6, but at most halved
-    assert inflation.next_target(20, 20, engine_itl(20) / REF, ALPHA, 0, 185) == 15
-    assert inflation.next_target(16, 16, ALPHA + 0.001, ALPHA, 0, 185) == 15  # over by a hair: one less
-    assert inflation.next_target(0, 0, 2.0, ALPHA, 0, 185) == 0
+    assert inflation.next_target(40, 40, 40, engine_itl(40) / REF, ALPHA, 0, 185) == 20  # O* 15.6, but at most halved
+    assert inflation.next_target(20, 20, 20, engine_itl(20) / REF, ALPHA, 0, 185) == 15
+    assert inflation.next_target(16, 16, 16, ALPHA + 0.001, ALPHA, 0, 185) == 15  # over by a hair: one less
+    assert inflation.next_target(0, 0, 0, 2.0, ALPHA, 0, 185) == 0
 
 
 def test_under_the_budget_the_target_climbs_by_half_the_gap_only_while_in_use():
-    assert inflation.next_target(8, 8, engine_itl(8) / REF, ALPHA, 0, 185) == 11  # gap 7.6: +3
-    assert inflation.next_target(4, 4, engine_itl(4) / REF, ALPHA, 0, 185) == 8  # gap 11.6, but at most doubling
-    assert inflation.next_target(15, 15, engine_itl(15) / REF, ALPHA, 0, 185) == 15  # within one: holds
-    assert inflation.next_target(14, 14, engine_itl(14) / REF, ALPHA, 0, 185) == 15  # gap 1.6: at least one
-    assert inflation.next_target(10, 3, engine_itl(3) / REF, ALPHA, 0, 185) == 10  # the engine holds 3 of 10
-    assert inflation.next_target(180, 180, 1.0, ALPHA, 0, 185) == 185  # no cost seen: up to the ceiling
+    assert inflation.next_target(8, 8, 8, engine_itl(8) / REF, ALPHA, 0, 185) == 11  # gap 7.6: +3
+    assert inflation.next_target(4, 4, 4, engine_itl(4) / REF, ALPHA, 0, 185) == 6  # gap 11.6, but half again at most
+    assert inflation.next_target(15, 15, 15, engine_itl(15) / REF, ALPHA, 0, 185) == 15  # within one: holds
+    assert inflation.next_target(14, 14, 14, engine_itl(14) / REF, ALPHA, 0, 185) == 15  # gap 1.6: at least one
+    assert inflation.next_target(10, 3, 3, engine_itl(3) / REF, ALPHA, 0, 185) == 10  # the engine holds 3 of 10
+    assert inflation.next_target(180, 180, 180, 1.0, ALPHA, 0, 185) == 185  # no cost seen: up to the ceiling
 
 
 def test_with_a_known_reference_the_gate_settles_at_the_budget_in_seconds():
@@ -148,8 +148,8 @@ def test_a_cut_that_the_engine_has_not_yet_drained_is_not_cut_again():
         seen.append(state.target)
     assert min(seen) >= BUDGET - 3, seen  # no undershoot while 60 drain to 16
     assert abs(seen[-1] - BUDGET) <= 1
-    assert inflation.next_target(20, 40, engine_itl(40) / REF, ALPHA, 0, 185) == 15  # O* below the target: cut
-    assert inflation.next_target(15, 40, engine_itl(40) / REF, ALPHA, 0, 185) == 15  # at O*, draining: hold
+    assert inflation.next_target(20, 40, 40, engine_itl(40) / REF, ALPHA, 0, 185) == 15  # O* below the target: cut
+    assert inflation.next_target(15, 40, 40, engine_itl(40) / REF, ALPHA, 0, 185) == 15  # at O*, draining: hold
 
 
 def test_online_waiting_is_not_a_cut_but_kv_pressure_and_preemptions_halve():
@@ -164,14 +164,14 @@ def test_online_waiting_is_not_a_cut_but_kv_pressure_and_preemptions_halve():
 
 def test_a_burst_of_online_work_cuts_the_target_within_a_period():
     ctl = AimdController(config(reference_itl_s=REF))
-    state = AimdState(target=16, inflation=1.18)
+    state = AimdState(target=16, inflation=1.18, working_ewma=16.0)
     state = ctl.step(state, reading(16, 1.6 * REF), 0.0)  # online prompts lengthen every step by 60 %
     assert state.decision == CUT and state.target < 16
 
 
 def test_no_token_in_a_period_leaves_the_inflation_where_it_was():
     ctl = AimdController(config(reference_itl_s=REF))
-    state = AimdState(target=8, inflation=1.05)
+    state = AimdState(target=8, inflation=1.05, working_ewma=8.0)
     assert ctl.step(state, reading(8, None), 0.0).inflation == 1.05
 
 

@@ -154,6 +154,7 @@ class AimdState:
     fit: ItlFit = ItlFit()  # latency mode: ITL against the working set, for the reference
     reference_s: float | None = None  # latency mode: the online-alone ITL now believed
     inflation: float | None = None  # latency mode: smoothed ITL ÷ reference
+    working_ewma: float | None = None  # latency mode: O smoothed alike, set whenever inflation is
 
 
 class AimdController:
@@ -188,7 +189,13 @@ class AimdController:
             if not _elapsed(state.changed_at, now, cfg.period):
                 return new
             target = inflation.next_target(
-                state.target, obs.batch_inflight, new.inflation, cfg.alpha_set, cfg.min_target, cfg.max_target
+                state.target,
+                obs.batch_inflight,
+                t.cast(float, new.working_ewma),
+                new.inflation,
+                cfg.alpha_set,
+                cfg.min_target,
+                cfg.max_target,
             )
             if target == state.target:
                 return new
@@ -208,8 +215,9 @@ class AimdController:
         fit = state.fit.add(online, float(obs.batch_inflight), obs.itl_seconds)
         # once known, a reference outlives a stretch in which the working set held still and the fit lost its spread
         ref = inflation.reference(cfg.reference_itl_s, fit, online) or state.reference_s
-        infl = None if ref is None else _ewma(state.inflation, obs.itl_seconds / ref, cfg.alpha)
-        return dataclasses.replace(state, fit=fit, reference_s=ref, inflation=infl)
+        infl = None if ref is None else _ewma(state.inflation, obs.itl_seconds / ref, inflation.SMOOTHING)
+        working = _ewma(state.working_ewma, float(obs.batch_inflight), inflation.SMOOTHING)
+        return dataclasses.replace(state, fit=fit, reference_s=ref, inflation=infl, working_ewma=working)
 
 
 def _ewma(prev: float | None, value: float, alpha: float) -> float:

@@ -13,7 +13,8 @@ online-alone reference. Then inflation = ITL ÷ r and the working set that meets
 halving in a period, so one bad reading cannot empty the engine), and no further while the engine still holds
 more than the target: a cut reaches the engine only as admitted requests finish, and cutting again for the same
 excess would undershoot. Below it the target climbs by half the gap, at
-least one and at most doubling: increases sized to the gap, not one a second.
+least one and at most half again: increases sized to the gap, not one a second. Inflation and O are smoothed
+alike (``SMOOTHING``) before O* is read off them.
 
 The reference r is either given (``TIDAL_GATE_REFERENCE_ITL_MS``: from the engine's profile, e.g. the twin's
 decode step, or a calibration run; a constant, so right at the online load it was taken at) or estimated by
@@ -40,6 +41,11 @@ FORGET = 0.99  # per reading: a reading ~100 periods old weighs a third of a new
 MIN_SPREAD = 2.0  # requests: the fit's weighted standard deviation of O before its intercept is trusted
 GAIN_UP = 0.5  # share of the gap to O* closed in one period when under the budget
 MAX_CUT = 0.5  # the most one period removes, as a share of the target
+MAX_GROWTH = 0.5  # the most one period adds, as a share of the target (at least one)
+# Weight of one period's reading in the smoothed inflation: a second's mean ITL swings ±10-15 % with the prefills
+# that land in it (an online prompt's step is twice a decode step), and the gate saw that swing as its signal
+# (the first real run sawed 1 ↔ 12 requests at α_set 1.05); ~5 periods still answer a step of the online load.
+SMOOTHING = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,16 +96,19 @@ def budget_working_set(working_set: float, inflation: float, alpha_set: float) -
     return working_set * (alpha_set - 1.0) / (inflation - 1.0)
 
 
-def next_target(target: int, working_set: float, inflation: float, alpha_set: float, lo: int, hi: int) -> int:
-    """The target after one period at ``inflation`` with ``working_set`` batch requests at the engine."""
-    wanted = budget_working_set(working_set, inflation, alpha_set)
+def next_target(
+    target: int, working_set: float, smoothed_set: float, inflation: float, alpha_set: float, lo: int, hi: int
+) -> int:
+    """The target after one period: ``inflation`` and ``smoothed_set`` (O) smoothed alike, so that O* reads the
+    slope off one consistent point; ``working_set``, O now, says whether the engine still drains a cut."""
+    wanted = budget_working_set(smoothed_set, inflation, alpha_set)
     if inflation > alpha_set:
         cut = min(target, max(math.floor(wanted), math.ceil(target * (1 - MAX_CUT)), lo))
-        if cut == target and working_set <= target and target > lo:
-            cut -= 1  # at the target and still over: one less (O* rounds to it)
+        if cut == target and smoothed_set <= target and target > lo:
+            cut -= 1  # at the target, settled there, and still over: one less (O* rounds to it)
         return cut  # while the engine still drains what a cut allowed before (O > target), no further cut
-    gap = wanted - target  # infinite where the batch shows no cost: then at most doubling
-    step = max(1, math.floor(min(GAIN_UP * gap, max(target, 1)))) if gap >= 1 else 0
+    gap = wanted - target  # infinite where the batch shows no cost: then half again at the most
+    step = max(1, math.floor(min(GAIN_UP * gap, MAX_GROWTH * max(target, 2)))) if gap >= 1 else 0
     if working_set < target - 1:  # the engine does not hold what the target allows: growing would be unearned
         step = 0
     return max(lo, min(hi, target + step))
