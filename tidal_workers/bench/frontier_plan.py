@@ -7,8 +7,8 @@ A point is one measured window:
 - ``online-alone``: the online load alone on the stock engine, the reference of every inflation in its block;
 - ``coserved``: the online load beside the batch, one technique at one setting of its knob:
   ``outside`` (Tidal's gate in front of vLLM's stock scheduler; knob: the gate's ceiling, batch requests at the
-  engine), ``inside`` (TidalScheduler behind the same gate; knob: its α_set, each step at most that times T̂ of
-  its online work alone, step_budget.py), ``outside-latency`` (the latency gate, TIDAL_GATE_MODE=latency, in
+  engine), ``inside`` (TidalScheduler behind a fixed gate at the deployment's ceiling; knob: its α_set, each step at most
+  that times T̂ of its online work alone, step_budget.py), ``outside-latency`` (the latency gate, TIDAL_GATE_MODE=latency, in
   front of the stock scheduler; knob: its α_set; not in the default arms) and ``vllm-priority`` (no Tidal: the batch posted straight to vLLM at the lowest priority; knob: its
   fixed concurrency).
 
@@ -91,7 +91,7 @@ class FrontierPlan:
     mixes: tuple[str, ...]
     techniques: tuple[str, ...]
     knobs: dict[str, tuple[float, ...]]
-    gate_ceiling: int  # the deployment's: outside's top knob setting, and inside's gate
+    gate_ceiling: int  # the deployment's: outside's top knob setting, and inside's fixed gate
     reps: int
     window_s: float  # a flat window; a diurnal one lasts one period, diurnal_window_s
     diurnal_window_s: float
