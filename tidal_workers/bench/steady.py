@@ -14,7 +14,8 @@ generated token against 2.04 in steady state, and harvests above any steady stat
   sample).
 - ``judge``: after it closes, a window is valid when (1) its batch requests at the engine drift less than
   ``DRIFT_MAX`` (the difference between the means of its two halves, over the window's mean; not applied to a
-  diurnal phase, whose load moves on purpose), (2) its batch prefill per generated token is within
+  diurnal phase, whose load moves on purpose), or by less than ``DRIFT_FLOOR_REQUESTS`` (a gate holding two or
+  three requests moves 10 % by its counting alone), (2) its batch prefill per generated token is within
   ``RATIO_TOLERANCE`` of the mix's steady value, (3) it holds ``MIN_COMPLETIONS`` batch completions or that ratio's
   95 % interval contains the steady value, and (4) the twin paced all but ``OVERRUN_MAX`` of its steps. A window
   that fails is reported with every reason, never averaged in.
@@ -31,6 +32,7 @@ import numpy as np
 
 TOLERANCE = 0.10  # admission's band around its level
 DRIFT_MAX = 0.10
+DRIFT_FLOOR_REQUESTS = 0.5  # a drift under half a request is no drift, whatever its share of a level of two or three
 RATIO_TOLERANCE = 0.10
 MIN_COMPLETIONS = 200
 OVERRUN_MAX = 0.05
@@ -189,7 +191,8 @@ def judge(
     cut = blocks(samples)
     interval = ratio_interval(cut.prefill, cut.generated)
     d = drift(samples)
-    if drift_rule and (d is None or d >= DRIFT_MAX):
+    mean_level = float(np.mean([s.at_engine for s in samples]))
+    if drift_rule and (d is None or (d >= DRIFT_MAX and d * mean_level >= DRIFT_FLOOR_REQUESTS)):
         level = "none at the engine" if d is None else f"{100 * d:.1f} %"
         reasons.append(f"batch requests at the engine drift {level} across the window (limit {100 * DRIFT_MAX:.0f} %)")
     if ratio is None:
