@@ -195,7 +195,9 @@ class TidalScheduler(Scheduler):
         self.latency = LatencyModel(window=s.sched_window)
         self.alpha_set = s.sched_alpha_set  # 0: the absolute budget alone
         # the profile's T̂ as a table over the step's tokens (exact: the form is separable), for pricing in bulk
-        self.profile_costs = StepCosts.of(load_profile(s.sched_profile), self.tau) if s.sched_profile else None
+        self.profile_costs = (
+            StepCosts.of(load_profile(s.sched_profile), self.tau) if s.sched_profile and self.alpha_set else None
+        )
         self.max_park_s = s.sched_max_park_seconds
         self.guard = Guardband(s.sched_h_min, s.sched_h_max, s.sched_h_alpha)
         self.kv_capacity_tokens: int = self.kv_cache_config.num_blocks * self.block_size
@@ -443,11 +445,12 @@ class TidalScheduler(Scheduler):
             if value:  # most are 0 on most steps: skip the counter's lock
                 counter.inc(value)
         ran = {i for i in output.num_scheduled_tokens if not is_online(self.requests[i])}
-        for req_id in plan.parked:
-            self._parked_since.setdefault(req_id, now)
-        for req_id in (*ran, *plan.released, *plan.yielded, *([plan.evict] if plan.evict else [])):
-            self._parked_since.pop(req_id, None)
-        self._ran_last = ran
+        if self.alpha_set:  # the order and the park bound of the relative budget; nothing else reads them
+            for req_id in plan.parked:
+                self._parked_since.setdefault(req_id, now)
+            for req_id in (*ran, *plan.released, *plan.yielded, *([plan.evict] if plan.evict else [])):
+                self._parked_since.pop(req_id, None)
+            self._ran_last = ran
         m.working_set.set(len(ran))
         if plan.alone_s is not None:
             m.reference_step_seconds.set(plan.alone_s)

@@ -141,12 +141,10 @@ class StepCosts:
         self, tokens: npt.NDArray[np.int64], context: npt.NDArray[np.int64], pairs: npt.NDArray[np.int64]
     ) -> npt.NDArray[np.float64]:
         """``step_seconds`` of whole steps, element by element (0 for a step of no token)."""
-        priced = (
-            self.table[np.minimum(tokens, len(self.table) - 1)] + self.per_context * context + self.per_pair * pairs
-        )
-        out: npt.NDArray[np.float64] = np.where(tokens > 0, priced, 0.0)
         if np.any(tokens > len(self.table) - 1):
             raise ValueError("step longer than the table")
+        priced = self.table[tokens] + self.per_context * context + self.per_pair * pairs
+        out: npt.NDArray[np.float64] = np.where(tokens > 0, priced, 0.0)
         return out
 
 
