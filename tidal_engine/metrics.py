@@ -98,6 +98,11 @@ class SchedulerMetrics:
             registry=r,
         )
         self.working_set = Gauge("tidal_sched_working_set", "Batch requests scheduled in the last step.", registry=r)
+        self.batch_resident = Gauge(
+            "tidal_sched_batch_resident",
+            "Batch requests holding KV after the last budgeted step: the working set and the parked.",
+            registry=r,
+        )
         self.park_releases = Counter(
             "tidal_sched_park_releases",
             "Batch requests preempted after sitting out longer than TIDAL_SCHED_MAX_PARK_SECONDS (KV freed).",

@@ -451,6 +451,7 @@ class TidalScheduler(Scheduler):
             for req_id in (*ran, *plan.released, *plan.yielded, *([plan.evict] if plan.evict else [])):
                 self._parked_since.pop(req_id, None)
             self._ran_last = ran
+            m.batch_resident.set(sum(1 for r in self.running if not is_online(r)))
         m.working_set.set(len(ran))
         if plan.alone_s is not None:
             m.reference_step_seconds.set(plan.alone_s)

@@ -16,7 +16,11 @@ so it could not price one more batch decode. Here:
   out (parked, KV kept, charged nothing). One that would not fit even alone beside the online work is set aside
   first, so that it cannot hold up the ones behind it. A prefill in progress that does not fit whole takes the
   chunk that does, unless online requests wait (the stock loop would give that chunk the budget kept for them).
-- What the budget still allows after them is room for a waiting batch request's prefill chunk.
+- What the budget still allows after them is room for a waiting batch request's prefill chunk, but only once
+  every running batch request that could fit has taken part. Prefilling a new prompt while one is parked grows a
+  pool of prefilled requests that the budget cannot decode: they hold KV, are released after
+  ``TIDAL_SCHED_MAX_PARK_SECONDS`` and prefilled again (at α 1.1 on the twin, 185 batch requests were prefilled
+  beside a working set of ~25, and 162 were released in 9 minutes).
 
 So the working set, the batch requests decoding per step, follows from the budget. Pure: no clock, no I/O.
 """
@@ -98,7 +102,10 @@ def select(
         if chunk:
             chosen.append(nxt)
             step = (step[0] + chunk, step[1] + int(context[nxt]), step[2] + sequence_pairs(chunk, int(context[nxt])))
-    room = _largest(cost, step, 0, budget, max_tokens, max_tokens - step[0]) if admit_room and not chunk else 0
+    everyone_in = taken == len(order)  # no running request that fits alone sits the step out
+    room = 0
+    if admit_room and everyone_in and not chunk:
+        room = _largest(cost, step, 0, budget, max_tokens, max_tokens - step[0])
     scheduled = [batch[i].request_id for i in chosen]
     taking = set(chosen)
     parked = [w.request_id for i, w in enumerate(batch) if i not in taking]

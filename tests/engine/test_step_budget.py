@@ -105,6 +105,16 @@ def test_what_the_decodes_leave_is_room_for_a_waiting_prefill():
     assert choose(online, decodes("b", 3, 500), alpha=1.5).room == 0  # admission closed (the KV guardband)
 
 
+def test_no_new_prompt_is_prefilled_while_a_running_one_that_fits_is_parked():
+    """A new prompt beside a parked request would only grow the pool the budget cannot decode."""
+    online = decodes("on", 20, 500)
+    crowded = choose(online, decodes("b", 300, 500), alpha=1.5, admit_room=True)
+    assert crowded.parked and crowded.room == 0 and crowded.batch_tokens == len(crowded.scheduled)
+    # a request set aside (it cannot fit even alone) does not hold the room shut
+    aside = choose(online, [*decodes("b", 3, 500), Work("long-context", 1, 400_000)], alpha=1.5, admit_room=True)
+    assert aside.parked == ("long-context",) and aside.room > 0
+
+
 def test_every_selection_stays_inside_its_budget_and_tau():
     rng = random.Random(3)
     for _ in range(200):
@@ -119,7 +129,7 @@ def test_every_selection_stays_inside_its_budget_and_tau():
 
 def test_a_step_is_priced_in_a_few_passes_whatever_its_size():
     """The plugin's time adds to every step the online user waits for: 200 batch decodes are priced in as many
-    passes of T̂ over vectors as 20 are, not one T̂ per request (the first version's per-request pricing took ~1 ms
+    passes of T̂ over vectors as 20 are (at most), not one T̂ per request (the first version's per-request pricing took ~1 ms
     of a 26-ms step on this machine)."""
     rng = random.Random(1)
     online = [Work(f"on-{i}", 1, rng.randint(100, 2000)) for i in range(40)]
@@ -130,7 +140,7 @@ def test_a_step_is_priced_in_a_few_passes_whatever_its_size():
         select(functools.partial(counted, calls), online, batch, 1.5, SLO, TAU, chunk_allowed=True, admit_room=True)
         passes[size] = len(calls)
         assert max(calls) >= size  # whole vectors, every request at once
-    assert passes[20] == passes[200] <= 6, passes
+    assert max(passes.values()) <= 5, passes  # a fixed few: 200 parks some, so it prices no room (one fewer)
 
 
 def counted(calls: list[int], tokens, context, pairs):

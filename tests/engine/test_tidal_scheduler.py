@@ -379,6 +379,7 @@ def test_a_relative_budget_keeps_every_step_within_alpha_of_its_online_work_alon
     assert sample("tidal_sched_alpha_set") == 1.1
     assert sample("tidal_sched_mode", {"mode": "relative"}) == 1.0
     assert sample("tidal_sched_working_set") == working_sets[-1]
+    assert sample("tidal_sched_batch_resident") == 40  # the working set and the parked
     assert sample("tidal_sched_reference_step_seconds") == pytest.approx(s.last_plan.alone_s)
     assert sample("tidal_sched_inflation") > 0
 
