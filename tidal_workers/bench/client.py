@@ -6,8 +6,9 @@ whatever the earlier ones did, and writes one record per request.
 
 A spec may also hold a lead-in (``lead_in``: requests of the same form): the first instant read opens the lead-in,
 and the second, told whenever the benchmark decides (the frontier's window opens once the batch has settled),
-opens the measured requests; lead-in arrivals due from then on are not sent. The lead-in's records go to
-OUT.lead_in. So the online load is present from the start, and every arm measures the same trace. Latencies are measured from the scheduled
+opens the measured requests; lead-in arrivals due from then on are not sent. A third, if told, closes the
+measured requests: those due from then on are not sent (the frontier's window ends before its trace does). The
+lead-in's records go to OUT.lead_in. So the online load is present from the start, and every arm measures the same trace. Latencies are measured from the scheduled
 arrival, not from when the request was sent, so a client that falls behind shows up as latency (no coordinated
 omission), and how late each request was sent is recorded beside it. Being a process of its own, it does not
 share an interpreter with the benchmark's samplers and Tidal's in-process API.
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -112,16 +114,22 @@ async def run(spec: dict, opens: float) -> list[Record]:
     return records
 
 
-async def run_with_lead_in(spec: dict, lead_opens: float, measured: t.Callable[[], float]) -> tuple[list, list]:
-    """The lead-in from ``lead_opens`` until the instant ``measured`` returns (it blocks: read in a thread), then
-    the measured requests from that instant. Returns (lead-in records, measured records)."""
+async def run_with_lead_in(spec: dict, lead_opens: float, instant: t.Callable[[], float]) -> tuple[list, list]:
+    """The lead-in from ``lead_opens`` until the instant ``instant`` returns (it blocks: read in a thread), then
+    the measured requests from that instant until the next instant it returns (inf: to their end). Returns
+    (lead-in records, measured records)."""
     loop = asyncio.get_running_loop()
     opened: asyncio.Future[float] = loop.create_future()
-    reader = threading.Thread(target=lambda: loop.call_soon_threadsafe(opened.set_result, measured()), daemon=True)
-    reader.start()
+    closed: asyncio.Future[float] = loop.create_future()
+
+    def read() -> None:
+        for future in (opened, closed):
+            loop.call_soon_threadsafe(future.set_result, instant())
+
+    threading.Thread(target=read, daemon=True).start()
     async with _client() as client:
         lead, lead_tasks = await _send(client, spec, spec["lead_in"], lead_opens, until=opened)
-        records, tasks = await _send(client, spec, spec["requests"], await opened)
+        records, tasks = await _send(client, spec, spec["requests"], await opened, until=closed)
         await asyncio.gather(*lead_tasks, *tasks)
     return lead, records
 
@@ -156,7 +164,7 @@ class OnlineClient:
 
     def start(self, opens: float) -> None:
         """Tell it the monotonic instant its first arrival counts from (several clients can share one). With a
-        lead-in: the first call opens the lead-in, the second the measured requests."""
+        lead-in: the first call opens the lead-in, the second the measured requests, a third closes them."""
         assert self.process.stdin is not None
         self.process.stdin.write(f"{opens}\n")
         self.process.stdin.flush()
@@ -169,6 +177,8 @@ class OnlineClient:
         return opens
 
     def wait(self, timeout: float) -> list[dict]:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()  # a phase not closed runs to the end of its requests
         if self.process.wait(timeout) != 0:
             raise RuntimeError(f"online client exited with {self.process.returncode}")
         return json.loads(self.out.read_text())
@@ -184,6 +194,12 @@ class OnlineClient:
             self.process.wait()
 
 
+def _next_instant() -> float:
+    """The next instant the parent names; inf once it has closed our stdin (nothing more will come)."""
+    line = sys.stdin.readline()
+    return float(line) if line.strip() else math.inf
+
+
 def lead_in_path(out: Path) -> Path:
     return out.with_name(out.name + ".lead_in")
 
@@ -194,7 +210,7 @@ def main(argv: list[str]) -> None:
     print("ready", flush=True)  # imports done and spec read: the parent now names the instant the phase opens
     opens = float(sys.stdin.readline())
     if spec.get("lead_in"):
-        lead, records = asyncio.run(run_with_lead_in(spec, opens, lambda: float(sys.stdin.readline())))
+        lead, records = asyncio.run(run_with_lead_in(spec, opens, _next_instant))
         lead_in_path(Path(out_path)).write_text(json.dumps([dataclasses.asdict(r) for r in lead]))
     else:
         records = asyncio.run(run(spec, opens))

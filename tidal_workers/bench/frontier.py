@@ -9,6 +9,9 @@ Each point of the plan (frontier_plan.py) is one window on the timed twin:
    gate's ``tidal_gate_engine_outstanding``, the lanes in flight, or the engine's running requests for the ceiling)
    and batch completions. The window opens once the batch's admission has settled (``steady.admission``), or at
    ``settle_max_s`` regardless (then it is invalid), and the measured online trace opens with it.
+   A flat window that would hold fewer than ``steady.MIN_COMPLETIONS`` batch completions runs on, up to the
+   plan's ``window_max_s`` (``window_length``): at a small knob a 180-s window holds 30-120, too few for its prefill
+   ratio to be judged.
 3. After the window the batch's prefill and generated tokens are the engine's counters less the online ones (from
    the client's records), and the window is judged (frontier_report.verdict: steady.judge plus the point's own
    reasons). Its steps come from the twin's trace.
@@ -73,6 +76,7 @@ from tidal_workers.policy.laxity import PRIORITY_MAX
 
 PERIOD_S = 1.0
 LEAD_S = 0.5  # between deciding a window opens and its first measured arrival
+DECIDE_AHEAD_S = 2.0  # a window's length is decided this long before its planned end, so no arrival is sent past it
 FLOWING_TIMEOUT_S = 180.0  # a Tidal's first completed item: worker start, ingest, a whole first request
 LEAD_IN_MARGIN_S = FLOWING_TIMEOUT_S + 60.0  # online lead-in beyond settle_max_s: the batch's start up
 IDLE_TIMEOUT_S = 300.0
@@ -135,8 +139,7 @@ class OnlineTrace:
         slowest settling, then the measured window (one period of a diurnal load)."""
         seed = zlib.crc32(f"{plan.seed}/{load.name}/{rep}".encode())
         rng = random.Random(seed)
-        window = plan.window_for(load.trace)
-        rate = rate_fn(load, window)
+        rate = rate_fn(load, plan.window_for(load.trace))
 
         def items(times: list[float]) -> tuple[TraceItem, ...]:
             prompt, output = GPU_WORKLOAD.online_prompt, GPU_WORKLOAD.online_output  # every mix's online lengths
@@ -144,7 +147,7 @@ class OnlineTrace:
 
         lead_s = max(plan.settle_max_s + LEAD_IN_MARGIN_S, plan.baseline_lead_s)
         lead = online.arrivals(online.flat(rate(0.0)), lead_s, seed=rng.randrange(1 << 30))
-        measured = online.arrivals(rate, window, seed=rng.randrange(1 << 30))
+        measured = online.arrivals(rate, plan.longest_window_for(load.trace), seed=rng.randrange(1 << 30))
         return cls(seed, items(lead), items(measured))
 
     def requests(self, prompts: Prompts) -> tuple[list[Request], list[Request]]:
@@ -292,7 +295,7 @@ class Frontier:
         lead_in, measured = self.trace(point).requests(self.prompts(point, engine))
         trace = Trace(engine.trace_path) if engine.trace_path else None
         mark = trace.mark() if trace else 0
-        window = self.plan.window_for(ONLINE_LOADS[str(point.load)].trace)
+        window = self.plan.longest_window_for(ONLINE_LOADS[str(point.load)].trace)  # every co-served window's trace
         with (
             tempfile.TemporaryDirectory(prefix="tidal-frontier-") as tmp,
             _client(Path(tmp), engine, measured, lead_in) as client,
@@ -368,16 +371,23 @@ class Frontier:
             ) as stack:
                 stack.submit(bodies)
 
+                plugin_url = engine.plugin_metrics_url
+
                 def counts(_reading: engine_stats.Reading) -> dict[str, float]:
                     gate = stack.gate()
-                    return {
+                    row = {
                         "at_engine": gate.get("tidal_gate_engine_outstanding", 0.0),
                         "gate_target": gate.get("tidal_gate_target", 0.0),
                         "gate_inflight": gate.get("tidal_gate_inflight", 0.0),
                         "completions": float(stack.progress().items),
                     }
+                    if point.technique == "inside" and plugin_url:
+                        # Behind a fixed gate the requests sent are constant; what settles is what the plugin holds
+                        # at the engine: batch requests with KV, decoding or parked (the rest wait unprefilled).
+                        row["gate_outstanding"] = row["at_engine"]
+                        row["at_engine"] = engine_stats.read_plugin(plugin_url).get("tidal_sched_batch_resident", 0.0)
+                    return row
 
-                plugin_url = engine.plugin_metrics_url
                 plugin_before = engine_stats.read_plugin(plugin_url) if plugin_url else None
                 cpu_before, cpu_began = stack.worker_cpu_seconds(), time.monotonic()
                 body = self._coserved(point, engine, prompts, counts, flowing=stack.wait_until_flowing)
@@ -423,7 +433,8 @@ class Frontier:
         """The lead-in, the batch flowing (``flowing`` blocks until it does), settling, the window."""
         online_trace = self.trace(point)
         lead_in, measured = online_trace.requests(prompts)
-        window = self.plan.window_for(ONLINE_LOADS[str(point.load)].trace)
+        trace_kind = ONLINE_LOADS[str(point.load)].trace
+        window, longest = self.plan.window_for(trace_kind), self.plan.longest_window_for(trace_kind)
         trace = Trace(engine.trace_path) if engine.trace_path else None
         with (
             tempfile.TemporaryDirectory(prefix="tidal-frontier-") as tmp,
@@ -443,10 +454,19 @@ class Frontier:
                 admission, settle_s = observer.settle(self.plan.hold_s, self.plan.settle_max_s)
                 opens = time.monotonic() + LEAD_S
                 client.start(opens)
-                closes = opens + window
                 self.log(f"    window open after {settle_s:.0f} s ({_settled(admission)}), {window:.0f} s ...")
+                decide = opens + max(window - DECIDE_AHEAD_S, PERIOD_S)
+                _sleep_until(decide)
+                rows = list(observer.rows)
+                before = [r["completions"] for r in rows if r["at"] <= opens]
+                so_far = rows[-1]["completions"] - (before[-1] if before else rows[0]["completions"])
+                length = window_length(window, longest, so_far, decide - opens)
+                closes = opens + length
+                client.start(closes)  # no measured arrival from then on
+                if length > window:
+                    self.log(f"    {so_far:.0f} batch completions so far: the window runs {length:.0f} s")
                 _sleep_until(closes + PERIOD_S)
-                records = client.wait(timeout=window + 900)  # the batch flows on until the last online answer
+                records = client.wait(timeout=length + 900)  # the batch flows on until the last online answer
                 lead = client.lead_in_records()
         record = _window_record(
             engine, observer, trace, mark, admission, settle_s, opens, closes, lead, records, lead_opens
@@ -464,6 +484,20 @@ def _client(
         yield client
     finally:
         client.kill()  # a no-op once it has ended; a phase given up stops its load
+
+
+def window_length(window_s: float, longest_s: float, completions: float, after_s: float) -> float:
+    """How long a window runs that saw ``completions`` batch completions in its first ``after_s``: ``window_s``,
+    or, if at that pace it would close with fewer than steady.MIN_COMPLETIONS, as long as they take with a tenth to
+    spare, up to ``longest_s``. Decided once, before the planned end, not by stopping when the count is reached
+    (a stop on the count would end windows on a burst)."""
+    if longest_s <= window_s:
+        return window_s
+    pace = completions / after_s if after_s > 0 else 0.0
+    if pace * window_s >= steady.MIN_COMPLETIONS:
+        return window_s
+    needed = 1.1 * steady.MIN_COMPLETIONS / pace if pace > 0 else math.inf
+    return min(max(needed, window_s), longest_s)
 
 
 def _engine_counts(reading: engine_stats.Reading) -> dict[str, float]:

@@ -93,12 +93,16 @@ class FrontierPlan:
     knobs: dict[str, tuple[float, ...]]
     gate_ceiling: int  # the deployment's: outside's top knob setting, and inside's fixed gate
     reps: int
-    window_s: float  # a flat window; a diurnal one lasts one period, diurnal_window_s
+    window_s: float  # a flat window, at least; a diurnal one lasts one period, diurnal_window_s
     diurnal_window_s: float
     settle_max_s: float  # a window opens at the latest this long after the batch flows, settled or not
     hold_s: float  # admission holds its level this long (steady.admission)
     baseline_lead_s: float  # online alone runs this long before its window opens
     ceiling: bool
+    # A flat co-served window that would close with fewer than steady.MIN_COMPLETIONS batch completions runs on to
+    # hold them, up to this long (frontier.py, ``window_length``); online alone runs this long, so that every
+    # co-served window's online requests are a prefix of its trace. 0: windows are window_s.
+    window_max_s: float = 0.0
     seed: int = 7
 
     def knob_values(self, technique: str) -> tuple[float, ...]:
@@ -134,7 +138,12 @@ class FrontierPlan:
         return arms
 
     def window_for(self, load_trace: str) -> float:
+        """A window's planned length (a flat co-served one may run on to ``longest_window_for``)."""
         return self.diurnal_window_s if load_trace == "diurnal" else self.window_s
+
+    def longest_window_for(self, load_trace: str) -> float:
+        """The longest a window of this trace runs: the length of its measured online trace."""
+        return self.diurnal_window_s if load_trace == "diurnal" else max(self.window_s, self.window_max_s)
 
     def expected_s(self, points: t.Sequence[Point], traces: t.Mapping[str, str]) -> float:
         """Wall time of ``points``, roughly: what the command prints before it starts."""
@@ -144,7 +153,7 @@ class FrontierPlan:
             if p.kind == CEILING:
                 total += SETTLE_GUESS_S + window + DRAIN_S
             elif p.kind == ONLINE_ALONE:
-                total += self.baseline_lead_s + window + TAIL_S
+                total += self.baseline_lead_s + self.longest_window_for(traces[str(p.load)]) + TAIL_S
             else:
                 settle = min(SETTLE_GUESS_S, self.settle_max_s)
                 total += settle + window + TAIL_S + DRAIN_S

@@ -118,14 +118,17 @@ def harvest(record: Record) -> dict[str, float | None]:
 
 
 def inflations(record: Record, baseline: Record) -> dict[str, stats.Interval | None]:
-    """{ttft_p50: interval, ...}: the point's percentiles over its baseline's, the same requests paired."""
+    """{ttft_p50: interval, ...}: the point's percentiles over its baseline's, the same requests paired. Online
+    alone runs the longest window (frontier_plan.longest_window_for): a co-served window's requests are the first
+    of its trace."""
     co = samples.per_request(record["online"]["records"])
     base = samples.per_request(baseline["online"]["records"])
     out: dict[str, stats.Interval | None] = {}
     for name in LATENCIES:
-        if len(co[name]) != len(base[name]):
-            raise ValueError(f"{record['point']} and its baseline sent different traces")
-        ratios = stats.paired_quantile_ratios(base[name], co[name], list(QUANTILES.values()))
+        if len(co[name]) > len(base[name]):
+            raise ValueError(f"{record['point']} sent more online requests than its baseline")
+        paired = base[name][: len(co[name])]
+        ratios = stats.paired_quantile_ratios(paired, co[name], list(QUANTILES.values()))
         out.update({f"{name}_{q}": r for q, r in zip(QUANTILES, ratios, strict=True)})
     return out
 

@@ -39,6 +39,19 @@ def test_the_lead_in_stops_where_the_measured_requests_open(engine, tmp_path):
     assert all(r["error"] is None for r in lead + records)
 
 
+def test_a_third_instant_closes_the_measured_requests(engine, tmp_path):
+    measured = [Request(round(0.1 * i, 1), f"measured {i}", 4) for i in range(40)]  # 4 s, one every 0.1 s
+    client = OnlineClient(tmp_path, engine.url, MODEL, measured, lead_in=[Request(0.0, "lead", 4)])
+    client.ready()
+    lead_opens = time.monotonic() + 0.3
+    client.start(lead_opens)
+    client.start(lead_opens + 0.2)
+    client.start(lead_opens + 0.2 + 0.65)  # the window closes 0.65 s after it opened
+    records = client.wait(timeout=60)
+    assert [r["at"] for r in records] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    assert all(r["error"] is None for r in records)
+
+
 def test_lanes_keep_their_requests_at_the_engine_and_count_completions(engine):
     bodies = (chat_body(MODEL, Request(0.0, "x", 4), priority=100) for _ in itertools.count())
     seen = set()

@@ -1,5 +1,6 @@
 """The frontier's measurement, its pure parts (tidal_workers/bench/frontier.py): the online trace every arm of a
-block sends, the batch's samples with the online tokens taken out, and the observer's error reaching settle()."""
+block sends, a window's length, the batch's samples with the online tokens taken out, and the observer's error
+reaching settle()."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from tests.support.bench_helpers import frontier_plan
 from tidal_engine.tiny import build_tiny
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import frontier
+from tidal_workers.bench import steady
 from tidal_workers.bench.workload import ONLINE_LOADS
 from tidal_workers.bench.workload import Prompts
 from tidal_workers.bench.workload import load_tokenizer
@@ -84,3 +86,19 @@ def test_an_observer_keeps_an_error_of_its_own_for_settle_and_stops_sampling(mon
         observer.settle(hold_s=1.0, settle_max_s=30.0)
     assert isinstance(observer.error, KeyError)
     assert observer.rows == []
+
+
+def test_a_window_short_of_its_completions_runs_on_to_hold_them_up_to_its_longest():
+    need = steady.MIN_COMPLETIONS
+    assert frontier.window_length(180, 420, need, 178) == 180  # on pace: the planned window
+    assert frontier.window_length(180, 420, need / 2, 178) == pytest.approx(1.1 * need / (need / 2 / 178))
+    assert frontier.window_length(180, 420, 20, 178) == 420  # too slow to reach them: the longest
+    assert frontier.window_length(180, 420, 0, 178) == 420
+    assert frontier.window_length(180, 0, 20, 178) == 180  # no longest set: windows are fixed
+
+
+def test_the_measured_trace_runs_the_longest_window_and_is_the_same_prefix_whatever_the_plan_s_longest():
+    longer = frontier.OnlineTrace.of(frontier_plan(window_s=30.0, window_max_s=60.0), ONLINE_LOADS["flat-8"], 0)
+    plain = frontier.OnlineTrace.of(frontier_plan(window_s=30.0), ONLINE_LOADS["flat-8"], 0)
+    assert 55 < longer.measured[-1].at < 60 and 25 < plain.measured[-1].at < 30
+    assert longer.measured[: len(plain.measured)] == plain.measured

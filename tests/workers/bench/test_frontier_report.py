@@ -107,6 +107,17 @@ def test_a_steady_point_gets_its_harvest_inflations_and_e():
     assert rows[fp.CEILING]["valid"] and rows[fp.ONLINE_ALONE]["valid"]
 
 
+def test_a_window_shorter_than_its_online_alone_one_is_paired_on_the_first_requests_of_the_trace():
+    """Online alone runs the longest window; a co-served one that closed earlier sent the trace's first requests."""
+    co = record(point(fp.COSERVED))
+    co["online"]["records"] = co["online"]["records"][:200]
+    alone = record(point(fp.ONLINE_ALONE))
+    assert fr.inflations(co, alone)["ttft_p50"].value == pytest.approx(1.3)
+    assert fr.inflations(co, alone)["ttft_p50"].reps == 200
+    with pytest.raises(ValueError, match="more online requests"):
+        fr.inflations(alone, co)
+
+
 def test_small_inflations_are_judged_at_alpha_1_10():
     records = [record(point(fp.ONLINE_ALONE)), record(point(fp.COSERVED), slow=1.02)]
     row = rows_of(records)[fp.COSERVED]

@@ -24,11 +24,12 @@ class Sizes:
     loads: str
     mixes: str
     window_s: float
+    window_max_s: float
     settle_max_s: float
 
 
-QUICK = Sizes("flat-8", "standard", 120.0, 180.0)
-FULL = Sizes("flat-8,flat-5", "standard,decode-heavy", 180.0, 420.0)
+QUICK = Sizes("flat-8", "standard", 120.0, 240.0, 180.0)
+FULL = Sizes("flat-8,flat-5", "standard,decode-heavy", 180.0, 420.0, 420.0)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -65,6 +66,12 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
 @click.option("--peer-concurrency", default="", help="vLLM-alone batch requests at the engine (full: 4,8,16,32,64).")
 @click.option("--reps", default=1, show_default=True, help="Repetitions of every block; 3 or more add aggregates.")
 @click.option("--window-seconds", type=float, default=0.0, help="A flat window (quick 120, full 180).")
+@click.option(
+    "--window-max-seconds",
+    type=float,
+    default=-1.0,
+    help="A flat co-served window short of 200 batch completions runs on, up to this (quick 240, full 420; 0: never).",
+)
 @click.option("--diurnal-window-seconds", default=600.0, show_default=True, help="A diurnal window: one period.")
 @click.option(
     "--settle-max-seconds", type=float, default=0.0, help="Longest wait for admission to settle (quick 180, full 420)."
@@ -88,6 +95,7 @@ def frontier(
     peer_concurrency: str,
     reps: int,
     window_seconds: float,
+    window_max_seconds: float,
     diurnal_window_seconds: float,
     settle_max_seconds: float,
     hold_seconds: float,
@@ -130,6 +138,7 @@ def frontier(
             gate_ceiling=deployment_ceiling(profile, max_num_seqs),
             reps=reps,
             window_s=window_seconds or sizes.window_s,
+            window_max_s=sizes.window_max_s if window_max_seconds < 0 else window_max_seconds,
             diurnal_window_s=diurnal_window_seconds,
             settle_max_s=settle_max_seconds or sizes.settle_max_s,
             hold_s=hold_seconds,
