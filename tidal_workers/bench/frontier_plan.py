@@ -55,6 +55,8 @@ KNOB_NAMES = {
     "vllm-priority": "batch requests at the engine (fixed)",
 }
 
+STEP_AT_S = 60.0  # a step load's window: this long at the rate before, then window_s at the rate after
+
 # Seconds, for the estimate printed before a run (measured on nothing yet: the lead's first run corrects them).
 ENGINE_START_S = 60.0
 STACK_START_S = 40.0
@@ -138,12 +140,15 @@ class FrontierPlan:
         return arms
 
     def window_for(self, load_trace: str) -> float:
-        """A window's planned length (a flat co-served one may run on to ``longest_window_for``)."""
-        return self.diurnal_window_s if load_trace == "diurnal" else self.window_s
+        """A window's planned length (a flat co-served one may run on to ``longest_window_for``); a step's window
+        opens ``STEP_AT_S`` before the step."""
+        if load_trace == "diurnal":
+            return self.diurnal_window_s
+        return STEP_AT_S + self.window_s if load_trace == "step" else self.window_s
 
     def longest_window_for(self, load_trace: str) -> float:
         """The longest a window of this trace runs: the length of its measured online trace."""
-        return self.diurnal_window_s if load_trace == "diurnal" else max(self.window_s, self.window_max_s)
+        return max(self.window_s, self.window_max_s) if load_trace == "flat" else self.window_for(load_trace)
 
     def expected_s(self, points: t.Sequence[Point], traces: t.Mapping[str, str]) -> float:
         """Wall time of ``points``, roughly: what the command prints before it starts."""
@@ -167,9 +172,12 @@ class FrontierPlan:
 
 
 def rate_fn(load: OnlineLoad, window_s: float) -> t.Callable[[float], float]:
-    """The load's online rate over its window (a diurnal load's window is one period)."""
+    """The load's online rate over its window (a diurnal load's window is one period; a step's comes
+    ``STEP_AT_S`` into it, and its lead-in runs at the rate before)."""
     if load.trace == "diurnal":
         return online.diurnal(load.rate, load.amplitude, window_s)
+    if load.trace == "step":
+        return online.step(load.step_from, load.rate, STEP_AT_S)
     return online.flat(load.rate)
 
 

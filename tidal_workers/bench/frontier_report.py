@@ -2,7 +2,8 @@
 
 Per point:
 
-- its verdict (``verdict``): the steady-window rules (steady.judge; no drift rule on a diurnal load) on the
+- its verdict (``verdict``): the steady-window rules (steady.judge; no drift rule on a diurnal or a step load, and
+  no prefill-ratio rule on a step, which moves the batch on purpose) on the
   window's samples, plus the point's own: the batch's admission had not settled when the window opened, the
   backlog ran out, online requests failed, or its block's online-alone window is itself invalid. An invalid point
   is listed with every reason and left out of every aggregate;
@@ -10,7 +11,8 @@ Per point:
 - inflation: each online TTFT and TBT percentile (p50, p99) over the same percentile in its block's online-alone
   window; both windows sent the same trace, so the interval resamples the requests in pairs;
 - E = harvest ÷ H*(α_m) (efficiency.py) on the profile the twin ran, its interval the harvest's over that H*;
-- "% of the steady ceiling": over the measured ceiling when it is valid, and over the model's (oracle.py).
+- "% of the steady ceiling": over the measured ceiling when it is valid, and over the model's (oracle.py);
+- on a step load, the instant (step_response.py): the online inflation after the step, against α_set.
 
 With three or more valid repetitions of a setting, ``aggregates`` gives each figure's mean over them with a
 bootstrap interval (stats.bootstrap); with fewer, each repetition stands alone with its within-window intervals.
@@ -31,10 +33,12 @@ from tidal_workers.bench import oracle
 from tidal_workers.bench import samples
 from tidal_workers.bench import stats
 from tidal_workers.bench import steady
+from tidal_workers.bench import step_response
 from tidal_workers.bench.frontier_plan import CEILING
 from tidal_workers.bench.frontier_plan import COSERVED
 from tidal_workers.bench.frontier_plan import KNOB_NAMES
 from tidal_workers.bench.frontier_plan import ONLINE_ALONE
+from tidal_workers.bench.frontier_plan import STEP_AT_S
 from tidal_workers.bench.frontier_plan import FrontierPlan
 from tidal_workers.bench.frontier_plan import rate_fn
 from tidal_workers.bench.workload import BATCH_MIXES
@@ -43,6 +47,7 @@ from tidal_workers.bench.workload import ONLINE_LOADS
 Record = dict[str, t.Any]
 LATENCIES = ("ttft", "tbt")
 QUANTILES = {"p50": 0.5, "p99": 0.99}
+ALPHA_KNOBS = ("inside", "outside-latency")  # the techniques whose knob is an α_set
 ONLINE_ERRORS_MAX = 0.01  # a window whose online requests failed more often measured something else
 COLOURS = {"outside": "tab:blue", "inside": "tab:orange", "vllm-priority": "tab:green", "outside-latency": "tab:purple"}
 
@@ -70,9 +75,12 @@ def verdict(record: Record, plan: FrontierPlan, baseline: Record | None) -> stea
         seconds = record["window"]["closes"] - record["window"]["opens"]
         return steady.Verdict(not reasons, tuple(reasons), seconds, None, None, 0.0, None, 0.0, overruns)
     load = ONLINE_LOADS[point["load"]] if point["load"] else None
-    drift_rule = load is None or load.trace == "flat"
     judged = steady.judge(
-        window_samples(record), steady_ratio(point["mix"]), overrun_share=overruns, drift_rule=drift_rule
+        window_samples(record),
+        steady_ratio(point["mix"]),
+        overrun_share=overruns,
+        drift_rule=load is None or load.trace == "flat",
+        ratio_rule=load is None or load.trace != "step",
     )
     reasons = list(judged.reasons)
     admission = record["window"].get("admission")
@@ -160,11 +168,12 @@ class Report:
         return self.by_name.get(f"{CEILING}__{mix}__r0")
 
     def rates(self, load_name: str) -> list[float]:
-        """The online rates a point's oracle averages over: one for a flat load, samples across a diurnal phase."""
+        """The online rates a point's oracle averages over: one for a flat load, samples across a diurnal phase or
+        a step's window."""
         load = ONLINE_LOADS[load_name]
         if load.trace == "flat":
             return [load.rate]
-        window = self.plan.window_for("diurnal")
+        window = self.plan.window_for(load.trace)
         return efficiency.phase_rates(rate_fn(load, window), window)
 
     def rows(self) -> list[dict[str, t.Any]]:
@@ -214,6 +223,11 @@ class Report:
         alpha = efficiency.alpha_m(v.value if v else None for v in inflation.values())
         h_star = oracles.h_star_over(alpha, self.rates(point["load"]))
         row.update(alpha_m=alpha, h_star=h_star)
+        if ONLINE_LOADS[point["load"]].trace == "step":
+            alpha_set = point["knob"] if point["technique"] in ALPHA_KNOBS else None
+            row["step"] = step_response.response(
+                record["online"]["records"], baseline["online"]["records"], STEP_AT_S, alpha_set
+            ).as_dict()
         e = efficiency.efficiency(value, h_star) if value is not None else None
         low, high = row["harvest"]["low"], row["harvest"]["high"]
         row["E"] = {
@@ -278,6 +292,22 @@ def _fig(iv: dict[str, t.Any] | None, fmt: str = "{:.0f}") -> str:
     return text
 
 
+def _times(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _instant(row: dict[str, t.Any]) -> str:
+    """A step load's point in one line: the inflation just after the step, and once it should have recovered."""
+    step = row["step"]
+    verdict = "" if step["holds"] is None else f"; {'within' if step['holds'] else 'NOT within'} α_set"
+    return (
+        f"- the instant, {row['technique']} {row['knob']:g} ({row['load']}, {row['mix']}): online ITL p50 "
+        f"{_times(step['transient'])} over the first {step_response.SETTLE_S:.0f} s after the step, "
+        f"{_times(step['recovered'])} over the {step_response.HOLD_S:.0f} s after that (TTFT p50 "
+        f"{_times(step['ttft_transient'])}, {_times(step['ttft_recovered'])}){verdict}"
+    )
+
+
 def table(results: dict[str, t.Any]) -> str:
     """One line per co-served point (Markdown), then the ceilings and the online-alone windows."""
     head = (
@@ -306,6 +336,7 @@ def table(results: dict[str, t.Any]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    lines += [_instant(row) for row in results["rows"] if row.get("step")]
     for row in results["rows"]:
         overruns = (row.get("steps") or {}).get("overrun_share")
         state = "valid" if row["valid"] else "INVALID: " + "; ".join(row["reasons"])

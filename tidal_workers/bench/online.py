@@ -39,6 +39,11 @@ def diurnal(mean: float, amplitude: float, period_s: float) -> t.Callable[[float
     return lambda now: max(0.0, mean * (1 + amplitude * math.sin(2 * math.pi * now / period_s - math.pi / 2)))
 
 
+def step(before: float, after: float, at_s: float) -> t.Callable[[float], float]:
+    """``before`` requests/s until ``at_s``, ``after`` from then on: issue 36's instant (1 -> 8/s)."""
+    return lambda now: before if now < at_s else after
+
+
 def arrivals(rate_fn: t.Callable[[float], float], duration: float, seed: int = 7) -> list[float]:
     """Poisson arrival times for a time-varying rate, by thinning."""
     rng = random.Random(seed)

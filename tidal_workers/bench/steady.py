@@ -177,9 +177,12 @@ def judge(
     *,
     overrun_share: float | None,
     drift_rule: bool = True,
+    ratio_rule: bool = True,
 ) -> Verdict:
     """The window's verdict (module docstring) from its samples, the mix's steady prefill per generated token and
-    the share of its steps the twin could not pace (None: no trace, an engine that is not a twin)."""
+    the share of its steps the twin could not pace (None: no trace, an engine that is not a twin). Without
+    ``ratio_rule`` (a step in the online load, which moves the batch on purpose) rules (2) and (3) are not
+    applied."""
     reasons = []
     if len(samples) < 2:
         return Verdict(False, ("fewer than two samples in the window",), 0.0, None, None, steady_ratio, None, 0.0, None)
@@ -197,13 +200,13 @@ def judge(
         reasons.append(f"batch requests at the engine drift {level} across the window (limit {100 * DRIFT_MAX:.0f} %)")
     if ratio is None:
         reasons.append("no batch tokens generated in the window")
-    elif abs(ratio / steady_ratio - 1) > RATIO_TOLERANCE:
+    elif ratio_rule and abs(ratio / steady_ratio - 1) > RATIO_TOLERANCE:
         reasons.append(
             f"batch prefill per generated token {ratio:.3f}, not within {100 * RATIO_TOLERANCE:.0f} % "
             f"of the mix's steady {steady_ratio:.3f}"
         )
     contains = interval is not None and interval[0] <= steady_ratio <= interval[1]
-    if completions < MIN_COMPLETIONS and not contains:
+    if ratio_rule and completions < MIN_COMPLETIONS and not contains:
         shown = "no interval (under 3 blocks)" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
         reasons.append(
             f"{completions:.0f} batch completions (fewer than {MIN_COMPLETIONS}) and the ratio's 95 % interval "

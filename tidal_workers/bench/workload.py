@@ -94,12 +94,14 @@ BATCH_MIXES = {
 
 @dataclasses.dataclass(frozen=True)
 class OnlineLoad:
-    """An online load of the frontier: today's chat lengths (``GPU_WORKLOAD``) at a flat or a diurnal rate."""
+    """An online load of the frontier: today's chat lengths (``GPU_WORKLOAD``) at a flat or a diurnal rate, or a
+    step from one rate to another (issue 36's instant)."""
 
     name: str
-    rate: float  # requests/s; the diurnal trace's mean
-    trace: str  # "flat" or "diurnal"
+    rate: float  # requests/s; the diurnal trace's mean; a step's rate after it
+    trace: str  # "flat", "diurnal" or "step"
     amplitude: float = 0.0  # the diurnal swing as a fraction of the mean
+    step_from: float = 0.0  # a step's rate before it
 
 
 ONLINE_LOADS = {
@@ -108,6 +110,7 @@ ONLINE_LOADS = {
         OnlineLoad("flat-8", 8.0, "flat"),
         OnlineLoad("flat-5", 5.0, "flat"),
         OnlineLoad("diurnal-5", 5.0, "diurnal", 0.8),
+        OnlineLoad("step-1-8", 8.0, "step", step_from=1.0),
     )
 }
 

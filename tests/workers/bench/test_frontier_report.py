@@ -118,6 +118,19 @@ def test_a_window_shorter_than_its_online_alone_one_is_paired_on_the_first_reque
         fr.inflations(alone, co)
 
 
+def test_a_step_load_point_reports_the_instant_against_its_alpha_set_and_is_not_held_to_a_steady_ratio():
+    plan = frontier_plan(loads=("step-1-8",), techniques=("inside",), knobs={"inside": (1.1,)})
+    alone = record(fp.Point(fp.ONLINE_ALONE, "standard", 0, "step-1-8"))
+    co = record(fp.Point(fp.COSERVED, "standard", 0, "step-1-8", "inside", 1.1), ratio=0.7 * STEADY)
+    for r, slow in ((alone, 1.0), (co, 1.3)):  # 100 s of the trace: the step comes 60 s in
+        r["online"]["records"] = online_records(slow, n=800)
+    rows = {r["kind"]: r for r in fr.Report(plan, [alone, co]).rows()}
+    row = rows[fp.COSERVED]
+    assert row["valid"], row["reasons"]  # a step moves the batch on purpose: no prefill-ratio rule
+    assert row["step"]["recovered"] == pytest.approx(1.3, rel=0.01) and row["step"]["holds"] is False
+    assert "the instant, inside 1.1 (step-1-8, standard)" in fr.table({"rows": [row]})
+
+
 def test_small_inflations_are_judged_at_alpha_1_10():
     records = [record(point(fp.ONLINE_ALONE)), record(point(fp.COSERVED), slow=1.02)]
     row = rows_of(records)[fp.COSERVED]

@@ -50,7 +50,9 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
 @PROFILE_OPTION
 @click.option("--quick", is_flag=True, help="One load (flat 8/s), one mix (standard), 3 points per technique: ~1 h.")
 @click.option(
-    "--loads", default="", help="Online loads, comma-separated: flat-8, flat-5, diurnal-5 (full: flat-8,flat-5)."
+    "--loads",
+    default="",
+    help="Online loads, comma-separated: flat-8, flat-5, diurnal-5, step-1-8 (the instant; full: flat-8,flat-5).",
 )
 @click.option(
     "--mixes", default="", help="Batch mixes: standard, decode-heavy, long-prompt (full: standard,decode-heavy)."
@@ -63,6 +65,7 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
 )
 @click.option("--outside-knobs", default="", help="Gate ceilings below the deployment's (which is always measured).")
 @click.option("--inside-knobs", default="", help="TidalScheduler's α_set values (a step ÷ T̂ of its online work alone).")
+@click.option("--latency-gate-knobs", default="", help="The latency gate's α_set values (outside-latency).")
 @click.option("--peer-concurrency", default="", help="vLLM-alone batch requests at the engine (full: 4,8,16,32,64).")
 @click.option("--reps", default=1, show_default=True, help="Repetitions of every block; 3 or more add aggregates.")
 @click.option("--window-seconds", type=float, default=0.0, help="A flat window (quick 120, full 180).")
@@ -92,6 +95,7 @@ def frontier(
     techniques: str,
     outside_knobs: str,
     inside_knobs: str,
+    latency_gate_knobs: str,
     peer_concurrency: str,
     reps: int,
     window_seconds: float,
@@ -125,6 +129,7 @@ def frontier(
         for technique, given in (
             ("outside", outside_knobs),
             ("inside", inside_knobs),
+            ("outside-latency", latency_gate_knobs),
             ("vllm-priority", peer_concurrency),
         ):
             if given:
