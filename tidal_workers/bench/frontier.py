@@ -417,7 +417,7 @@ class Frontier:
         mix = BATCH_MIXES[mix_name].workload()
         online_class = oracle.RequestClass.of(mix.online_prompt, mix.online_output)
         batch_class = oracle.RequestClass.of(mix.batch_prompt, mix.batch_output)
-        low_rate = load.rate * (1 - load.amplitude)
+        low_rate = load.step_from if load.trace == "step" else load.rate * (1 - load.amplitude)
         bound = oracle.any_latency_bound(self.profile, low_rate, online_class, batch_class) / batch_class.output
         seconds = self.plan.settle_max_s + self.plan.window_for(load.trace) + 60.0
         return math.ceil(1.5 * bound * seconds) + 2 * cap
