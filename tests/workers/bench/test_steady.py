@@ -95,6 +95,15 @@ def test_few_completions_pass_only_when_the_ratio_interval_holds_the_steady_valu
     assert verdict.completions == 30
     assert verdict.ratio_interval is not None and verdict.ratio_interval[0] <= STEADY <= verdict.ratio_interval[1]
     assert verdict.valid, verdict.reasons
+    # a few dozen completions: a point estimate 15 % off is no reason while the interval holds the steady value
+    swinging, prefill, generated = [], 0.0, 0.0
+    for i in range(61):
+        ratio = 1.5 if (i // 10) % 2 == 0 else 3.1
+        swinging.append(Sample(float(i), 20.0, i * 0.5, prefill, generated))
+        prefill, generated = prefill + ratio * 100, generated + 100
+    wide = steady.judge(swinging, STEADY, overrun_share=None)
+    assert wide.prefill_per_generated is not None and wide.prefill_per_generated / STEADY > 1.1
+    assert wide.valid, wide.reasons
     off = steady.judge(series([20.0] * 61, per_s=0.5, ratio=2.1), STEADY, overrun_share=None)
     assert not off.valid  # 2.1 is within 10 %, but 30 completions and an interval [2.1, 2.1] without 2.0
     assert off.reasons[0].startswith("30 batch completions (fewer than 200)")
