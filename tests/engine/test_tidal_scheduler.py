@@ -424,3 +424,24 @@ def test_an_escalated_batch_spends_the_relative_budget_first_and_never_past_it(m
         ran = [r for r in out.num_scheduled_tokens if not r.startswith("online")]
         assert ran and all(f"late-{i}" in ran for i in range(min(8, len(ran))))  # the late ones first
         assert plan.parked and all(r.startswith("calm") for r in plan.parked)  # the budget binds on the calm ones
+
+
+def test_a_backlog_arriving_beside_online_traffic_is_prefilled_only_as_the_decode_steps_carry_it(make_scheduler):
+    """Behind a gate of many, only what the budget decodes holds KV; the rest wait unprefilled. A step with an online
+    prompt has room for every resident batch decode and more, so admitting there alone grew the pool: a twin run
+    prefilled all 185 requests a gate sent, beside a working set of 5 in the decode steps."""
+    profile = load_profile(A6000)
+    s = make_scheduler(TidalScheduler, settings=relative(1.1), max_num_seqs=256, num_blocks=40000)
+    arrive(s, "online", 40, 300, priority=0, max_tokens=4000, steps=20)
+    arrive(s, "batch", 150, 900, priority=1, max_tokens=2000)
+    resident, decode_step_sets = [], []
+    for i in range(600):
+        if i % 4 == 0:  # an online prompt every fourth step
+            s.add_request(make_request(f"online-new-{i}", 300, priority=0, max_tokens=4000))
+        out, _priced = step_priced(s, profile)
+        batch = [r for r in out.num_scheduled_tokens if r.startswith("batch")]
+        if not any(r.startswith("online-new") and n > 1 for r, n in out.num_scheduled_tokens.items()):
+            decode_step_sets.append(len(batch))
+        resident.append(sum(1 for r in s.running if r.request_id.startswith("batch")))
+    assert 0 < max(decode_step_sets[-100:])  # the decode steps carry a working set
+    assert max(resident[-100:]) <= max(decode_step_sets[-100:]) + 3, (resident[-100:], decode_step_sets[-100:])
