@@ -33,6 +33,9 @@ GIB = 1 << 30
 KV_BLOCK_TOKENS = 16  # vLLM's default block size: the pool is a whole number of blocks
 
 
+TIME_SCALE_MARK = "*"  # MODEL@GPU*K: the profile time-scaled by K (Profile.time_scaled)
+
+
 @dataclasses.dataclass(frozen=True)
 class Profile:
     """A model on a GPU: the model's shape, the GPU's datasheet rates and the achieved fractions of them."""
@@ -76,6 +79,18 @@ class Profile:
     @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
+
+    def time_scaled(self, k: float) -> Profile:
+        """The same GPU k times slower: every step takes k × T(P, C) exactly (the form is homogeneous in its
+        seconds), the knee and the KV pool unchanged. For ``tidal bench frontier --time-scale``: a CPU that cannot
+        pace a fast GPU's steps paces them stretched."""
+        return dataclasses.replace(
+            self,
+            name=f"{self.name}{TIME_SCALE_MARK}{k:g}",
+            bandwidth_bytes_per_s=self.bandwidth_bytes_per_s / k,
+            peak_flops=self.peak_flops / k,
+            step_overhead_s=self.step_overhead_s * k,
+        )
 
     @property
     def bandwidth(self) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+from tidal_engine.step_time import TIME_SCALE_MARK
 from tidal_engine.step_time import Profile
 
 ARCHITECTURE = "TidalTwinForCausalLM"
@@ -36,7 +37,17 @@ def profile_names() -> list[str]:
 
 
 def load_profile(name: str) -> Profile:
-    """The profile MODEL@GPU from ``twin_profiles.toml``; ValueError naming the choices if there is none."""
+    """The profile MODEL@GPU from ``twin_profiles.toml``, or MODEL@GPU*K: that profile with every step K times as
+    long (Profile.time_scaled); ValueError naming the choices if there is none."""
+    base, mark, scale = name.partition(TIME_SCALE_MARK)
+    if mark:
+        try:
+            k = float(scale)
+        except ValueError:
+            k = 0.0
+        if not k > 0:
+            raise ValueError(f"twin profile {name!r}: the time scale after {TIME_SCALE_MARK!r} must be a number > 0")
+        return load_profile(base).time_scaled(k)
     tables = profile_tables()
     model, _, gpu = name.partition("@")
     if model not in tables["models"] or gpu not in tables["gpus"]:

@@ -165,3 +165,19 @@ def test_tidal_engine_twin_refuses_an_unknown_profile_before_starting_anything()
 
     result = CliRunner().invoke(twin, ["--profile", "qwen2.5-7b@a100"])
     assert result.exit_code == 2 and "MODEL@GPU" in result.output
+
+
+def test_a_time_scaled_profile_takes_k_times_every_step_and_keeps_its_knee_and_pool():
+    base = load_profile("qwen2.5-7b@a6000")
+    slow = load_profile("qwen2.5-7b@a6000*2.5")
+    assert slow.name == "qwen2.5-7b@a6000*2.5"
+    for tokens, context in ((1, 0), (40, 24_000), (700, 3_000), (2048, 90_000)):
+        pairs = sequence_pairs(tokens, context)
+        assert step_seconds(slow, tokens, context, pairs) == pytest.approx(
+            2.5 * step_seconds(base, tokens, context, pairs)
+        )
+    assert slow.knee_tokens == pytest.approx(base.knee_tokens)
+    assert slow.kv_pool_tokens == base.kv_pool_tokens
+    for bad in ("qwen2.5-7b@a6000*0", "qwen2.5-7b@a6000*x"):
+        with pytest.raises(ValueError, match="time scale"):
+            load_profile(bad)

@@ -142,10 +142,11 @@ class OnlineTrace:
         rate = rate_fn(load, plan.window_for(load.trace))
 
         def items(times: list[float]) -> tuple[TraceItem, ...]:
+            """On the wall clock: the plan's times stretched by its time scale."""
             prompt, output = GPU_WORKLOAD.online_prompt, GPU_WORKLOAD.online_output  # every mix's online lengths
-            return tuple(TraceItem(at, prompt.draw(rng), output.draw(rng)) for at in times)
+            return tuple(TraceItem(plan.time_scale * at, prompt.draw(rng), output.draw(rng)) for at in times)
 
-        lead_s = max(plan.settle_max_s + LEAD_IN_MARGIN_S, plan.baseline_lead_s)
+        lead_s = max(plan.settle_max_s + LEAD_IN_MARGIN_S, plan.baseline_lead_s)  # the same trace at every scale
         lead = online.arrivals(online.flat(rate(0.0)), lead_s, seed=rng.randrange(1 << 30))
         measured = online.arrivals(rate, plan.longest_window_for(load.trace), seed=rng.randrange(1 << 30))
         return cls(seed, items(lead), items(measured))
@@ -167,7 +168,15 @@ class Frontier:
     """The run: each point of the plan not yet in the run directory, in order, each written as it ends."""
 
     def __init__(self, plan: FrontierPlan, engine: EngineRequest, settings: Settings, run: RunDir, log: Log):
-        self.plan, self.request, self.settings, self.run_dir, self.log = plan, engine, settings, run, log
+        self.plan, self.request, self.run_dir, self.log = plan, engine, run, log
+        self.k = plan.time_scale  # wall seconds per plan second
+        self.settings = settings.replace(  # Tidal's control periods, stretched with the twin's steps
+            scrape_seconds=self.k * settings.scrape_seconds,
+            metrics_stale_seconds=self.k * settings.metrics_stale_seconds,
+            gate_reference_itl_ms=self.k * settings.gate_reference_itl_ms,
+            sched_max_park_seconds=self.k * settings.sched_max_park_seconds,
+            sched_tbt_slo_ms=self.k * settings.sched_tbt_slo_ms,
+        )
         self.profile = load_profile(plan.profile)
         self.traces: dict[tuple[str, int], OnlineTrace] = {}
         self._stock: BenchEngine | None = None
@@ -204,7 +213,7 @@ class Frontier:
                 harvest = record.get("harvest_tokens_per_s")
                 self.log(
                     f"    done in {record['seconds'] / 60:.1f} min"
-                    + (f", batch {harvest:.0f} tokens/s" if harvest is not None else "")
+                    + (f", batch {self.k * harvest:.0f} tokens/s" if harvest is not None else "")
                     + f", {said} -> {path.name}"
                 )
 
@@ -226,7 +235,7 @@ class Frontier:
         self.log(f"    starting an engine with TidalScheduler, α_set {alpha_set:g} ...")
         log_path = self.run_dir.root / "logs" / f"engine-{point.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        engine_settings = self.settings.replace(sched_alpha_set=alpha_set, sched_profile=self.plan.profile)
+        engine_settings = self.settings.replace(sched_alpha_set=alpha_set, sched_profile=self.plan.twin_profile)
         with started(self.request, engine_settings, plugin=True, log_path=log_path) as engine:
             yield engine
 
@@ -254,6 +263,7 @@ class Frontier:
             "load_average_start": provenance.load_average(),
             "profile": self.plan.profile,
             "profile_hash": oracle.profile_hash(self.profile),
+            "twin_profile": self.plan.twin_profile,
         }
         if point.kind == CEILING:
             body = self.ceiling(point)
@@ -282,10 +292,10 @@ class Frontier:
         trace = Trace(engine.trace_path) if engine.trace_path else None
         mark = trace.mark() if trace else 0
         with Lanes(engine.url, bodies, engine.max_num_seqs), Observer(engine.url, _engine_counts) as observer:
-            admission, settle_s = observer.settle(self.plan.hold_s, self.plan.settle_max_s)
+            admission, settle_s = observer.settle(self.k * self.plan.hold_s, self.k * self.plan.settle_max_s)
             opens = time.monotonic()
-            closes = opens + self.plan.window_s
-            self.log(f"    window open after {settle_s:.0f} s ({_settled(admission)}), {self.plan.window_s:.0f} s ...")
+            closes = opens + self.k * self.plan.window_s
+            self.log(f"    window open after {settle_s:.0f} s ({_settled(admission)}), {closes - opens:.0f} s ...")
             _sleep_until(closes + PERIOD_S)
         engine_stats.wait_idle(engine.url, timeout=IDLE_TIMEOUT_S)
         return _window_record(engine, observer, trace, mark, admission, settle_s, opens, closes, [], [], 0.0)
@@ -295,7 +305,7 @@ class Frontier:
         lead_in, measured = self.trace(point).requests(self.prompts(point, engine))
         trace = Trace(engine.trace_path) if engine.trace_path else None
         mark = trace.mark() if trace else 0
-        window = self.plan.longest_window_for(ONLINE_LOADS[str(point.load)].trace)  # every co-served window's trace
+        window = self.k * self.plan.longest_window_for(ONLINE_LOADS[str(point.load)].trace)  # all co-served ones'
         with (
             tempfile.TemporaryDirectory(prefix="tidal-frontier-") as tmp,
             _client(Path(tmp), engine, measured, lead_in) as client,
@@ -303,7 +313,7 @@ class Frontier:
         ):
             lead_opens = time.monotonic() + LEAD_S
             client.start(lead_opens)
-            opens = lead_opens + self.plan.baseline_lead_s
+            opens = lead_opens + self.k * self.plan.baseline_lead_s
             client.start(opens)
             closes = opens + window
             self.log(f"    online alone, window {window:.0f} s ...")
@@ -434,7 +444,7 @@ class Frontier:
         online_trace = self.trace(point)
         lead_in, measured = online_trace.requests(prompts)
         trace_kind = ONLINE_LOADS[str(point.load)].trace
-        window, longest = self.plan.window_for(trace_kind), self.plan.longest_window_for(trace_kind)
+        window, longest = self.k * self.plan.window_for(trace_kind), self.k * self.plan.longest_window_for(trace_kind)
         trace = Trace(engine.trace_path) if engine.trace_path else None
         with (
             tempfile.TemporaryDirectory(prefix="tidal-frontier-") as tmp,
@@ -451,7 +461,7 @@ class Frontier:
                     self.log(f"    no batch item completed in {FLOWING_TIMEOUT_S:.0f} s; settling all the same")
             mark = trace.mark() if trace else 0
             with Observer(engine.url, counts) as observer:
-                admission, settle_s = observer.settle(self.plan.hold_s, self.plan.settle_max_s)
+                admission, settle_s = observer.settle(self.k * self.plan.hold_s, self.k * self.plan.settle_max_s)
                 opens = time.monotonic() + LEAD_S
                 client.start(opens)
                 self.log(f"    window open after {settle_s:.0f} s ({_settled(admission)}), {window:.0f} s ...")

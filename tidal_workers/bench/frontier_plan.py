@@ -29,6 +29,7 @@ import traceback
 import typing as t
 from pathlib import Path
 
+from tidal_engine.step_time import TIME_SCALE_MARK
 from tidal_workers.bench import online
 from tidal_workers.bench.workload import OnlineLoad
 
@@ -105,7 +106,16 @@ class FrontierPlan:
     # hold them, up to this long (frontier.py, ``window_length``); online alone runs this long, so that every
     # co-served window's online requests are a prefix of its trace. 0: windows are window_s.
     window_max_s: float = 0.0
+    # Every twin step k times as long, the online arrivals k times as far apart, Tidal's control periods and every
+    # window k times as long (issue 35, item 8): seconds in the plan are the GPU's, the wall clock runs k times
+    # slower, and the report converts back (harvest × k, latencies ÷ k; inflations are ratios).
+    time_scale: float = 1.0
     seed: int = 7
+
+    @property
+    def twin_profile(self) -> str:
+        """The profile the twin and the plugin run: the plan's, time-scaled (the oracle prices the plan's own)."""
+        return self.profile if self.time_scale == 1 else f"{self.profile}{TIME_SCALE_MARK}{self.time_scale:g}"
 
     def knob_values(self, technique: str) -> tuple[float, ...]:
         values = tuple(self.knobs.get(technique, ()))

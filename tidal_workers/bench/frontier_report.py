@@ -114,15 +114,17 @@ def _interval(value: float | None, bounds: tuple[float, float] | None) -> dict[s
     return {"value": value, "low": low, "high": high}
 
 
-def harvest(record: Record) -> dict[str, float | None]:
-    """Batch generated tokens/s in the window, with its block-bootstrap interval."""
+def harvest(record: Record, time_scale: float = 1.0) -> dict[str, float | None]:
+    """Batch generated tokens/s in the window, with its block-bootstrap interval; in the GPU's seconds (a window
+    run ``time_scale`` times slower harvested that many times less a wall second)."""
     window = window_samples(record)
     if len(window) < 2:
         return _interval(None, None)
     seconds = window[-1].at - window[0].at
-    value = (window[-1].generated - window[0].generated) / seconds
+    value = time_scale * (window[-1].generated - window[0].generated) / seconds
     cut = steady.blocks(window)
-    return _interval(value, steady.ratio_interval(cut.generated, cut.seconds))
+    bounds = steady.ratio_interval(cut.generated, cut.seconds)
+    return _interval(value, (time_scale * bounds[0], time_scale * bounds[1]) if bounds else None)
 
 
 def inflations(record: Record, baseline: Record) -> dict[str, stats.Interval | None]:
@@ -200,9 +202,9 @@ class Report:
             "profile_hash": record.get("profile_hash"),
         }
         if point["kind"] == ONLINE_ALONE:
-            row["online"] = record["online"]["summary"]
+            row["online"] = _gpu_seconds(record["online"]["summary"], self.plan.time_scale)
             return row
-        row["harvest"] = harvest(record)
+        row["harvest"] = harvest(record, self.plan.time_scale)
         oracles = self.oracles(point["mix"])
         model_ceiling = oracles.steady_ceiling()
         row["model_steady_ceiling"] = model_ceiling
@@ -211,7 +213,7 @@ class Report:
         value = row["harvest"]["value"]
         measured = self.ceiling(point["mix"])
         if measured is not None and verdict(measured, self.plan, None).valid and value is not None:
-            ceiling = harvest(measured)["value"]
+            ceiling = harvest(measured, self.plan.time_scale)["value"]
             row["pct_measured_ceiling"] = 100 * value / ceiling if ceiling else None
         row["pct_model_ceiling"] = 100 * value / model_ceiling if value is not None else None
         if baseline is None:
@@ -226,7 +228,7 @@ class Report:
         if ONLINE_LOADS[point["load"]].trace == "step":
             alpha_set = point["knob"] if point["technique"] in ALPHA_KNOBS else None
             row["step"] = step_response.response(
-                record["online"]["records"], baseline["online"]["records"], STEP_AT_S, alpha_set
+                record["online"]["records"], baseline["online"]["records"], STEP_AT_S, alpha_set, self.plan.time_scale
             ).as_dict()
         e = efficiency.efficiency(value, h_star) if value is not None else None
         low, high = row["harvest"]["low"], row["harvest"]["high"]
@@ -274,6 +276,15 @@ class Report:
             "aggregates": self.aggregates(rows),
             "invalid": [{"name": r["name"], "reasons": r["reasons"]} for r in rows if not r["valid"]],
         }
+
+
+def _gpu_seconds(summary: dict[str, t.Any], time_scale: float) -> dict[str, t.Any]:
+    """An online summary's latencies in the GPU's seconds (its counts as they are)."""
+    latency = ("ttft_", "tbt_", "late_")
+    return {
+        k: v / time_scale if k.startswith(latency) and not k.endswith("_samples") and v is not None else v
+        for k, v in summary.items()
+    }
 
 
 def _name(point: dict[str, t.Any]) -> str:

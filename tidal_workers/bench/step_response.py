@@ -71,11 +71,18 @@ class StepResponse:
 
 
 def response(
-    co: t.Sequence[Record], alone: t.Sequence[Record], step_at_s: float, alpha_set: float | None
+    co: t.Sequence[Record],
+    alone: t.Sequence[Record],
+    step_at_s: float,
+    alpha_set: float | None,
+    time_scale: float = 1.0,
 ) -> StepResponse:
-    """The co-served window's response to the step, against online alone's records of the same trace."""
+    """The co-served window's response to the step, against online alone's records of the same trace; spans and
+    bins in the GPU's seconds (the records' times are the wall clock's, ``time_scale`` times as long)."""
     co_at, co_gaps = token_gaps(co)
     alone_at, alone_gaps = token_gaps(alone)
+    co_at, alone_at = co_at / time_scale, alone_at / time_scale
+    co = [{**r, "at": r["at"] / time_scale} for r in co]
 
     def itl(start: float, end: float) -> float | None:
         return _ratio(_median_in(co_at, co_gaps, start, end), _median_in(alone_at, alone_gaps, start, end))

@@ -4,6 +4,8 @@ reaching settle()."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from config import load_settings
@@ -12,6 +14,7 @@ from tidal_engine.tiny import build_tiny
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import frontier
 from tidal_workers.bench import steady
+from tidal_workers.bench.frontier_plan import RunDir
 from tidal_workers.bench.workload import ONLINE_LOADS
 from tidal_workers.bench.workload import Prompts
 from tidal_workers.bench.workload import load_tokenizer
@@ -102,3 +105,17 @@ def test_the_measured_trace_runs_the_longest_window_and_is_the_same_prefix_whate
     plain = frontier.OnlineTrace.of(frontier_plan(window_s=30.0), ONLINE_LOADS["flat-8"], 0)
     assert 55 < longer.measured[-1].at < 60 and 25 < plain.measured[-1].at < 30
     assert longer.measured[: len(plain.measured)] == plain.measured
+
+
+def test_a_time_scaled_plan_stretches_the_trace_and_tidal_s_control_periods_and_runs_the_scaled_twin(tmp_path):
+    slow_plan = dataclasses.replace(PLAN, time_scale=2.0)
+    assert slow_plan.twin_profile == "qwen2.5-7b@a6000*2" and PLAN.twin_profile == "qwen2.5-7b@a6000"
+    plain = frontier.OnlineTrace.of(PLAN, ONLINE_LOADS["flat-8"], 0)
+    slow = frontier.OnlineTrace.of(slow_plan, ONLINE_LOADS["flat-8"], 0)
+    assert [i.at for i in slow.measured] == pytest.approx([2 * i.at for i in plain.measured])
+    assert [i.max_tokens for i in slow.measured] == [i.max_tokens for i in plain.measured]
+    settings = load_settings()
+    run = frontier.Frontier(slow_plan, None, settings, RunDir(tmp_path), print)  # type: ignore[arg-type]
+    assert run.settings.scrape_seconds == 2 * settings.scrape_seconds
+    assert run.settings.sched_max_park_seconds == 2 * settings.sched_max_park_seconds
+    assert run.settings.sched_tbt_slo_ms == 2 * settings.sched_tbt_slo_ms

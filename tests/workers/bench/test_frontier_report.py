@@ -131,6 +131,17 @@ def test_a_step_load_point_reports_the_instant_against_its_alpha_set_and_is_not_
     assert "the instant, inside 1.1 (step-1-8, standard)" in fr.table({"rows": [row]})
 
 
+def test_a_time_scaled_run_reports_harvest_and_latencies_in_the_gpu_s_seconds():
+    """Run k = 2 times slower, a window harvests half as many tokens a wall second, and every latency doubles."""
+    slow_plan = dataclasses.replace(PLAN, time_scale=2.0)
+    alone, co = record(point(fp.ONLINE_ALONE)), record(point(fp.COSERVED), tokens_per_s=200.0)
+    rows = {r["kind"]: r for r in fr.Report(slow_plan, [alone, co]).rows()}
+    assert rows[fp.COSERVED]["harvest"]["value"] == pytest.approx(400.0)
+    assert rows[fp.COSERVED]["inflation"]["ttft_p50"]["value"] == pytest.approx(1.3)  # ratios: as they are
+    wall = samples.summary(alone["online"]["records"])["ttft_p50"]
+    assert rows[fp.ONLINE_ALONE]["online"]["ttft_p50"] == pytest.approx(wall / 2)
+
+
 def test_small_inflations_are_judged_at_alpha_1_10():
     records = [record(point(fp.ONLINE_ALONE)), record(point(fp.COSERVED), slow=1.02)]
     row = rows_of(records)[fp.COSERVED]

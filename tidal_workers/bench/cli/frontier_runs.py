@@ -83,6 +83,12 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
     "--hold-seconds", default=40.0, show_default=True, help="Admission holds its level this long to settle (steady.py)."
 )
 @click.option("--baseline-lead-seconds", default=20.0, show_default=True, help="Online alone before its window.")
+@click.option(
+    "--time-scale",
+    default=1.0,
+    show_default=True,
+    help="Every twin step, online gap, control period and window this many times as long (issue 35, item 8).",
+)
 @click.option("--ceiling/--no-ceiling", default=True, show_default=True, help="Measure each mix's all-slots ceiling.")
 @click.option("--max-num-seqs", default=0, type=int, help="Engine slots (0: the profile's).")
 @click.option("--report-only", is_flag=True, help="Recompute the report from the run directory; measure nothing.")
@@ -104,6 +110,7 @@ def frontier(
     settle_max_seconds: float,
     hold_seconds: float,
     baseline_lead_seconds: float,
+    time_scale: float,
     ceiling: bool,
     max_num_seqs: int,
     report_only: bool,
@@ -149,6 +156,7 @@ def frontier(
             hold_s=hold_seconds,
             baseline_lead_s=baseline_lead_seconds,
             ceiling=ceiling,
+            time_scale=time_scale,
         )
         _check(plan.loads, ONLINE_LOADS, "--loads")
         _check(plan.mixes, BATCH_MIXES, "--mixes")
@@ -157,7 +165,7 @@ def frontier(
             run.open(plan)
         except fp.PlanMismatch as exc:
             raise click.ClickException(str(exc)) from exc
-        _measure(plan, run, profile, max_num_seqs)
+        _measure(plan, run, max_num_seqs)
     report = frontier_report.Report(plan, run.records())
     results = {**report.results(), "failed": run.failures()}
     text = frontier_report.table(results)
@@ -166,7 +174,7 @@ def frontier(
     finish("frontier", origin, results, out_dir, text, [out_dir / "frontier.md", figure])
 
 
-def _measure(plan: t.Any, run: t.Any, profile: str, max_num_seqs: int) -> None:
+def _measure(plan: t.Any, run: t.Any, max_num_seqs: int) -> None:
     """The run itself; SIGTERM and SIGINT end it as Ctrl-C does (SIGINT too when started in the background, which
     ignores it), so its engines and workers stop with it."""
     from tidal_workers.bench.engines import EngineRequest
@@ -177,5 +185,5 @@ def _measure(plan: t.Any, run: t.Any, profile: str, max_num_seqs: int) -> None:
 
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGINT, interrupted)
-    request = EngineRequest("twin", profile, max_num_seqs)
+    request = EngineRequest("twin", plan.twin_profile, max_num_seqs)
     Frontier(plan, request, load_settings(), run, log).run()
