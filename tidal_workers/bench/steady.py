@@ -15,7 +15,7 @@ generated token against 2.04 in steady state, and harvests above any steady stat
 - ``judge``: after it closes, a window is valid when (1) its batch requests at the engine drift less than
   ``DRIFT_MAX`` (the difference between the means of its two halves, over the window's mean; not applied to a
   diurnal phase, whose load moves on purpose), or by less than ``DRIFT_FLOOR_REQUESTS`` (a gate holding two or
-  three requests moves 10 % by its counting alone), (2) its batch prefill per generated token is a steady state's:
+  three requests, or a relative budget decoding five to seven, moves 10 % by its counting alone), (2) its batch prefill per generated token is a steady state's:
   over ``MIN_COMPLETIONS`` batch completions or more, within ``RATIO_TOLERANCE`` of the mix's steady value; over
   fewer, its 95 % interval contains the steady value (a window at a small knob completes a few dozen requests, whose
   prompts swing the point estimate by a quarter: the tolerance would ask of it a precision its count cannot give),
@@ -34,7 +34,7 @@ import numpy as np
 
 TOLERANCE = 0.10  # admission's band around its level
 DRIFT_MAX = 0.10
-DRIFT_FLOOR_REQUESTS = 0.5  # a drift under half a request is no drift, whatever its share of a level of two or three
+DRIFT_FLOOR_REQUESTS = 1.0  # a drift under one request is no drift, whatever its share of a level of a few
 RATIO_TOLERANCE = 0.10
 MIN_COMPLETIONS = 200
 OVERRUN_MAX = 0.05
