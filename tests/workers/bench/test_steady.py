@@ -135,5 +135,5 @@ def test_a_small_level_may_drift_by_under_one_request():
     1.05 the relative budget's five to seven drifted 0.7 of a request, 11 %)."""
     small = series([2.0] * 60 + [2.0, 3.0, 2.0] * 20 + [2.0], per_s=2.0)  # means 2.0 and 2.33
     assert steady.judge(small, STEADY, overrun_share=0.0).valid
-    moving = series([2.0] * 60 + [3.0] * 61, per_s=2.0)  # a whole request more in the second half
+    moving = series([2.0] * 60 + [3.5] * 61, per_s=2.0)  # a request and a half more in the second half
     assert not steady.judge(moving, STEADY, overrun_share=0.0).valid
