@@ -208,7 +208,7 @@ class RunDir:
         path = self.root / "plan.json"
         wanted = plan.as_dict()
         if path.exists():
-            held = json.loads(path.read_text())
+            held = {**_defaults(), **json.loads(path.read_text())}  # a plan written before a field was added
             if held != wanted:
                 keys = sorted(k for k in {*held, *wanted} if held.get(k) != wanted.get(k))
                 raise PlanMismatch(
@@ -248,6 +248,12 @@ class RunDir:
     def records(self) -> list[dict[str, t.Any]]:
         """Every point measured so far."""
         return [json.loads(p.read_text()) for p in sorted(self.points_dir.glob("*.json"))]
+
+
+def _defaults() -> dict[str, t.Any]:
+    """The plan's fields that have a default, at it: what a plan.json without them meant."""
+    fields = dataclasses.fields(FrontierPlan)
+    return {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
 
 
 def _write(path: Path, content: dict[str, t.Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pytest
 
 from tests.support.bench_helpers import frontier_plan
@@ -70,6 +71,17 @@ def test_a_run_resumes_with_its_plan_and_refuses_another(tmp_path):
     assert again.records() == [{"point": point.as_dict(), "harvest": 1.0}]
     with pytest.raises(fp.PlanMismatch, match="window_s differ"):
         again.open(frontier_plan(window_s=60.0))
+
+
+def test_a_plan_written_before_a_field_was_added_resumes_at_that_field_s_default(tmp_path):
+    run = fp.RunDir(tmp_path / "run")
+    run.open(frontier_plan())
+    older = json.loads((run.root / "plan.json").read_text())
+    del older["time_scale"]
+    (run.root / "plan.json").write_text(json.dumps(older))
+    run.open(frontier_plan())  # no mismatch: time_scale 1 is what the older plan ran
+    with pytest.raises(fp.PlanMismatch, match="time_scale differ"):
+        run.open(frontier_plan(time_scale=2.0))
 
 
 def test_a_failed_point_is_kept_apart_and_measured_again(tmp_path):
