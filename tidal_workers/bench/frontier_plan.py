@@ -17,13 +17,14 @@ A block is one online load beside one batch mix in one repetition. Its points al
 other block runs in reverse order: drift in the machine falls on every arm alike (ABBA).
 
 The run directory holds ``plan.json`` and one ``points/NAME.json`` per point measured, each written whole when its
-point ends. A run started again with the same plan skips the points already there; a different plan is refused.
+point ends (or ``NAME.json.xz``, as docs/results keeps a run: read, and resumed from, as it is). A run started again with the same plan skips the points already there; a different plan is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import lzma
 import os
 import traceback
 import typing as t
@@ -225,7 +226,8 @@ class RunDir:
         return self.points_dir / f"{point.name}.json"
 
     def done(self, point: Point) -> bool:
-        return self.path(point).exists()
+        path = self.path(point)
+        return path.exists() or _packed(path).exists()
 
     def write(self, point: Point, record: dict[str, t.Any]) -> Path:
         path = self.path(point)
@@ -246,8 +248,14 @@ class RunDir:
         return [f for f in found if not self.done(Point(**f["point"]))]
 
     def records(self) -> list[dict[str, t.Any]]:
-        """Every point measured so far."""
-        return [json.loads(p.read_text()) for p in sorted(self.points_dir.glob("*.json"))]
+        """Every point measured so far: NAME.json, or NAME.json.xz as a run committed to docs/results keeps it."""
+        plain = [json.loads(p.read_text()) for p in sorted(self.points_dir.glob("*.json"))]
+        packed = [json.loads(lzma.decompress(p.read_bytes())) for p in sorted(self.points_dir.glob("*.json.xz"))]
+        return plain + packed
+
+
+def _packed(path: Path) -> Path:
+    return path.with_name(path.name + ".xz")
 
 
 def _defaults() -> dict[str, t.Any]:

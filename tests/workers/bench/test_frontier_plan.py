@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import lzma
 
 import pytest
 
@@ -109,3 +110,14 @@ def test_the_latency_gate_is_an_arm_of_its_own_when_asked_for():
     assert latency == [1.1, 1.5]
     assert not [p for p in frontier_plan().points() if p.technique == "outside-latency"]
     assert "outside-latency" in fp.KNOB_NAMES
+
+
+def test_a_run_committed_with_its_points_packed_is_read_and_resumed_as_it_is(tmp_path):
+    run = fp.RunDir(tmp_path / "run")
+    run.open(frontier_plan())
+    point = frontier_plan().points()[1]
+    path = run.write(point, {"harvest": 1.0})
+    path.with_name(path.name + ".xz").write_bytes(lzma.compress(path.read_bytes()))
+    path.unlink()
+    assert run.done(point)
+    assert run.records() == [{"point": point.as_dict(), "harvest": 1.0}]
