@@ -24,12 +24,18 @@ def e2es(records: t.Iterable[Record]) -> list[float]:
     return [r["chunks"][-1][0] for r in ok(records)]
 
 
-def record_tbts(record: Record) -> list[float]:
-    """One request's times between tokens: a gap before a chunk carrying k tokens counts as k gaps of a k-th of it."""
+def record_token_gaps(record: Record) -> list[tuple[float, float]]:
+    """One request's tokens after its first: (when it came, seconds after arrival; the gap before it). A gap before
+    a chunk carrying k tokens counts as k gaps of a k-th of it, each at the chunk's time."""
     out = []
     for (t0, n0), (t1, n1) in zip(record["chunks"], record["chunks"][1:]):
-        out += [(t1 - t0) / (n1 - n0)] * (n1 - n0)
+        out += [(t1, (t1 - t0) / (n1 - n0))] * (n1 - n0)
     return out
+
+
+def record_tbts(record: Record) -> list[float]:
+    """One request's times between tokens (``record_token_gaps`` without their times)."""
+    return [gap for _, gap in record_token_gaps(record)]
 
 
 def tbts(records: t.Iterable[Record]) -> list[float]:

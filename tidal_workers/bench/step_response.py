@@ -23,6 +23,8 @@ import typing as t
 
 import numpy as np
 
+from tidal_workers.bench.samples import record_token_gaps
+
 BIN_S = 2.0
 BEFORE_S = 20.0  # bins shown before the step
 SETTLE_S = 10.0  # issue 36: "inflation is back within α_set in 10 s"
@@ -32,18 +34,11 @@ Record = dict[str, t.Any]
 
 
 def token_gaps(records: t.Sequence[Record]) -> tuple[np.ndarray, np.ndarray]:
-    """(instant after the window opened, gap) for every online token after its request's first; a chunk of k
-    tokens counts as k gaps of a k-th of it (samples.record_tbts)."""
-    at: list[float] = []
-    gaps: list[float] = []
-    for r in records:
-        if r["error"] is not None:
-            continue
-        for (t0, n0), (t1, n1) in zip(r["chunks"], r["chunks"][1:]):
-            k = n1 - n0
-            at += [r["at"] + t1] * k
-            gaps += [(t1 - t0) / k] * k
-    return np.array(at, float), np.array(gaps, float)
+    """(instant after the window opened, gap) for every online token after its request's first
+    (samples.record_token_gaps), failed requests left out."""
+    pairs = [(r["at"] + came, gap) for r in records if r["error"] is None for came, gap in record_token_gaps(r)]
+    at = np.array([p[0] for p in pairs], float)
+    return at, np.array([p[1] for p in pairs], float)
 
 
 def _median_in(at: np.ndarray, values: np.ndarray, start: float, end: float) -> float | None:
