@@ -419,7 +419,7 @@ class Settings(SchedulerSettings):
     )
     gate_reference_itl_ms: float = _setting(
         0.0,
-        "`latency` gate: the engine's online-alone inter-token latency in ms, where known (the profile's decode step, a calibration run); 0: fitted from the engine's own readings, inter-token latency against the online requests running and the batch working set, down to no batch at the online load of the moment.",
+        "`latency` gate: the engine's online-alone inter-token latency in ms, where known (the profile's decode step, a calibration run); 0: fitted from the engine's own readings, inter-token latency against the batch working set, down to no batch.",
         ge=0,
     )
     scrape_seconds: float = _setting(1.0, "Period of the /metrics scrape and of the AIMD controller.", gt=0)

@@ -211,10 +211,9 @@ class AimdController:
         cfg = self.config
         if obs.itl_seconds is None:
             return state
-        online = max(0.0, obs.running - min(float(obs.batch_inflight), obs.running))  # ours all run, at best
-        fit = state.fit.add(online, float(obs.batch_inflight), obs.itl_seconds)
+        fit = state.fit.add(float(obs.batch_inflight), obs.itl_seconds)
         # once known, a reference outlives a stretch in which the working set held still and the fit lost its spread
-        ref = inflation.reference(cfg.reference_itl_s, fit, online) or state.reference_s
+        ref = inflation.reference(cfg.reference_itl_s, fit) or state.reference_s
         infl = None if ref is None else _ewma(state.inflation, obs.itl_seconds / ref, inflation.SMOOTHING)
         working = _ewma(state.working_ewma, float(obs.batch_inflight), inflation.SMOOTHING)
         return dataclasses.replace(state, fit=fit, reference_s=ref, inflation=infl, working_ewma=working)

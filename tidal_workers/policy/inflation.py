@@ -18,11 +18,17 @@ alike (``SMOOTHING``) before O* is read off them.
 
 The reference r is either given (``TIDAL_GATE_REFERENCE_ITL_MS``: from the engine's profile, e.g. the twin's
 decode step, or a calibration run; a constant, so right at the online load it was taken at) or estimated by
-regressing ITL on the online requests running and on O, down to O = 0, with exponential forgetting (``ItlFit``):
-a busy node rarely sees a period with no batch work, but the gate's own moves spread O enough to fit, and the
-online term moves the reference with the online load in the same reading. Until the fit has that spread
-(``MIN_SPREAD`` requests of standard deviation) the reference is unknown and the gate grows as the KV rule lets
-it, which makes the spread.
+regressing ITL on O down to O = 0, with exponential forgetting (``ItlFit``): a busy node rarely sees a period with
+no batch work, but the gate's own moves spread O enough to fit. Until the fit has that spread (``MIN_SPREAD``
+requests of standard deviation) the reference is unknown and the gate grows as the KV rule lets it, which makes
+the spread.
+
+The fit has no online term. The online requests running are not the online load but a consequence of the
+latency: by Little's law they grow with the step time the batch causes. Taken as a regressor they explained the
+batch's cost as online load, and the reference swung with ITL itself (17-55 ms on the A6000 twin at 8 requests/s,
+where online alone stepped 41 ms; replayed from the frontier's second sitting). Without it a change of the online
+rate moves the intercept only as forgetting lets (~100 readings): a rise reads as inflation and cuts the batch
+(safe, at a cost in harvest), a fall reads as room for a while.
 
 Online waiting is not a cut here: an open-loop arrival stream waits a step in its normal course; its cost shows
 in the ITL it causes. KV pressure and preemptions still halve (aimd.py).
@@ -34,8 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-
-import numpy as np
 
 FORGET = 0.99  # per reading: a reading ~100 periods old weighs a third of a new one
 MIN_SPREAD = 2.0  # requests: the fit's weighted standard deviation of O before its intercept is trusted
@@ -50,42 +54,37 @@ SMOOTHING = 0.2
 
 @dataclasses.dataclass(frozen=True)
 class ItlFit:
-    """Exponentially weighted least squares of ITL = a + b·online + s·O, as the sums of its normal equations:
-    ``xx`` the 3 × 3 Σ xxᵀ and ``xy`` the Σ x·ITL, x = (1, online requests running, batch working set O).
+    """Exponentially weighted least squares of ITL = r + s·O, as the sums of its normal equations: ``xx`` the
+    2 × 2 Σ xxᵀ and ``xy`` the Σ x·ITL, x = (1, batch working set O)."""
 
-    The online term is what lets the reference follow the online load at once: a step of the online rate raises
-    the online-alone ITL, a + b·online, in the same reading, where a line in O alone would take ~100 readings of
-    forgetting to move (and meanwhile call the online load's own cost the batch's)."""
+    xx: tuple[float, ...] = (0.0,) * 4
+    xy: tuple[float, ...] = (0.0,) * 2
 
-    xx: tuple[float, ...] = (0.0,) * 9
-    xy: tuple[float, ...] = (0.0,) * 3
-
-    def add(self, online: float, working_set: float, itl: float, forget: float = FORGET) -> ItlFit:
-        x = (1.0, online, working_set)
+    def add(self, working_set: float, itl: float, forget: float = FORGET) -> ItlFit:
+        x = (1.0, working_set)
         return ItlFit(
-            tuple(forget * v + x[i // 3] * x[i % 3] for i, v in enumerate(self.xx)),
+            tuple(forget * v + x[i // 2] * x[i % 2] for i, v in enumerate(self.xx)),
             tuple(forget * v + x[i] * itl for i, v in enumerate(self.xy)),
         )
 
-    def reference(self, online: float) -> float | None:
-        """a + b·online, the fitted ITL with no batch work at this online load; None until O has spread
-        ``MIN_SPREAD`` or when ITL does not rise with O (then the fit says nothing about the batch's cost)."""
-        weight = self.xx[0]
+    def reference(self) -> float | None:
+        """r, the fitted ITL with no batch work; None until O has spread ``MIN_SPREAD`` or when ITL does not rise
+        with O (then the fit says nothing about the batch's cost)."""
+        weight, sum_o, sum_oo = self.xx[0], self.xx[1], self.xx[3]
         if weight <= 0:
             return None
-        mean_o = self.xx[2] / weight
-        if self.xx[8] / weight - mean_o**2 < MIN_SPREAD**2:
+        mean_o = sum_o / weight
+        variance = sum_oo / weight - mean_o**2
+        if variance < MIN_SPREAD**2:
             return None
-        # least squares even where the online load never moved (then a and b are one number, a + b·online)
-        coef = np.linalg.lstsq(np.array(self.xx).reshape(3, 3), np.array(self.xy), rcond=None)[0]
-        a, b, slope = (float(c) for c in coef)
-        r = a + b * online
+        slope = (self.xy[1] / weight - mean_o * self.xy[0] / weight) / variance
+        r = self.xy[0] / weight - slope * mean_o
         return r if slope > 0 and r > 0 else None
 
 
-def reference(configured_s: float, fit: ItlFit, online: float) -> float | None:
-    """The online-alone ITL in seconds: the configured one when set (> 0), else the fit's at this online load."""
-    return configured_s if configured_s > 0 else fit.reference(online)
+def reference(configured_s: float, fit: ItlFit) -> float | None:
+    """The online-alone ITL in seconds: the configured one when set (> 0), else the fit's."""
+    return configured_s if configured_s > 0 else fit.reference()
 
 
 def budget_working_set(working_set: float, inflation: float, alpha_set: float) -> float:
