@@ -137,8 +137,18 @@ def _bisect(lo: float, hi: float, fits: t.Callable[[float], bool]) -> float:
     return lo
 
 
-def harvest_oracle(profile: Profile, rate: float, online: RequestClass, batch: RequestClass, alpha: float) -> Oracle:
-    """H*(α) on ``profile`` beside ``rate`` online requests/s (module docstring)."""
+def harvest_oracle(
+    profile: Profile,
+    rate: float,
+    online: RequestClass,
+    batch: RequestClass,
+    alpha: float,
+    *,
+    prompt_step_prefill: bool = True,
+) -> Oracle:
+    """H*(α) on ``profile`` beside ``rate`` online requests/s (module docstring). ``prompt_step_prefill`` False: no
+    batch prefill in a step with an online prompt, only batch decodes, as TidalScheduler runs them (vLLM's loop
+    schedules running requests before waiting ones, so a batch chunk there would take the online prompt's tokens)."""
     if alpha < 1:
         raise ValueError("alpha is a step's allowed inflation: at least 1")
     tau, slots = profile.max_num_batched_tokens, profile.max_num_seqs
@@ -155,10 +165,10 @@ def harvest_oracle(profile: Profile, rate: float, online: RequestClass, batch: R
 
     n_max = top if within(top) else _bisect(n0, top, within)
     grid = np.linspace(n0, n_max, GRID)
-    best = _batch_decodes(steps, batch, profile, alpha, td0, tp0, grid)
+    best = _batch_decodes(steps, batch, profile, alpha, td0, tp0, grid, prompt_step_prefill)
     i = int(np.argmax(best))
     fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, GRID - 1)], GRID)
-    fine_best = _batch_decodes(steps, batch, profile, alpha, td0, tp0, fine)
+    fine_best = _batch_decodes(steps, batch, profile, alpha, td0, tp0, fine, prompt_step_prefill)
     j = int(np.argmax(fine_best))
     decodes, n = (fine_best[j], fine[j]) if fine_best[j] >= best[i] else (best[i], grid[i])
     return Oracle(alpha, float(decodes) * batch.output / batch.decodes, n0, float(n), td0, tp0)
@@ -172,6 +182,7 @@ def _batch_decodes(
     td0: float,
     tp0: float,
     n: np.ndarray,
+    prompt_step_prefill: bool,
 ) -> np.ndarray:
     """The most batch decode tokens/s at each online concurrency n (0 where n is no steady state under α)."""
     rate, costs = steps.rate, steps.costs
@@ -199,9 +210,14 @@ def _batch_decodes(
             decode_room = (room_d - g_d - prefill_extra * x_d) / swap
             prompt_room = (room_p - g_p - prefill_extra * x_p) / swap
         high = np.minimum(k * np.minimum(np.minimum(x_d, free_slots), decode_room), decodes)
-        low = np.maximum(0.0, decodes - rate * np.minimum(np.minimum(x_p, free_slots), prompt_room))
+        if prompt_step_prefill:
+            low = np.maximum(0.0, decodes - rate * np.minimum(np.minimum(x_p, free_slots), prompt_room))
+            decodes_only = np.inf
+        else:  # a prompt step's x_p batch tokens are all decodes
+            low = decodes - rate * x_p
+            decodes_only = rate * (np.minimum(free_slots, prompt_room) - x_p)
         busy = k * g_d + rate * g_p + prefill_extra * tokens + swap * decodes
-        return np.minimum(high - low, free_time - busy)
+        return np.minimum(np.minimum(high - low, free_time - busy), decodes_only)
 
     def fits(decodes: np.ndarray) -> np.ndarray:
         tokens = (1 + ratio) * decodes

@@ -98,3 +98,15 @@ def test_the_command_names_the_exact_profile_it_used(tmp_path):
     assert [o["alpha"] for o in row["oracle"]] == ["1.1", "inf"]
     assert row["oracle"][0]["batch_tokens_per_s"] == pytest.approx(507, rel=0.02)
     assert row["oracle"][1]["batch_tokens_per_s"] < row["any_latency_tokens_per_s"] < row["batch_tokens_per_s"]
+
+
+@pytest.mark.parametrize("alpha", [1.1, 1.14, 1.2])
+def test_barring_batch_prefill_from_the_prompt_steps_costs_the_oracle_nothing(alpha):
+    """TidalScheduler cannot put a batch chunk beside a waiting online prompt. The oracle does without it: the
+    prefill fits in the decode steps, and the prompt steps' room (α times a longer step) takes batch decodes. So
+    the scheduler's harvest gap is not that limit (docs/engine.md, "Where the harvest goes")."""
+    profile = load_profile("qwen2.5-7b@a6000")
+    free = oracle.harvest_oracle(profile, 8, ONLINE, BATCH, alpha)
+    barred = oracle.harvest_oracle(profile, 8, ONLINE, BATCH, alpha, prompt_step_prefill=False)
+    assert barred.batch_tokens_per_s == pytest.approx(free.batch_tokens_per_s, rel=0.02)
+    assert barred.batch_tokens_per_s > 200
