@@ -90,11 +90,13 @@ class SchedulerMetrics:
             registry=r,
         )
         self.reference_step_seconds = Gauge(
-            "tidal_sched_reference_step_seconds", "T̂ of the last budgeted step's online work alone.", registry=r
+            "tidal_sched_reference_step_seconds",
+            "T̂ of the last budgeted step's online work alone, at the online concurrency of online alone.",
+            registry=r,
         )
         self.inflation = Gauge(
             "tidal_sched_inflation",
-            "Measured step time over T̂ of its online work alone, smoothed over about 50 budgeted steps.",
+            "Measured step time over the reference (tidal_sched_reference_step_seconds), smoothed over about 50 budgeted steps.",
             registry=r,
         )
         self.working_set = Gauge("tidal_sched_working_set", "Batch requests scheduled in the last step.", registry=r)

@@ -213,7 +213,8 @@ class TidalScheduler(Scheduler):
         self._parked_since: dict[str, float] = {}  # req_id -> when its current stretch of sitting out began
         self._ran_last: set[str] = set()  # batch requests scheduled in the last step
         self._calm_steps = 0  # budgeted steps in a row that parked nobody (relative budget)
-        self.inflation: float | None = None  # measured step ÷ T̂(online alone), smoothed (relative budget)
+        # measured step ÷ the reference, smoothed (relative budget); also ι, the online concurrency the batch added
+        self.inflation: float | None = None
         if self.alpha_set:
             self.tidal_metrics.alpha_set.set(self.alpha_set)
         self._cached_tokens: dict[str, int] = {}  # req_id -> prefix-cache hit at its last admission
@@ -265,6 +266,7 @@ class TidalScheduler(Scheduler):
                 self.tau,
                 chunk_allowed=not online_waiting,
                 admit_room=admit and self._calm_steps >= CALM_STEPS_TO_ADMIT,
+                concurrency_inflation=min(max(self.inflation or 1.0, 1.0), self.alpha_set),
             )
             mode, cap, parked = Mode.RELATIVE, chosen.batch_tokens, list(chosen.parked)
             order, alone = list(chosen.scheduled), chosen.alone_s

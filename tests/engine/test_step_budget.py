@@ -30,8 +30,18 @@ def decodes(prefix: str, n: int, context: int) -> list[Work]:
     return [Work(f"{prefix}-{i}", 1, context) for i in range(n)]
 
 
-def choose(online, batch, alpha=1.2, *, chunk_allowed=True, admit_room=False):
-    return select(cost, online, batch, alpha, SLO, TAU, chunk_allowed=chunk_allowed, admit_room=admit_room)
+def choose(online, batch, alpha=1.2, *, chunk_allowed=True, admit_room=False, concurrency_inflation=1.0):
+    return select(
+        cost,
+        online,
+        batch,
+        alpha,
+        SLO,
+        TAU,
+        chunk_allowed=chunk_allowed,
+        admit_room=admit_room,
+        concurrency_inflation=concurrency_inflation,
+    )
 
 
 def test_the_budget_is_alpha_times_the_online_work_alone():
@@ -147,3 +157,18 @@ def counted(calls: list[int], tokens, context, pairs):
     """``cost``, noting the length of each vector it prices."""
     calls.append(len(tokens))
     return cost(tokens, context, pairs)
+
+
+def test_the_reference_is_the_online_work_at_the_concurrency_it_would_have_alone():
+    """By Little's law the online requests running grow with the step time the batch adds: at ι 1.1 the 44 decoding
+    beside the batch would be 40 alone. The budget is α times that step, never under the online work itself."""
+    online = [*decodes("on", 44, 600), Work("prompt", 300, 0)]
+    at_once = choose(online, decodes("b", 200, 800), 1.1)
+    scaled = choose(online, decodes("b", 200, 800), 1.1, concurrency_inflation=1.1)
+    alone_40 = step_seconds(A6000, 40 + 300, 40 * 600, 40 * sequence_pairs(1, 600) + sequence_pairs(300, 0))
+    assert at_once.alone_s > alone_40
+    assert scaled.alone_s == pytest.approx(alone_40)
+    assert scaled.budget_s == pytest.approx(1.1 * alone_40)
+    assert len(scaled.scheduled) < len(at_once.scheduled)
+    crowded = choose(decodes("on", 44, 600), [], 1.01, concurrency_inflation=1.5)
+    assert crowded.budget_s == pytest.approx(crowded.predicted_s)  # α × the thinned step is under the online work
