@@ -13,7 +13,7 @@ so it could not price one more batch decode. Here:
   decodes thinned by ι, the concurrency the batch's latency added (Little's law: the online requests running grow
   with the step time; the scheduler passes its measured inflation). Priced on the step's own online work, the
   measured inflation ran 0.03-0.04 over α_set on the twin (45.8 online requests running alone, 53 beside the
-  batch).
+  batch); thinned, about half that (docs/engine.md).
 - Running batch requests join in the order given (the scheduler's: the most urgent priority, then those that ran
   last step, so a working set finishes, then the longest parked), each charged what it adds to T̂: its tokens and
   its own KV read. The longest run of them, in that order, that fits the budget takes part; the rest sit the step
