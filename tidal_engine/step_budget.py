@@ -82,7 +82,9 @@ def select(
     microseconds): the plugin's time is the online step's time too."""
     base = _totals(online)
     alone = _price(cost, *base, max_tokens)
-    reference = alone if concurrency_inflation == 1 else _reference(cost, online, concurrency_inflation, max_tokens)
+    reference = (
+        alone if concurrency_inflation == 1 else _reference(cost, online, base, concurrency_inflation, max_tokens)
+    )
     budget = max(alone, min(alpha_set * reference, ceiling_s))
     tokens, context, pairs = _columns(batch)
 
@@ -120,11 +122,19 @@ def select(
     return Selection(reference, budget, tuple(scheduled), tuple(parked), batch_tokens, room, predicted)
 
 
-def _reference(cost: StepCost, online: t.Sequence[Work], concurrency_inflation: float, max_tokens: int) -> float:
-    """T̂ of the online work as it would run alone: its decodes (one token each) thinned by ι, prompts as they are."""
+def _reference(
+    cost: StepCost,
+    online: t.Sequence[Work],
+    totals: tuple[int, int, int],
+    concurrency_inflation: float,
+    max_tokens: int,
+) -> float:
+    """T̂ of the online work as it would run alone: of its ``totals``, the decodes' part (one token each) thinned by
+    ι, the prompts' as it is."""
     decodes = _totals([w for w in online if w.tokens == 1])
-    prompts = _totals([w for w in online if w.tokens != 1])
-    tokens, context, pairs = (round(d / concurrency_inflation) + p for d, p in zip(decodes, prompts, strict=True))
+    tokens, context, pairs = (
+        total - d + round(d / concurrency_inflation) for total, d in zip(totals, decodes, strict=True)
+    )
     return _price(cost, tokens, context, pairs, max_tokens)
 
 

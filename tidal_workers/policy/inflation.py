@@ -54,31 +54,36 @@ SMOOTHING = 0.2
 
 @dataclasses.dataclass(frozen=True)
 class ItlFit:
-    """Exponentially weighted least squares of ITL = r + s·O, as the sums of its normal equations: ``xx`` the
-    2 × 2 Σ xxᵀ and ``xy`` the Σ x·ITL, x = (1, batch working set O)."""
+    """Exponentially weighted least squares of ITL = r + s·O, kept as the weighted sums its normal equations need
+    (O: the batch working set)."""
 
-    xx: tuple[float, ...] = (0.0,) * 4
-    xy: tuple[float, ...] = (0.0,) * 2
+    weight: float = 0.0
+    sum_o: float = 0.0
+    sum_oo: float = 0.0
+    sum_itl: float = 0.0
+    sum_o_itl: float = 0.0
 
     def add(self, working_set: float, itl: float, forget: float = FORGET) -> ItlFit:
-        x = (1.0, working_set)
+        o = working_set
         return ItlFit(
-            tuple(forget * v + x[i // 2] * x[i % 2] for i, v in enumerate(self.xx)),
-            tuple(forget * v + x[i] * itl for i, v in enumerate(self.xy)),
+            forget * self.weight + 1.0,
+            forget * self.sum_o + o,
+            forget * self.sum_oo + o * o,
+            forget * self.sum_itl + itl,
+            forget * self.sum_o_itl + o * itl,
         )
 
     def reference(self) -> float | None:
         """r, the fitted ITL with no batch work; None until O has spread ``MIN_SPREAD`` or when ITL does not rise
         with O (then the fit says nothing about the batch's cost)."""
-        weight, sum_o, sum_oo = self.xx[0], self.xx[1], self.xx[3]
-        if weight <= 0:
+        if self.weight <= 0:
             return None
-        mean_o = sum_o / weight
-        variance = sum_oo / weight - mean_o**2
+        mean_o, mean_itl = self.sum_o / self.weight, self.sum_itl / self.weight
+        variance = self.sum_oo / self.weight - mean_o**2
         if variance < MIN_SPREAD**2:
             return None
-        slope = (self.xy[1] / weight - mean_o * self.xy[0] / weight) / variance
-        r = self.xy[0] / weight - slope * mean_o
+        slope = (self.sum_o_itl / self.weight - mean_o * mean_itl) / variance
+        r = mean_itl - slope * mean_o
         return r if slope > 0 and r > 0 else None
 
 
