@@ -91,10 +91,12 @@ from tidal_engine.twin import load_profile
 
 ONLINE_PRIORITY = 0
 INFLATION_EWMA = 0.02  # weight of one step in the measured inflation (about 50 steps)
-# Relative budget: a new batch prompt is prefilled only after this many steps in a row parked nobody. A step with an
-# online prompt has α × its prefill's time to spend, and everyone fits in it; admitting there grew the pool past
-# what the decode steps between them can carry (a twin run held 185 requests with KV beside a working set of 5).
-CALM_STEPS_TO_ADMIT = 16
+# Relative budget: a step with an online prompt waiting may take 1 + this × (α_set − 1) times its online work alone.
+# Filled to α_set, such steps lengthen every waiting online prompt's TTFT as well as its own, and the queue amplifies
+# it: in the scheduler run in virtual time on the A6000 profile at 8 online requests/s (docs/engine.md), TTFT p50
+# came out at 1.13× for TBT p50 1.107× at α_set 1.1; at 0.75 the two meet (1.108, 1.105) and the batch harvests
+# 204 tokens/s where the decode steps' share alone harvested 177 at 1.10×.
+PROMPT_STEP_SHARE = 0.75
 
 
 def is_online(request: Request) -> bool:
@@ -147,6 +149,7 @@ class StepPlan:
     released: list[str] = dataclasses.field(default_factory=list)  # parked too long: preempted, KV freed
     batch_order: list[str] = dataclasses.field(default_factory=list)  # relative budget: running batch, in its order
     alone_s: float | None = None  # relative budget: T̂ of the step's online work alone
+    pool_short: bool | None = None  # relative budget, a step with an online prompt: it carried the pool and more
     # Filled in by _gated and _account, from what the step did.
     hidden: list[str] = dataclasses.field(default_factory=list)  # waiting batch requests kept out (not admitted)
     online_scheduled: int = 0  # tokens the step scheduled for online requests
@@ -212,7 +215,9 @@ class TidalScheduler(Scheduler):
         self.slack_fill = SlackFill()
         self._parked_since: dict[str, float] = {}  # req_id -> when its current stretch of sitting out began
         self._ran_last: set[str] = set()  # batch requests scheduled in the last step
-        self._calm_steps = 0  # budgeted steps in a row that parked nobody (relative budget)
+        # the last step with an online prompt carried every batch request with KV and had room for one more: the
+        # pool is sized to what those steps carry (relative budget)
+        self._pool_short = False
         # measured step ÷ the reference, smoothed (relative budget); also ι, the online concurrency the batch added
         self.inflation: float | None = None
         if self.alpha_set:
@@ -252,6 +257,7 @@ class TidalScheduler(Scheduler):
         context = sum(r.num_computed_tokens for r in staying)
         admit = self.guard.admits(usage) and not yielded
         order: list[str] = []  # relative budget: the running batch requests that take part, in order
+        pool_short: bool | None = None
         alone: float | None = None
         if not (online_running or online_waiting):
             mode, cap, parked = Mode.NO_ONLINE, self.tau, []
@@ -261,15 +267,16 @@ class TidalScheduler(Scheduler):
                 [Work(r.request_id, running_demand(r), r.num_computed_tokens) for r in online_running]
                 + [Work(r.request_id, waiting_demand(r), r.num_computed_tokens) for r in online_waiting],
                 [Work(r.request_id, running_demand(r), r.num_computed_tokens) for r in self._batch_order(staying)],
-                self.alpha_set,
+                self.alpha_set if not online_waiting else 1 + PROMPT_STEP_SHARE * (self.alpha_set - 1),
                 self.budget_s,
                 self.tau,
                 chunk_allowed=not online_waiting,
-                admit_room=admit and self._calm_steps >= CALM_STEPS_TO_ADMIT,
+                admit_room=admit and self._pool_short,
                 concurrency_inflation=min(max(self.inflation or 1.0, 1.0), self.alpha_set),
             )
             mode, cap, parked = Mode.RELATIVE, chosen.batch_tokens, list(chosen.parked)
             order, alone = list(chosen.scheduled), chosen.alone_s
+            pool_short = chosen.carries_more if online_waiting else None
             # A waiting batch request starts only in the room the budget gave it. Otherwise the stock loop admits
             # one into any token the step leaves (a released request at once, a reservation an online request did
             # not use): a twin run at α 1.05 held 185 requests with KV beside a working set of 5-7.
@@ -298,6 +305,7 @@ class TidalScheduler(Scheduler):
             released=released,
             batch_order=order,
             alone_s=alone,
+            pool_short=pool_short,
         )
 
     def _step_cost(self) -> StepCost | None:
@@ -312,12 +320,13 @@ class TidalScheduler(Scheduler):
 
     def _batch_order(self, staying: list[Request]) -> list[Request]:
         """Running batch requests in the order they join a relative budget: the most urgent priority first (a batch
-        that laxity escalated spends the budget before the others, never past it); within a priority those that
-        ran last step (a working set finishes what it started), then the longest parked."""
+        that laxity escalated spends the budget before the others, never past it); within a priority a prefill in
+        progress (the pool is short, or it would not have started), then those that ran last step (a working set
+        finishes what it started), then the longest parked."""
 
-        def key(r: Request) -> tuple[int, bool, float]:
+        def key(r: Request) -> tuple[int, bool, bool, float]:
             ran = r.request_id in self._ran_last
-            return r.priority, not ran, self._parked_since.get(r.request_id, float("inf"))
+            return r.priority, running_demand(r) == 1, not ran, self._parked_since.get(r.request_id, float("inf"))
 
         return sorted((r for r in staying if not is_online(r)), key=key)
 
@@ -462,7 +471,8 @@ class TidalScheduler(Scheduler):
             for req_id in (*ran, *plan.released, *plan.yielded, *([plan.evict] if plan.evict else [])):
                 self._parked_since.pop(req_id, None)
             self._ran_last = ran
-            self._calm_steps = 0 if plan.parked else self._calm_steps + 1
+            if plan.pool_short is not None:
+                self._pool_short = plan.pool_short
             m.batch_resident.set(sum(1 for r in self.running if not is_online(r)))
         m.working_set.set(len(ran))
         if plan.alone_s is not None:

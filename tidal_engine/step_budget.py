@@ -62,6 +62,7 @@ class Selection:
     batch_tokens: int  # X: the scheduled batch requests' tokens plus the room
     room: int  # of X, tokens for waiting batch requests (a prefill chunk)
     predicted_s: float  # T̂ of the whole step as selected
+    carries_more: bool  # every running batch request took part, and one more decode like theirs would fit too
 
 
 def select(
@@ -87,9 +88,17 @@ def select(
     )
     budget = max(alone, min(alpha_set * reference, ceiling_s))
     tokens, context, pairs = _columns(batch)
+    # Room first: in a step without online prompts waiting (prefill is cheap under the knee) and none in progress,
+    # a new prompt's chunk goes before the decodes. The pool is short, and a decode step's room is only a few
+    # decodes: after them there would be none left, and the pool would never grow to what prompt steps carry.
+    room = 0
+    head = base
+    if admit_room and chunk_allowed and not (tokens > 1).any():
+        room = _largest(cost, base, 0, budget, max_tokens, max_tokens - base[0])
+        head = (base[0] + room, base[1], base[2] + sequence_pairs(room, 0))
 
     def fits(t_: Ints, c_: Ints, p_: Ints) -> npt.NDArray[np.bool_]:
-        return _fit(cost, (base[0] + t_, base[1] + c_, base[2] + p_), budget, max_tokens)
+        return _fit(cost, (head[0] + t_, head[1] + c_, head[2] + p_), budget, max_tokens)
 
     # Set aside first what does not fit even alone beside the online work and cannot be cut to fit: a decode, or
     # a prefill while chunks are not allowed. It holds nobody up.
@@ -99,9 +108,9 @@ def select(
     taken = int(np.argmin(prefix)) if not prefix.all() else len(order)  # the longest run that fits
     chosen = [int(i) for i in order[:taken]]
     step = (
-        base[0] + int(tokens[chosen].sum()),
-        base[1] + int(context[chosen].sum()),
-        base[2] + int(pairs[chosen].sum()),
+        head[0] + int(tokens[chosen].sum()),
+        head[1] + int(context[chosen].sum()),
+        head[2] + int(pairs[chosen].sum()),
     )
     chunk = 0
     if taken < len(order) and cuttable[order[taken]]:  # the first that does not fit, a prefill: what fits of it
@@ -111,15 +120,24 @@ def select(
             chosen.append(nxt)
             step = (step[0] + chunk, step[1] + int(context[nxt]), step[2] + sequence_pairs(chunk, int(context[nxt])))
     everyone_in = taken == len(order)  # no running request that fits alone sits the step out
-    room = 0
-    if admit_room and everyone_in and not chunk:
+    carries_more = everyone_in and len(order) == len(batch) and not chunk
+    if carries_more and len(batch):  # and one more decode, over the longest context of theirs, would fit too
+        longest = int(context.max())
+        one_more = (
+            np.array([step[0] - head[0] + 1]),
+            np.array([step[1] - head[1] + longest]),
+            np.array([step[2] - head[2] + longest + 1]),
+        )
+        carries_more = bool(fits(*one_more)[0])
+    if admit_room and everyone_in and not chunk and not room:
         room = _largest(cost, step, 0, budget, max_tokens, max_tokens - step[0])
+        step = (step[0] + room, step[1], step[2] + sequence_pairs(room, 0))
     scheduled = [batch[i].request_id for i in chosen]
     taking = set(chosen)
     parked = [w.request_id for i, w in enumerate(batch) if i not in taking]
-    predicted = _price(cost, step[0] + room, step[1], step[2] + sequence_pairs(room, 0), max_tokens)
-    batch_tokens = int(step[0] - base[0]) + room
-    return Selection(reference, budget, tuple(scheduled), tuple(parked), batch_tokens, room, predicted)
+    predicted = _price(cost, *step, max_tokens)
+    batch_tokens = int(step[0] - base[0])
+    return Selection(reference, budget, tuple(scheduled), tuple(parked), batch_tokens, room, predicted, carries_more)
 
 
 def _reference(

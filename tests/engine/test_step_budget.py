@@ -107,22 +107,48 @@ def test_a_prefill_in_progress_takes_the_chunk_that_fits_unless_online_waits():
     assert waits.scheduled == ("after",) and waits.parked == ("prefill",)
 
 
-def test_what_the_decodes_leave_is_room_for_a_waiting_prefill():
+def test_a_short_pool_prefills_first_where_no_online_prompt_waits():
+    """In a decode step a new prompt's chunk goes before the decodes: its room is a few decodes, and after them
+    there would be none left for the pool to grow to what the prompt steps carry."""
     online = decodes("on", 20, 500)
-    chosen = choose(online, decodes("b", 3, 500), alpha=1.5, admit_room=True)
-    assert len(chosen.scheduled) == 3 and chosen.room > 0 and chosen.batch_tokens == 3 + chosen.room
-    assert chosen.predicted_s <= chosen.budget_s
+    first = choose(online, decodes("b", 3, 500), alpha=1.5, admit_room=True)
+    alone = choose(online, [], alpha=1.5, admit_room=True)
+    assert first.room == alone.room > 0  # the room is what the step has beside its online work alone
+    assert first.batch_tokens == len(first.scheduled) + first.room and first.predicted_s <= first.budget_s
     assert choose(online, decodes("b", 3, 500), alpha=1.5).room == 0  # admission closed (the KV guardband)
+    # a prefill in progress goes on first instead: no new prompt beside it
+    going = choose(online, [Work("prefill", 700, 100), *decodes("b", 3, 500)], alpha=1.5, admit_room=True)
+    assert going.room == 0 and going.scheduled[0] == "prefill"
 
 
-def test_no_new_prompt_is_prefilled_while_a_running_one_that_fits_is_parked():
-    """A new prompt beside a parked request would only grow the pool the budget cannot decode."""
-    online = decodes("on", 20, 500)
-    crowded = choose(online, decodes("b", 300, 500), alpha=1.5, admit_room=True)
+def test_where_an_online_prompt_waits_the_decodes_go_first_and_a_parked_one_keeps_the_room_shut():
+    """A chunk there would take the online prompt's tokens (the stock loop schedules running requests first), so
+    what the decodes leave is room for a new prompt, and only once every running batch request took part."""
+    online = [*decodes("on", 20, 500), Work("on-prompt", 300, 0)]
+    chosen = choose(online, decodes("b", 3, 500), alpha=1.5, chunk_allowed=False, admit_room=True)
+    assert len(chosen.scheduled) == 3 and chosen.room > 0 and chosen.batch_tokens == 3 + chosen.room
+    crowded = choose(online, decodes("b", 300, 500), alpha=1.5, chunk_allowed=False, admit_room=True)
     assert crowded.parked and crowded.room == 0 and crowded.batch_tokens == len(crowded.scheduled)
     # a request set aside (it cannot fit even alone) does not hold the room shut
-    aside = choose(online, [*decodes("b", 3, 500), Work("long-context", 1, 400_000)], alpha=1.5, admit_room=True)
+    aside = choose(
+        online,
+        [*decodes("b", 3, 500), Work("long-context", 1, 400_000)],
+        alpha=1.5,
+        chunk_allowed=False,
+        admit_room=True,
+    )
     assert aside.parked == ("long-context",) and aside.room > 0
+
+
+def test_a_step_tells_whether_it_carries_the_whole_pool_and_one_more():
+    """What sizes the pool: a step with an online prompt that took every batch request and had room for another."""
+    online = [*decodes("on", 20, 500), Work("on-prompt", 300, 0)]
+    sizes = range(1, 120)
+    carried = [choose(online, decodes("b", n, 800), alpha=1.2, chunk_allowed=False) for n in sizes]
+    most = max(n for n, c in zip(sizes, carried, strict=True) if not c.parked)  # the most the step carries
+    assert [c.carries_more for c in carried] == [n < most for n in sizes]
+    assert not choose(online, decodes("b", 300, 800), alpha=1.2, chunk_allowed=False).carries_more
+    assert choose(online, [], alpha=1.2, chunk_allowed=False).carries_more  # an empty pool is short
 
 
 def test_every_selection_stays_inside_its_budget_and_tau():

@@ -6,6 +6,8 @@ import contextlib
 import functools
 import math
 import os
+import random
+import statistics
 import time
 
 import numpy as np
@@ -18,6 +20,7 @@ from tests.support.engine_steps import make_request
 from tests.support.engine_steps import run_step
 from tests.support.engine_steps import runner_output
 from tidal_engine.metrics import Mode
+from tidal_engine.scheduler import PROMPT_STEP_SHARE
 from tidal_engine.scheduler import TidalAsyncScheduler
 from tidal_engine.scheduler import TidalScheduler
 from tidal_engine.step_time import sequence_pairs
@@ -426,22 +429,31 @@ def test_an_escalated_batch_spends_the_relative_budget_first_and_never_past_it(m
         assert plan.parked and all(r.startswith("calm") for r in plan.parked)  # the budget binds on the calm ones
 
 
-def test_a_backlog_arriving_beside_online_traffic_is_prefilled_only_as_the_decode_steps_carry_it(make_scheduler):
-    """Behind a gate of many, only what the budget decodes holds KV; the rest wait unprefilled. A step with an online
-    prompt has room for every resident batch decode and more, so admitting there alone grew the pool: a twin run
-    prefilled all 185 requests a gate sent, beside a working set of 5 in the decode steps."""
+def test_a_backlog_arriving_beside_online_traffic_is_prefilled_only_as_the_prompt_steps_carry_it(make_scheduler):
+    """Behind a gate of many, only what the budget decodes holds KV; the rest wait unprefilled. The pool grows to
+    what a step with an online prompt carries, more than a decode step's room, and no further: a twin run whose
+    admission had no such bound prefilled all 185 requests a gate sent, beside a working set of 5."""
     profile = load_profile(A6000)
     s = make_scheduler(TidalScheduler, settings=relative(1.1), max_num_seqs=256, num_blocks=40000)
     arrive(s, "online", 40, 300, priority=0, max_tokens=4000, steps=20)
-    arrive(s, "batch", 150, 900, priority=1, max_tokens=2000)
-    resident, decode_step_sets = [], []
+    # drawn tokens: a prefix-cache hit would leave an online prompt's reservation to the batch (batch_over_cap), and
+    # a batch prompt's cached prefix would be read where its room was priced at none
+    rng = random.Random(5)
+    for i in range(150):
+        s.add_request(make_request(f"batch-{i}", [rng.randrange(250) for _ in range(900)], priority=1, max_tokens=2000))
+    resident, prompt_steps, decode_steps = [], [], []
     for i in range(600):
         if i % 4 == 0:  # an online prompt every fourth step
-            s.add_request(make_request(f"online-new-{i}", 300, priority=0, max_tokens=4000))
-        out, _priced = step_priced(s, profile)
+            prompt_ids = [rng.randrange(250) for _ in range(300)]
+            s.add_request(make_request(f"online-new-{i}", prompt_ids, priority=0, max_tokens=4000))
+        out, priced = step_priced(s, profile)
         batch = [r for r in out.num_scheduled_tokens if r.startswith("batch")]
-        if not any(r.startswith("online-new") and n > 1 for r, n in out.num_scheduled_tokens.items()):
-            decode_step_sets.append(len(batch))
+        prompt = any(r.startswith("online-new") and n > 1 for r, n in out.num_scheduled_tokens.items())
+        # a step with an online prompt spends PROMPT_STEP_SHARE of α_set's excess: the TTFT it adds is queued
+        alpha = 1 + PROMPT_STEP_SHARE * 0.1 if prompt else 1.1
+        assert priced <= alpha * s.last_plan.alone_s * (1 + 1e-9)
+        (prompt_steps if prompt else decode_steps).append(len(batch))
         resident.append(sum(1 for r in s.running if r.request_id.startswith("batch")))
-    assert max(decode_step_sets[-100:]) > 0  # the decode steps carry a working set
-    assert max(resident[-100:]) <= max(decode_step_sets[-100:]) + 3, (resident[-100:], decode_step_sets[-100:])
+    pool, carried = max(resident[-100:]), max(prompt_steps[-25:])
+    assert carried > statistics.median(decode_steps[-75:]), (prompt_steps[-25:], decode_steps[-75:])
+    assert pool <= carried + 3, (resident[-100:], prompt_steps[-25:])
