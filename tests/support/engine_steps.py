@@ -5,18 +5,16 @@ from __future__ import annotations
 import collections
 import zlib
 
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
-BLOCK_SIZE = 16
-SAMPLED_TOKEN = 65  # "A" in the tiny byte vocabulary
+from tidal_workers.bench.virtual import BLOCK_SIZE
+from tidal_workers.bench.virtual import model_output
+from tidal_workers.bench.virtual import new_request
 
-_hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
+__all__ = ["BLOCK_SIZE", "ScheduleAhead", "make_request", "run_step", "runner_output"]
 
 
 def make_request(request_id: str, prompt: list[int] | int, priority: int, max_tokens: int = 8) -> Request:
@@ -24,22 +22,12 @@ def make_request(request_id: str, prompt: list[int] | int, priority: int, max_to
     tokens = (
         prompt if isinstance(prompt, list) else [(zlib.crc32(request_id.encode()) + i) % 250 for i in range(prompt)]
     )
-    return Request(
-        request_id=request_id,
-        prompt_token_ids=tokens,
-        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-        pooling_params=None,
-        priority=priority,
-        block_hasher=_hasher,
-    )
+    return new_request(request_id, tokens, priority, max_tokens)
 
 
 def runner_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOutput:
-    """The model runner's answer to a step, built as the step is scheduled: a token for every request that the
-    step took past its prompt (vLLM's ``is_prefill_chunk``, set by ``schedule()``)."""
-    ids = list(output.num_scheduled_tokens)
-    sampled = [[] if scheduler.requests[i].is_prefill_chunk else [SAMPLED_TOKEN] for i in ids]
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)}, sampled_token_ids=sampled)
+    """The model runner's answer to a step (``virtual.model_output``)."""
+    return model_output(scheduler, output)
 
 
 def run_step(scheduler: Scheduler) -> SchedulerOutput:

@@ -28,6 +28,7 @@ for command in (
     engine_runs.calibrate,
     engine_runs.kv_probe,
     engine_runs.disagg,
+    engine_runs.virtual,
     stack_runs.fairness,
     stack_runs.dispatch,
     stack_runs.dispatch_compare,

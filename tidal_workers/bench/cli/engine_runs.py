@@ -4,6 +4,7 @@ the compute bound, the timed twin and its calibration, the KV connectors, disagg
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing as t
 from pathlib import Path
 
@@ -510,3 +511,82 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
         "arms": arms,
     }
     finish("disagg", origin, results, out_dir, results["summary"])
+
+
+@click.command()
+@PROFILE_OPTION
+@click.option("--load", "load_name", default="flat-8", show_default=True, help="The online load (workload.py).")
+@click.option("--mix", default="standard", show_default=True, help="The batch mix (workload.py).")
+@click.option("--alphas", default="1.1", show_default=True, help="TidalScheduler's α_set values, comma-separated.")
+@click.option("--peer-concurrency", default="", help="vLLM-alone arms: batch requests at the engine, comma-separated.")
+@click.option("--batch", default=185, show_default=True, help="Batch requests kept at the engine (the gate's ceiling).")
+@click.option("--seeds", default=3, show_default=True, help="Online traces, one per seed; every arm runs each.")
+@click.option("--seconds", default=300.0, show_default=True, help="Virtual seconds per run.")
+@click.option("--warmup-seconds", default=80.0, show_default=True, help="Virtual seconds left out at the start.")
+@click.option("--lead-seconds", default=20.0, show_default=True, help="The online load alone before the batch comes.")
+@out_option("virtual")
+def virtual(
+    profile: str,
+    load_name: str,
+    mix: str,
+    alphas: str,
+    peer_concurrency: str,
+    batch: int,
+    seeds: int,
+    seconds: float,
+    warmup_seconds: float,
+    lead_seconds: float,
+    out: str,
+) -> None:
+    """The real schedulers in virtual time: every step takes the profile's T(P, C), nothing sleeps (about a minute
+    a run). Design evidence for a change to the plugin, beside online alone on the same traces; the claims are the
+    twin's (`tidal bench frontier`). docs/benchmarks.md."""
+    from tidal_engine.tiny import build_tiny
+    from tidal_engine.twin import load_profile
+    from tidal_workers.bench import oracle
+    from tidal_workers.bench import stats
+    from tidal_workers.bench import virtual as vt
+    from tidal_workers.bench.workload import BATCH_MIXES
+    from tidal_workers.bench.workload import ONLINE_LOADS
+
+    if load_name not in ONLINE_LOADS or mix not in BATCH_MIXES:
+        raise click.BadParameter(f"--load one of {', '.join(ONLINE_LOADS)}; --mix one of {', '.join(BATCH_MIXES)}")
+    out_dir, origin = begin("virtual", out)
+    settings = load_settings()
+    model_dir = str(build_tiny(settings.home))
+    twin, load, workload = load_profile(profile), ONLINE_LOADS[load_name], BATCH_MIXES[mix].workload()
+    arms = [vt.Arm(f"inside-{a:g}", batch, a) for a in _floats(alphas)]
+    arms += [vt.Arm(f"vllm-priority-{n:g}", int(n)) for n in _floats(peer_concurrency)]
+    online_class = oracle.RequestClass.of(workload.online_prompt, workload.online_output)
+    batch_class = oracle.RequestClass.of(workload.batch_prompt, workload.batch_output)
+
+    def oracle_at(alpha: float) -> float:
+        return oracle.harvest_oracle(twin, load.rate, online_class, batch_class, alpha).batch_tokens_per_s
+
+    harvest_at = oracle_at if load.trace == "flat" else None  # H* is a steady state's: flat loads only
+
+    shape = {"seconds": seconds, "warmup_s": warmup_seconds, "lead_s": lead_seconds}
+    samples: dict[str, list[dict]] = {arm.name: [] for arm in arms}
+    for seed in range(seeds):  # virtual time: nothing carries from one run to the next, so order is immaterial
+        alone = vt.run(vt.Arm("online-alone"), twin, workload, load, settings, model_dir, seed=seed, **shape)
+        for arm in arms:
+            co = vt.run(arm, twin, workload, load, settings, model_dir, seed=seed, **shape)
+            samples[arm.name].append(
+                {"seed": seed, **vt.judged(alone, co, harvest_at), "alone": alone.figures(), "co": co.figures()}
+            )
+            click.echo(f"seed {seed} {arm.name}: {json.dumps(samples[arm.name][-1]['inflation'])}", err=True)
+    summary = {
+        name: {
+            "harvest_tokens_per_s": stats.interval([r["harvest_tokens_per_s"] for r in runs]),
+            "alpha_m": stats.interval([r["alpha_m"] for r in runs]),
+            "E": stats.interval([r["E"] for r in runs]) if harvest_at else None,
+            **{q: stats.interval([r["inflation"][q] for r in runs]) for q in vt.INFLATIONS},
+        }
+        for name, runs in samples.items()
+    }
+    results = {"profile": profile, "load": load_name, "mix": mix, **shape, "summary": summary, "runs": samples}
+    finish("virtual", origin, results, out_dir, summary)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
