@@ -122,12 +122,15 @@ def build_scheduler(
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """What serves the online load: the stock scheduler alone (``batch`` 0), or beside ``batch`` requests kept at
-    the engine, with TidalScheduler's relative budget at ``alpha_set`` or, without it, vLLM's priority alone."""
+    """What serves the online load: the stock scheduler alone (``batch`` 0), or beside at most ``batch`` requests
+    kept at the engine: with TidalScheduler's relative budget at ``alpha_set``; on the stock scheduler behind the
+    latency gate at ``gate_alpha_set`` (the worker's AIMD controller, fed the engine's ITL every scrape period);
+    or, with neither, on vLLM's priority alone."""
 
     name: str
     batch: int = 0
     alpha_set: float = 0.0
+    gate_alpha_set: float = 0.0
 
 
 @dataclasses.dataclass
@@ -141,12 +144,25 @@ class Run:
     batch_tokens: int = 0  # batch tokens generated
     batch_prefill_tokens: int = 0
     steps: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # kind -> [steps, batch decodes, ms]
+    at_engine: list[int] = dataclasses.field(default_factory=list)  # batch requests at the engine, each second
+    # the latency gate's readings: (time, ITL read, smoothed inflation, target, batch requests at the engine)
+    gate: list[tuple[float, float | None, float | None, int, int]] = dataclasses.field(default_factory=list)
 
     def figures(self) -> dict[str, t.Any]:
         def q(values: list[float], p: float) -> float | None:
             return float(np.percentile(values, p)) if values else None
 
+        halves = np.array_split(np.array(self.at_engine, dtype=float), 2) if self.at_engine else []
+        means = [float(h.mean()) for h in halves if len(h)]
         return {
+            # the frontier's drift: the difference between the two halves' means, over the window's mean
+            "batch_at_engine": {
+                "mean": float(np.mean(self.at_engine)) if self.at_engine else 0.0,
+                "min": min(self.at_engine, default=0),
+                "max": max(self.at_engine, default=0),
+                "drift": abs(means[0] - means[1]) / max(float(np.mean(means)), 1e-9) if len(means) == 2 else None,
+            },
+            "gate_readings": self.gate,
             "ttft_p50_s": q(self.ttft_s, 50),
             "ttft_p99_s": q(self.ttft_s, 99),
             "tbt_p50_s": q(self.tbt_s, 50),
@@ -198,6 +214,7 @@ def run(
         t.cast(TidalScheduler, scheduler).clock = lambda: clock[0]
     else:
         scheduler = _on_profile(Scheduler, profile, model_dir)
+    gate = _Gate(arm, settings) if arm.gate_alpha_set else None
     result = Run(arm, seconds - warmup_s)
     arrived: dict[str, float] = {}
     last_token: dict[str, float] = {}
@@ -210,7 +227,9 @@ def run(
             scheduler.add_request(new_request(rid, prompt, 0, lengths[next_online]))
             arrived[rid] = at
             next_online += 1
-        while now >= lead_s and batch_at_engine < arm.batch:
+        if gate is not None and now >= lead_s:
+            gate.read(scheduler, now, batch_at_engine)
+        while now >= lead_s and batch_at_engine < (gate.target if gate else arm.batch):
             prompt = [
                 batch_rng.randrange(VOCAB) for _ in range(workload.batch_prompt.draw(batch_rng) + TEMPLATE_TOKENS)
             ]
@@ -228,6 +247,8 @@ def run(
         for rid, sampled in zip(answer.req_ids, answer.sampled_token_ids, strict=True):
             if not sampled:
                 continue
+            if gate is not None and rid in last_token:
+                gate.token_gap(clock[0] - last_token[rid])
             if rid.startswith("batch"):
                 result.batch_tokens += counted
             elif rid in last_token:
@@ -237,6 +258,8 @@ def run(
                 result.ttft_s.append(clock[0] - arrived[rid])
             last_token[rid] = clock[0]
         if counted:
+            while warmup_s + len(result.at_engine) <= clock[0]:
+                result.at_engine.append(batch_at_engine)
             result.batch_prefill_tokens += batch_prefill
             tally = result.steps.setdefault(kind, [0, 0, 0.0])
             tally[0], tally[1], tally[2] = tally[0] + 1, tally[1] + batch_decodes, tally[2] + 1000 * step_s
@@ -246,7 +269,52 @@ def run(
         batch_at_engine -= sum(1 for rid in finished if rid.startswith("batch"))
         for rid in finished:
             last_token.pop(rid, None)
+    if gate is not None:
+        result.gate = gate.readings
     return result
+
+
+class _Gate:
+    """The latency gate as a worker runs it (``policy.aimd``), on virtual time: every scrape period it reads the
+    mean inter-token latency of every request since the last reading (vLLM's ITL histogram counts batch and online
+    alike) and the batch requests at the engine, and sets the target; a cut reaches the engine as requests finish."""
+
+    def __init__(self, arm: Arm, settings: Settings) -> None:
+        from tidal_workers.policy.aimd import AimdConfig
+        from tidal_workers.policy.aimd import AimdController
+
+        gate_settings = settings.replace(gate_mode="latency", gate_alpha_set=arm.gate_alpha_set, initial_inflight=1)
+        self.controller = AimdController(AimdConfig.from_settings(gate_settings, arm.batch))
+        self.state = self.controller.initial()
+        self.period = gate_settings.scrape_seconds
+        self.read_at: float | None = None
+        self.gaps: list[float] = []
+        self.preemptions = 0
+        self.readings: list[tuple[float, float | None, float | None, int, int]] = []  # as Run.gate
+
+    @property
+    def target(self) -> int:
+        return self.state.target
+
+    def token_gap(self, seconds: float) -> None:
+        self.gaps.append(seconds)
+
+    def read(self, scheduler: Scheduler, now: float, batch_at_engine: int) -> None:
+        from tidal_workers.policy.aimd import Observation
+
+        if self.read_at is not None and now - self.read_at < self.period:
+            return
+        observation = Observation(
+            kv_usage=float(scheduler.get_kv_cache_usage()),
+            waiting=float(len(scheduler.waiting)),
+            running=float(len(scheduler.running)),
+            preemptions_total=0.0,  # on the A6000's KV pool at these loads vLLM preempts nothing
+            batch_inflight=batch_at_engine,
+            itl_seconds=sum(self.gaps) / len(self.gaps) if self.gaps else None,
+        )
+        self.state = self.controller.step(self.state, observation, now)
+        self.read_at, self.gaps = now, []
+        self.readings.append((now, observation.itl_seconds, self.state.inflation, self.state.target, batch_at_engine))
 
 
 def _on_profile(cls: type[Scheduler], profile: Profile, model_dir: str, settings: Settings | None = None) -> Scheduler:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -12,9 +13,21 @@ from tidal_workers.bench.cli.engine_runs import virtual
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    """Online alone, TidalScheduler at α_set 1.2 and vLLM alone with 8 batch requests, 40 virtual seconds each."""
+    """Online alone, TidalScheduler at α_set 1.2, vLLM alone with 8 batch requests and the latency gate at α_set
+    1.2, 40 virtual seconds each."""
     out = tmp_path_factory.mktemp("virtual")
-    args = ["--alphas", "1.2", "--peer-concurrency", "8", "--seeds", "1", "--seconds", "40"]
+    args = [
+        "--alphas",
+        "1.2",
+        "--peer-concurrency",
+        "8",
+        "--latency-gate-alphas",
+        "1.2",
+        "--seeds",
+        "1",
+        "--seconds",
+        "40",
+    ]
     result = CliRunner().invoke(virtual, [*args, "--warmup-seconds", "20", "--lead-seconds", "5", "--out", str(out)])
     assert result.exit_code == 0, result.output
     return json.loads((out / "virtual.json").read_text())
@@ -45,4 +58,15 @@ def test_vllm_alone_keeps_its_batch_concurrency(report):
     run = report["runs"]["vllm-priority-8"][0]
     steps = run["co"]["steps"]
     assert 0 < steps["decode"]["batch_decodes"] <= 8
+    assert run["co"]["harvest_tokens_per_s"] > 0
+
+
+def test_the_latency_gate_reads_the_engine_every_period_and_moves_its_target(report):
+    run = report["runs"]["outside-latency-1.2"][0]
+    readings = run["co"]["gate_readings"]  # (time, ITL read, smoothed inflation, target, batch at the engine)
+    assert len(readings) >= 30  # one a virtual second from the batch's arrival (5 s) to the end (40 s)
+    assert all(1 <= later[0] - earlier[0] < 1.2 for earlier, later in itertools.pairwise(readings))
+    targets = {target for _, _, _, target, _ in readings}
+    assert len(targets) > 1 and min(targets) >= 0 and max(targets) <= 185  # it moves, under the gate's ceiling
+    assert all(at_engine <= max(targets) for *_, at_engine in readings)
     assert run["co"]["harvest_tokens_per_s"] > 0

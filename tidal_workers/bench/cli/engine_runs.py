@@ -519,7 +519,11 @@ def disagg(duration: float, reps: int, online_rate: float, max_inflight: int, ou
 @click.option("--mix", default="standard", show_default=True, help="The batch mix (workload.py).")
 @click.option("--alphas", default="1.1", show_default=True, help="TidalScheduler's α_set values, comma-separated.")
 @click.option("--peer-concurrency", default="", help="vLLM-alone arms: batch requests at the engine, comma-separated.")
+@click.option("--latency-gate-alphas", default="", help="The latency gate's α_set values (outside), comma-separated.")
 @click.option("--batch", default=185, show_default=True, help="Batch requests kept at the engine (the gate's ceiling).")
+@click.option(
+    "--max-num-batched-tokens", "tau", default=0, help="The engine's τ (0: the profile's); the oracle's stays."
+)
 @click.option("--seeds", default=3, show_default=True, help="Online traces, one per seed; every arm runs each.")
 @click.option("--seconds", default=300.0, show_default=True, help="Virtual seconds per run.")
 @click.option("--warmup-seconds", default=80.0, show_default=True, help="Virtual seconds left out at the start.")
@@ -531,7 +535,9 @@ def virtual(
     mix: str,
     alphas: str,
     peer_concurrency: str,
+    latency_gate_alphas: str,
     batch: int,
+    tau: int,
     seeds: int,
     seconds: float,
     warmup_seconds: float,
@@ -555,8 +561,10 @@ def virtual(
     settings = load_settings()
     model_dir = str(build_tiny(settings.home))
     twin, load, workload = load_profile(profile), ONLINE_LOADS[load_name], BATCH_MIXES[mix].workload()
+    engine = dataclasses.replace(twin, max_num_batched_tokens=tau) if tau else twin
     arms = [vt.Arm(f"inside-{a:g}", batch, a) for a in _floats(alphas)]
     arms += [vt.Arm(f"vllm-priority-{n:g}", int(n)) for n in _floats(peer_concurrency)]
+    arms += [vt.Arm(f"outside-latency-{a:g}", batch, gate_alpha_set=a) for a in _floats(latency_gate_alphas)]
     online_class = oracle.RequestClass.of(workload.online_prompt, workload.online_output)
     batch_class = oracle.RequestClass.of(workload.batch_prompt, workload.batch_output)
 
@@ -568,9 +576,9 @@ def virtual(
     shape = {"seconds": seconds, "warmup_s": warmup_seconds, "lead_s": lead_seconds}
     samples: dict[str, list[dict]] = {arm.name: [] for arm in arms}
     for seed in range(seeds):  # virtual time: nothing carries from one run to the next, so order is immaterial
-        alone = vt.run(vt.Arm("online-alone"), twin, workload, load, settings, model_dir, seed=seed, **shape)
+        alone = vt.run(vt.Arm("online-alone"), engine, workload, load, settings, model_dir, seed=seed, **shape)
         for arm in arms:
-            co = vt.run(arm, twin, workload, load, settings, model_dir, seed=seed, **shape)
+            co = vt.run(arm, engine, workload, load, settings, model_dir, seed=seed, **shape)
             samples[arm.name].append(
                 {"seed": seed, **vt.judged(alone, co, harvest_at), "alone": alone.figures(), "co": co.figures()}
             )
@@ -584,7 +592,15 @@ def virtual(
         }
         for name, runs in samples.items()
     }
-    results = {"profile": profile, "load": load_name, "mix": mix, **shape, "summary": summary, "runs": samples}
+    results = {
+        "profile": profile,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "load": load_name,
+        "mix": mix,
+        **shape,
+        "summary": summary,
+        "runs": samples,
+    }
     finish("virtual", origin, results, out_dir, summary)
 
 
