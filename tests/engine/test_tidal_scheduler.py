@@ -23,9 +23,8 @@ from tidal_engine.metrics import Mode
 from tidal_engine.scheduler import PROMPT_STEP_SHARE
 from tidal_engine.scheduler import TidalAsyncScheduler
 from tidal_engine.scheduler import TidalScheduler
-from tidal_engine.step_time import sequence_pairs
-from tidal_engine.step_time import step_seconds
 from tidal_engine.twin import load_profile
+from tidal_workers.bench.virtual import step_shape
 
 TAU = 2048
 # A step costs 0.15 ms per scheduled token, 0.05 ms per token in the attention
@@ -350,12 +349,9 @@ def step_priced(s, profile):
     """One synchronous step; (its output, T̂ of what it scheduled on ``profile``), each request's context being its
     KV before the step."""
     out = s.schedule()
-    tokens = context = pairs = 0
-    for req_id, n in out.num_scheduled_tokens.items():
-        before = s.requests[req_id].num_computed_tokens - n  # schedule() has already counted the step's tokens
-        tokens, context, pairs = tokens + n, context + before, pairs + sequence_pairs(n, before)
+    priced = step_shape(s, out).seconds(profile)
     s.update_from_output(out, runner_output(s, out))
-    return out, step_seconds(profile, tokens, context, pairs)
+    return out, priced
 
 
 def test_a_relative_budget_keeps_every_step_within_alpha_of_its_online_work_alone(make_scheduler):

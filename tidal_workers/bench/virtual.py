@@ -14,6 +14,7 @@ Prompts are drawn tokens, so no two requests share a prefix-cache block, as dist
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import typing as t
 
@@ -39,18 +40,23 @@ SAMPLED_TOKEN = 65
 BATCH_PRIORITY = 100  # a worker's calmest batch priority (laxity escalates toward 1)
 
 
-def new_request(request_id: str, prompt_ids: list[int], priority: int, max_tokens: int) -> Request:
-    """A request as the engine core builds it, generating exactly ``max_tokens`` (EOS ignored)."""
+@functools.cache
+def _block_hasher() -> t.Callable[[Request], list[t.Any]]:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 
+    return get_request_block_hasher(BLOCK_SIZE, sha256)
+
+
+def new_request(request_id: str, prompt_ids: list[int], priority: int, max_tokens: int) -> Request:
+    """A request as the engine core builds it, generating exactly ``max_tokens`` (EOS ignored)."""
     return Request(
         request_id=request_id,
         prompt_token_ids=prompt_ids,
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         pooling_params=None,
         priority=priority,
-        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+        block_hasher=_block_hasher(),
     )
 
 
@@ -240,7 +246,8 @@ def run(
             clock[0] = arrivals[next_online][0] if next_online < len(arrivals) else seconds
             continue
         output = scheduler.schedule()
-        step_s, kind, batch_decodes, batch_prefill = _price(scheduler, output, profile)
+        shape = step_shape(scheduler, output)
+        step_s = max(shape.seconds(profile), 1e-3)  # an empty step still takes the engine loop's turn
         clock[0] = now + step_s
         answer = model_output(scheduler, output)
         counted = clock[0] >= warmup_s
@@ -260,9 +267,9 @@ def run(
         if counted:
             while warmup_s + len(result.at_engine) <= clock[0]:
                 result.at_engine.append(batch_at_engine)
-            result.batch_prefill_tokens += batch_prefill
-            tally = result.steps.setdefault(kind, [0, 0, 0.0])
-            tally[0], tally[1], tally[2] = tally[0] + 1, tally[1] + batch_decodes, tally[2] + 1000 * step_s
+            result.batch_prefill_tokens += shape.batch_prefill
+            tally = result.steps.setdefault("prompt" if shape.prompt else "decode", [0, 0, 0.0])
+            tally[0], tally[1], tally[2] = tally[0] + 1, tally[1] + shape.batch_decodes, tally[2] + 1000 * step_s
         before = set(scheduler.requests)
         scheduler.update_from_output(output, answer)
         finished = before - set(scheduler.requests)
@@ -329,11 +336,27 @@ def _on_profile(cls: type[Scheduler], profile: Profile, model_dir: str, settings
     )
 
 
-def _price(scheduler: Scheduler, output: SchedulerOutput, profile: Profile) -> tuple[float, str, int, int]:
-    """The step's T(P, C, pairs), its kind ("prompt" if an online prompt ran in it, else "decode"), its batch
-    decodes and its batch prefill tokens; each request's context is its KV before the step."""
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """What one scheduled step computes, each request's context being its KV before the step; requests named
+    ``batch-*`` are the batch, the rest online."""
+
+    tokens: int
+    context: int
+    pairs: int
+    prompt: bool  # an online prompt ran in it
+    batch_decodes: int
+    batch_prefill: int
+
+    def seconds(self, profile: Profile) -> float:
+        """T(P, C, pairs) on ``profile``."""
+        return step_seconds(profile, self.tokens, self.context, self.pairs)
+
+
+def step_shape(scheduler: Scheduler, output: SchedulerOutput) -> StepShape:
+    """The shape of the step ``output`` scheduled, read before ``update_from_output`` moves the requests on."""
     tokens = context = pairs = batch_decodes = batch_prefill = 0
-    kind = "decode"
+    prompt = False
     for rid, n in output.num_scheduled_tokens.items():
         request = scheduler.requests[rid]
         before = request.num_computed_tokens - n  # schedule() has already counted the step's tokens
@@ -343,8 +366,8 @@ def _price(scheduler: Scheduler, output: SchedulerOutput, profile: Profile) -> t
             batch_decodes += not prefill
             batch_prefill += n if prefill else 0
         elif prefill:
-            kind = "prompt"
-    return max(step_seconds(profile, tokens, context, pairs), 1e-3), kind, batch_decodes, batch_prefill
+            prompt = True
+    return StepShape(tokens, context, pairs, prompt, batch_decodes, batch_prefill)
 
 
 INFLATIONS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99")

@@ -105,3 +105,8 @@ def deployment_ceiling(profile: str, max_num_seqs: int) -> int:
 
 def log(line: str) -> None:
     click.echo(line, err=True)
+
+
+def numbers(text: str) -> tuple[float, ...]:
+    """A comma-separated option's numbers; blanks skipped."""
+    return tuple(float(x) for x in text.split(",") if x.strip())

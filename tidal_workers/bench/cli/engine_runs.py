@@ -18,6 +18,7 @@ from tidal_workers.bench.cli.common import deployment_ceiling
 from tidal_workers.bench.cli.common import engine_kind_options
 from tidal_workers.bench.cli.common import engine_url_option
 from tidal_workers.bench.cli.common import finish
+from tidal_workers.bench.cli.common import numbers
 from tidal_workers.bench.cli.common import out_option
 from tidal_workers.bench.cli.common import tiny_engine
 
@@ -562,9 +563,9 @@ def virtual(
     model_dir = str(build_tiny(settings.home))
     twin, load, workload = load_profile(profile), ONLINE_LOADS[load_name], BATCH_MIXES[mix].workload()
     engine = dataclasses.replace(twin, max_num_batched_tokens=tau) if tau else twin
-    arms = [vt.Arm(f"inside-{a:g}", batch, a) for a in _floats(alphas)]
-    arms += [vt.Arm(f"vllm-priority-{n:g}", int(n)) for n in _floats(peer_concurrency)]
-    arms += [vt.Arm(f"outside-latency-{a:g}", batch, gate_alpha_set=a) for a in _floats(latency_gate_alphas)]
+    arms = [vt.Arm(f"inside-{a:g}", batch, a) for a in numbers(alphas)]
+    arms += [vt.Arm(f"vllm-priority-{n:g}", int(n)) for n in numbers(peer_concurrency)]
+    arms += [vt.Arm(f"outside-latency-{a:g}", batch, gate_alpha_set=a) for a in numbers(latency_gate_alphas)]
     online_class = oracle.RequestClass.of(workload.online_prompt, workload.online_output)
     batch_class = oracle.RequestClass.of(workload.batch_prompt, workload.batch_output)
 
@@ -602,7 +603,3 @@ def virtual(
         "runs": samples,
     }
     finish("virtual", origin, results, out_dir, summary)
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]

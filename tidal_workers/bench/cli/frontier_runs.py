@@ -14,6 +14,7 @@ from tidal_workers.bench.cli.common import begin
 from tidal_workers.bench.cli.common import deployment_ceiling
 from tidal_workers.bench.cli.common import finish
 from tidal_workers.bench.cli.common import log
+from tidal_workers.bench.cli.common import numbers
 from tidal_workers.bench.cli.common import out_option
 
 
@@ -34,10 +35,6 @@ FULL = Sizes("flat-8,flat-5", "standard,decode-heavy", 180.0, 420.0, 420.0)
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _numbers(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in _names(text))
 
 
 def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
@@ -140,7 +137,7 @@ def frontier(
             ("vllm-priority", peer_concurrency),
         ):
             if given:
-                knobs[technique] = _numbers(given)
+                knobs[technique] = numbers(given)
         plan = fp.FrontierPlan(
             profile=profile,
             loads=_names(loads or sizes.loads),
