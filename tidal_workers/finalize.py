@@ -53,6 +53,8 @@ ROWS = 2000  # most item rows one fetch holds
 FETCH_CHARS = 32 * 2**20
 
 FINALIZE_FAILED = "finalize_failed"
+#: What a body's raw line breaks are written as: CR and LF stand only between JSON's tokens, the rest only in strings.
+LINE_BREAKS = (("\r", " "), ("\n", " "), ("\x85", "\\u0085"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +68,16 @@ def line(item: Item, pending_as: ItemStatus | None = None) -> bytes:
     """One line of an output or error file, in OpenAI's format; a pending item as ``pending_as`` records it.
 
     The engine's body is spliced in as the JSON text it was recorded as (``submit`` checked it parses), never parsed
-    again: a body can be tens of MB. JSON holds no raw line break inside a string, so any there is whitespace, and
-    becomes a space to keep the line one line.
+    again: a body can be tens of MB. JSON holds no raw CR or LF inside a string, so any there is whitespace, and
+    becomes a space to keep the line one line. It does hold U+0085, U+2028 and U+2029 raw inside strings (vLLM writes
+    them so, and a random-weight model's text carries them), where ``str.splitlines`` and the readers built on it cut
+    the line: they are written as their JSON escapes, the same string.
     """
     response = "null"
     if item.response_status is not None:
-        body = (item.response_body or "null").replace("\r", " ").replace("\n", " ")
+        body = item.response_body or "null"
+        for raw, written in LINE_BREAKS:
+            body = body.replace(raw, written)
         request_id = json.dumps(item.request_id or "")
         response = f'{{"status_code": {int(item.response_status)}, "request_id": {request_id}, "body": {body}}}'
     code, message = item.error_code, item.error_message

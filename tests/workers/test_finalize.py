@@ -50,6 +50,21 @@ def test_a_body_is_spliced_in_as_the_engine_wrote_it_never_parsed_again(rt, make
     assert [line["custom_id"] for line in lines] == ["b0-0", "b0-1"]
 
 
+def test_unicode_line_breaks_in_a_body_are_escaped_so_any_line_reader_sees_one_line_per_item(rt, make_batch):
+    """vLLM writes U+0085, U+2028 and U+2029 raw inside a JSON string; ``str.splitlines`` cuts there, and a CI run's
+    output file (a random-weight model's text) once read as a cut, unparseable line."""
+    batch = make_batch(2, enqueue=False)
+    text = "a\x85b\u2028c\u2029d"
+    answer(rt, batch, [json.dumps({"text": text}, ensure_ascii=False), '{"text": "plain"}'])
+    assert finalize.perform_finalize(rt, batch)
+    raw = rt.blobs.read_bytes(_output_blob(rt, batch)).decode()
+    assert len(raw.splitlines()) == 2 and "\\u2028" in raw
+    assert [line["response"]["body"]["text"] for line in file_lines(rt, batch_row(rt, batch).output_file_id)] == [
+        text,
+        "plain",
+    ]
+
+
 def test_a_lines_id_tells_nothing_of_the_fleet_and_is_the_same_at_every_attempt(rt, make_batch):
     """``batch_req_`` ids were the item's row id, which counts every tenant's items (review L8); now a hash of the
     batch's id and the line, so two finalizes of the same batch write the same ids."""
