@@ -2,9 +2,9 @@
 
 Each point of the plan (frontier_plan.py) is one window on the timed twin:
 
-1. The online load starts with its lead-in (the same rate, unmeasured), then the batch: through a private Tidal
-   (outside, inside) or straight to vLLM at the lowest priority (vllm-priority), or every slot of the engine
-   (ceiling).
+1. The online load starts with its lead-in (the same rate, unmeasured), then, ``BATCH_LEAD_S`` later, the batch:
+   through a private Tidal (outside, inside) or straight to vLLM at the lowest priority (vllm-priority), or every
+   slot of the engine (ceiling).
 2. A sampler reads the engine's /metrics and the arm's own counts every second: batch requests at the engine (the
    gate's ``tidal_gate_engine_outstanding``, the lanes in flight, or the engine's running requests for the ceiling)
    and batch completions. The window opens once the batch's admission has settled (``steady.admission``), or at
@@ -79,6 +79,11 @@ LEAD_S = 0.5  # between deciding a window opens and its first measured arrival
 DECIDE_AHEAD_S = 2.0  # a window's length is decided this long before its planned end, so no arrival is sent past it
 FLOWING_TIMEOUT_S = 180.0  # a Tidal's first completed item: worker start, ingest, a whole first request
 LEAD_IN_MARGIN_S = FLOWING_TIMEOUT_S + 60.0  # online lead-in beyond settle_max_s: the batch's start up
+# Online alone this long before the batch is sent, as a batch meets a live engine: sent first, it found an engine with
+# no online work, where TidalScheduler admits batch into every slot (all 185 of the gate's requests prefilled at once,
+# then drained at the mix's output pace: 300 s and more to settle). At 5-8/s the online running count is near its
+# level by then.
+BATCH_LEAD_S = 10.0
 IDLE_TIMEOUT_S = 300.0
 
 Log = t.Callable[[str], None]
@@ -335,8 +340,7 @@ class Frontier:
         def counts(_reading: engine_stats.Reading) -> dict[str, float]:
             return {"at_engine": float(lanes.counts.inflight), "completions": float(lanes.counts.done)}
 
-        with lanes:
-            body = self._coserved(point, engine, prompts, counts)
+        body = self._coserved(point, engine, prompts, counts, lanes)
         engine_stats.wait_idle(engine.url, timeout=IDLE_TIMEOUT_S)
         return {**body, "knob": {"concurrency": point.knob, "priority": PRIORITY_MAX}}
 
@@ -379,8 +383,6 @@ class Frontier:
                 extra_env=gate_env,
                 redis_db=self.redis_db,
             ) as stack:
-                stack.submit(bodies)
-
                 plugin_url = engine.plugin_metrics_url
 
                 def counts(_reading: engine_stats.Reading) -> dict[str, float]:
@@ -400,7 +402,8 @@ class Frontier:
 
                 plugin_before = engine_stats.read_plugin(plugin_url) if plugin_url else None
                 cpu_before, cpu_began = stack.worker_cpu_seconds(), time.monotonic()
-                body = self._coserved(point, engine, prompts, counts, flowing=stack.wait_until_flowing)
+                submitted = _submitted(stack.submit, bodies)
+                body = self._coserved(point, engine, prompts, counts, submitted, flowing=stack.wait_until_flowing)
                 elapsed = time.monotonic() - cpu_began
                 body["worker_cpu_cores"] = (stack.worker_cpu_seconds() - cpu_before) / elapsed  # the whole point
                 if plugin_url and plugin_before is not None:  # the plugin's counters over the whole point
@@ -438,9 +441,11 @@ class Frontier:
         engine: BenchEngine,
         prompts: Prompts,
         counts: Counts,
+        batch: t.ContextManager[object],
         flowing: t.Callable[..., None] | None = None,
     ) -> dict[str, t.Any]:
-        """The lead-in, the batch flowing (``flowing`` blocks until it does), settling, the window."""
+        """The lead-in, then the batch (entered ``BATCH_LEAD_S`` after it and left once the online answers are in),
+        flowing (``flowing`` blocks until it does), settling, the window."""
         online_trace = self.trace(point)
         lead_in, measured = online_trace.requests(prompts)
         trace_kind = ONLINE_LOADS[str(point.load)].trace
@@ -449,9 +454,12 @@ class Frontier:
         with (
             tempfile.TemporaryDirectory(prefix="tidal-frontier-") as tmp,
             _client(Path(tmp), engine, measured, lead_in) as client,
+            contextlib.ExitStack() as batch_flows,
         ):
             lead_opens = time.monotonic() + LEAD_S
             client.start(lead_opens)
+            _sleep_until(lead_opens + self.k * BATCH_LEAD_S)
+            batch_flows.enter_context(batch)
             flowed = True
             if flowing is not None:
                 try:
@@ -494,6 +502,12 @@ def _client(
         yield client
     finally:
         client.kill()  # a no-op once it has ended; a phase given up stops its load
+
+
+@contextlib.contextmanager
+def _submitted(submit: t.Callable[[list[dict]], str], bodies: list[dict]) -> t.Iterator[str]:
+    """The batch submitted on entry; a Tidal's batch is cancelled with its stack, not here."""
+    yield submit(bodies)
 
 
 def window_length(window_s: float, longest_s: float, completions: float, after_s: float) -> float:
