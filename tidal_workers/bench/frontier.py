@@ -266,6 +266,8 @@ class Frontier:
         head: dict[str, t.Any] = {
             "utc_start": provenance.utc_now(),
             "load_average_start": provenance.load_average(),
+            "machine": provenance.machine(),
+            "git_commit": provenance.git_commit(),
             "profile": self.plan.profile,
             "profile_hash": oracle.profile_hash(self.profile),
             "twin_profile": self.plan.twin_profile,

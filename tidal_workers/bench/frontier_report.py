@@ -5,7 +5,8 @@ Per point:
 - its verdict (``verdict``): the steady-window rules (steady.judge; no drift rule on a diurnal or a step load, and
   no prefill-ratio rule on a step, which moves the batch on purpose) on the
   window's samples, plus the point's own: the batch's admission had not settled when the window opened, the
-  backlog ran out, online requests failed, or its block's online-alone window is itself invalid. An invalid point
+  backlog ran out, online requests failed, its block's online-alone window is itself invalid or ran on another
+  machine (where both record theirs: a resumed run's points can come from another VM). An invalid point
   is listed with every reason and left out of every aggregate;
 - harvest: batch generated tokens/s in the window, with a 95 % interval from its 10-s blocks resampled;
 - inflation: each online TTFT and TBT percentile (p50, p99) over the same percentile in its block's online-alone
@@ -99,6 +100,9 @@ def verdict(record: Record, plan: FrontierPlan, baseline: Record | None) -> stea
         reasons += _online_reasons(record)
         if baseline is not None and not verdict(baseline, plan, None).valid:
             reasons.append("its block's online-alone window is invalid")
+        ran, alone = record.get("machine"), baseline.get("machine") if baseline is not None else None
+        if ran and alone and ran != alone:  # the host's share of every step differs, and the inflation with it
+            reasons.append(f"ran on {ran}, its block's online-alone window on {alone}")
     return dataclasses.replace(judged, valid=not reasons, reasons=tuple(reasons))
 
 

@@ -45,7 +45,24 @@ def vllm_version() -> str | None:
 
 
 def machine() -> str:
-    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
+    return (
+        f"{platform.node()} {platform.machine()} {cpu_model()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def cpu_model() -> str:
+    """The processor's name (Linux's /proc/cpuinfo), which tells one VM class from another: on the 2-core VMs the
+    same twin point's host time between steps was 6.2 ms on an Intel Xeon and 7.3 ms on an AMD EPYC."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown processor"
 
 
 def load_average() -> list[float]:

@@ -171,6 +171,20 @@ def test_a_point_whose_online_alone_window_is_invalid_is_invalid_too():
     assert "its block's online-alone window is invalid" in rows[fp.COSERVED]["reasons"]
 
 
+def test_a_point_run_on_another_machine_than_its_online_alone_window_is_invalid():
+    alone, co = record(point(fp.ONLINE_ALONE)), record(point(fp.COSERVED))
+    assert rows_of([alone, co])[fp.COSERVED]["valid"]  # neither recorded its machine (points before 2026-12-05)
+    alone["machine"] = co["machine"] = "vm x86_64 AMD EPYC, 2 cores, Python 3.11.7"
+    assert rows_of([alone, co])[fp.COSERVED]["valid"]
+    alone["machine"] = "vm x86_64 Intel(R) Xeon(R) CPU, 2 cores, Python 3.11.7"
+    row = rows_of([alone, co])[fp.COSERVED]
+    assert not row["valid"]
+    assert row["reasons"] == [
+        "ran on vm x86_64 AMD EPYC, 2 cores, Python 3.11.7, its block's online-alone window on "
+        "vm x86_64 Intel(R) Xeon(R) CPU, 2 cores, Python 3.11.7"
+    ]
+
+
 def test_a_point_without_its_online_alone_window_has_no_e():
     row = fr.Report(PLAN, [record(point(fp.COSERVED))]).rows()[0]
     assert not row["valid"] and "E" not in row
