@@ -458,10 +458,7 @@ class Frontier:
             _client(Path(tmp), engine, measured, lead_in) as client,
             contextlib.ExitStack() as batch_flows,
         ):
-            lead_opens = time.monotonic() + LEAD_S
-            client.start(lead_opens)
-            _sleep_until(lead_opens + self.k * BATCH_LEAD_S)
-            batch_flows.enter_context(batch)
+            lead_opens = _online_then_batch(client, batch_flows, batch, self.k * BATCH_LEAD_S)
             flowed = True
             if flowing is not None:
                 try:
@@ -504,6 +501,18 @@ def _client(
         yield client
     finally:
         client.kill()  # a no-op once it has ended; a phase given up stops its load
+
+
+def _online_then_batch(
+    client: OnlineClient, batch_flows: contextlib.ExitStack, batch: t.ContextManager[object], lead_s: float
+) -> float:
+    """Start the online lead-in, and ``lead_s`` after it enter ``batch`` on ``batch_flows``; returns when the
+    lead-in opened."""
+    lead_opens = time.monotonic() + LEAD_S
+    client.start(lead_opens)
+    _sleep_until(lead_opens + lead_s)
+    batch_flows.enter_context(batch)
+    return lead_opens
 
 
 @contextlib.contextmanager

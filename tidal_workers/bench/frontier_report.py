@@ -98,11 +98,12 @@ def verdict(record: Record, plan: FrontierPlan, baseline: Record | None) -> stea
             reasons.append(f"the backlog of {record['backlog_submitted']} items ran out")
     if kind == COSERVED:
         reasons += _online_reasons(record)
-        if baseline is not None and not verdict(baseline, plan, None).valid:
-            reasons.append("its block's online-alone window is invalid")
-        ran, alone = record.get("machine"), baseline.get("machine") if baseline is not None else None
-        if ran and alone and ran != alone:  # the host's share of every step differs, and the inflation with it
-            reasons.append(f"ran on {ran}, its block's online-alone window on {alone}")
+        if baseline is not None:
+            if not verdict(baseline, plan, None).valid:
+                reasons.append("its block's online-alone window is invalid")
+            ran, alone = record.get("machine"), baseline.get("machine")
+            if ran and alone and ran != alone:  # the host's share of every step differs, and the inflation with it
+                reasons.append(f"ran on {ran}, its block's online-alone window on {alone}")
     return dataclasses.replace(judged, valid=not reasons, reasons=tuple(reasons))
 
 

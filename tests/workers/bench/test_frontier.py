@@ -4,7 +4,10 @@ reaching settle()."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
+import typing as t
 
 import pytest
 
@@ -119,3 +122,23 @@ def test_a_time_scaled_plan_stretches_the_trace_and_tidal_s_control_periods_and_
     assert run.settings.scrape_seconds == 2 * settings.scrape_seconds
     assert run.settings.sched_max_park_seconds == 2 * settings.sched_max_park_seconds
     assert run.settings.sched_tbt_slo_ms == 2 * settings.sched_tbt_slo_ms
+
+
+def test_the_batch_is_entered_only_after_the_online_lead_in_started_and_its_lead_passed():
+    """Sent first, the batch met an engine with no online work, where TidalScheduler admits it into every slot."""
+    events: list[tuple[str, float]] = []
+
+    class Client:  # the one call _online_then_batch makes of an OnlineClient
+        def start(self, at: float) -> None:
+            events.append(("online", at))
+
+    @contextlib.contextmanager
+    def batch() -> t.Iterator[None]:
+        events.append(("batch", time.monotonic()))
+        yield
+
+    with contextlib.ExitStack() as flows:
+        opens = frontier._online_then_batch(Client(), flows, batch(), 0.3)  # type: ignore[arg-type]
+    assert [name for name, _ in events] == ["online", "batch"]
+    assert events[0][1] == opens
+    assert events[1][1] >= opens + 0.3
