@@ -138,24 +138,48 @@ def paired_quantile_ratios(
     """Per quantile: quantile of ``co``'s samples ÷ the same of ``base``'s, with a 95 % interval from resampling
     the requests (request i of each is the same request of one trace, sent in two arms). None where either arm
     has no samples. ``reps`` in the result is the number of requests. Quantiles interpolate as ``percentile``."""
-    if len(base) != len(co):
+    return paired_quantile_products([base, co], [-1, 1], quantiles, resamples=resamples, seed=seed)
+
+
+def paired_quantile_products(
+    arms: t.Sequence[t.Sequence[t.Sequence[float]]],
+    powers: t.Sequence[int],
+    quantiles: t.Sequence[float],
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> list[Interval | None]:
+    """Per quantile: the product over arms of (the arm's quantile) ** its power, with a 95 % interval from
+    resampling the requests jointly: request i of every arm is the same request of one trace. Powers -1 and 1 give
+    a ratio; four arms with -1, 1, 1, -1 a ratio of two inflations over the same trace (two runs, each with its
+    own online-alone baseline), whose correlation through the shared requests the joint resampling keeps. None where
+    an arm has no samples; ``reps`` is the number of requests."""
+    if len(arms) != len(powers):
+        raise ValueError("one power per arm")
+    if len({len(arm) for arm in arms}) > 1:
         raise ValueError("paired arms must hold the same requests")
-    n = len(base)
-    arms = [_Arm.of(arm) for arm in (base, co)]
-    if any(len(arm.values) == 0 for arm in arms):
+    n = len(arms[0])
+    sorted_arms = [_Arm.of(arm) for arm in arms]
+    if any(len(arm.values) == 0 for arm in sorted_arms):
         return [None] * len(quantiles)
     qs = np.asarray(quantiles, float)
-    ones = np.ones(n, int)
-    value = t.cast(np.ndarray, arms[1].quantiles(ones, qs)) / t.cast(np.ndarray, arms[0].quantiles(ones, qs))
+    exponents = np.asarray(powers, float)[:, None]
+
+    def product(counts: np.ndarray) -> np.ndarray | None:
+        found = [arm.quantiles(counts, qs) for arm in sorted_arms]
+        if any(q is None for q in found):
+            return None
+        return t.cast(np.ndarray, np.prod(np.asarray(found, float) ** exponents, axis=0))
+
+    value = t.cast(np.ndarray, product(np.ones(n, int)))
     rng = np.random.default_rng(seed)
-    ratios = np.full((resamples, len(qs)), np.nan)
+    products = np.full((resamples, len(qs)), np.nan)
     for i in range(resamples):
-        counts = np.bincount(rng.integers(0, n, n), minlength=n)
-        b, c = arms[0].quantiles(counts, qs), arms[1].quantiles(counts, qs)
-        if b is not None and c is not None:
-            ratios[i] = c / b
+        drawn = product(np.bincount(rng.integers(0, n, n), minlength=n))
+        if drawn is not None:
+            products[i] = drawn
     tail = (1 - CONFIDENCE) / 2
-    low, high = np.nanquantile(ratios, [tail, 1 - tail], axis=0)
+    low, high = np.nanquantile(products, [tail, 1 - tail], axis=0)
     return [Interval(float(v), float(lo), float(hi), n) for v, lo, hi in zip(value, low, high, strict=True)]
 
 

@@ -148,10 +148,29 @@ def ratio_interval(
     Prefill per generated token (prefill, generated), or a rate (tokens, seconds)."""
     if len(numerators) < 3:
         return None
+    return _bounds(_resampled(numerators, denominators, np.random.default_rng(seed), resamples))
+
+
+def ratio_of_ratios_interval(
+    arm: tuple[np.ndarray, np.ndarray], base: tuple[np.ndarray, np.ndarray], resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float] | None:
+    """The 95 % interval of one window's Σ numerators ÷ Σ denominators over another's (a rate in two runs), each
+    window's blocks resampled on their own: two windows share no blocks. None where either has under 3 blocks."""
+    if min(len(arm[0]), len(base[0])) < 3:
+        return None
     rng = np.random.default_rng(seed)
+    return _bounds(_resampled(*arm, rng, resamples) / _resampled(*base, rng, resamples))
+
+
+def _resampled(
+    numerators: np.ndarray, denominators: np.ndarray, rng: np.random.Generator, resamples: int
+) -> np.ndarray:
     picks = rng.integers(0, len(numerators), (resamples, len(numerators)))
     num, den = numerators[picks].sum(axis=1), denominators[picks].sum(axis=1)
-    ratios = np.divide(num, den, out=np.full(resamples, np.inf), where=den > 0)
+    return np.divide(num, den, out=np.full(resamples, np.inf), where=den > 0)
+
+
+def _bounds(ratios: np.ndarray) -> tuple[float, float]:
     tail = (1 - CONFIDENCE) / 2
     low, high = np.quantile(ratios, [tail, 1 - tail])
     return float(low), float(high)

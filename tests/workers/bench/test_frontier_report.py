@@ -9,7 +9,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from tests.support.bench_helpers import STEADY
 from tests.support.bench_helpers import frontier_plan
+from tests.support.bench_helpers import online_records
+from tests.support.bench_helpers import point
+from tests.support.bench_helpers import record
 from tidal_workers.bench import efficiency
 from tidal_workers.bench import frontier_plan as fp
 from tidal_workers.bench import frontier_report as fr
@@ -19,70 +23,11 @@ from tidal_workers.bench.cli import bench
 pytestmark = pytest.mark.no_sql
 
 PLAN = frontier_plan(techniques=("outside",), knobs={"outside": (8,)}, reps=3)
-STEADY = fr.steady_ratio("standard")
-
-
-def online_records(slow: float, n: int = 300) -> list[dict]:
-    """``n`` requests, TTFT 0.1 s and a token every 30 ms, ``slow`` times slower; a spread so percentiles differ."""
-    out = []
-    for i in range(n):
-        ttft, gap = slow * (0.1 + 0.0005 * i), slow * (0.03 + 0.00002 * i)
-        out.append(
-            {
-                "at": i * 0.125,
-                "late": 0.0,
-                "error": None,
-                "prompt_tokens": 300,
-                "chunks": [[ttft + k * gap, k + 1] for k in range(20)],
-            }
-        )
-    return out
-
-
-def record(
-    point: fp.Point,
-    *,
-    tokens_per_s: float = 400.0,
-    ratio: float = STEADY,
-    completions_per_s: float = 2.0,
-    level: float = 40.0,
-    slow: float = 1.3,
-    settled: bool = True,
-    overruns: float = 0.01,
-) -> dict:
-    """A point's record as frontier.py writes it: 160 s of samples, the window 20-140 s."""
-    rows = [[float(i), level, completions_per_s * i, ratio * tokens_per_s * i, tokens_per_s * i] for i in range(161)]
-    out = {
-        "point": point.as_dict(),
-        "samples": rows,
-        "window": {
-            "opens": 20.0,
-            "closes": 140.0,
-            "settle_s": 60.0,
-            "admission": {"settled": settled, "level": level, "since": 0.0, "turnover": 50.0},
-        },
-        "steps": {"overrun_share": overruns},
-        "knob": {},
-    }
-    if point.kind != fp.CEILING:
-        records = online_records(1.0 if point.kind == fp.ONLINE_ALONE else slow)
-        out["online"] = {"summary": samples.summary(records), "records": records}
-    if point.kind == fp.COSERVED:
-        out["backlog_submitted"] = 5000
-    return out
 
 
 def rows_of(records: list[dict]) -> dict[str, dict]:
     """The report's rows by kind (one point of each kind)."""
     return {r["kind"]: r for r in fr.Report(PLAN, records).rows()}
-
-
-def point(kind: str, rep: int = 0, knob: float = 8) -> fp.Point:
-    if kind == fp.CEILING:
-        return fp.Point(kind, "standard", 0)
-    if kind == fp.ONLINE_ALONE:
-        return fp.Point(kind, "standard", rep, "flat-8")
-    return fp.Point(kind, "standard", rep, "flat-8", "outside", knob)
 
 
 def test_a_steady_point_gets_its_harvest_inflations_and_e():

@@ -19,6 +19,7 @@ def bench() -> None:
 for command in (
     engine_runs.harvest,
     frontier_runs.frontier,
+    frontier_runs.frontier_compare,
     engine_runs.gate,
     stack_runs.load,
     stack_runs.fleet,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import typing as t
+from pathlib import Path
 
 import click
 
@@ -169,6 +170,38 @@ def frontier(
     (out_dir / "frontier.md").write_text(text + "\n")
     figure = frontier_report.plot(report, results, out_dir / "frontier.png")
     finish("frontier", origin, results, out_dir, text, [out_dir / "frontier.md", figure])
+
+
+@click.command()
+@click.argument("base", type=click.Path(exists=True, file_okay=False))
+@click.argument("arm", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--tolerance", default=0.1, show_default=True, help="A ratio holds when its interval lies inside 1 ± this."
+)
+@out_option("frontier-compare")
+def frontier_compare(base: str, arm: str, tolerance: float, out: str) -> None:
+    """ARM ÷ BASE of every figure of two `tidal bench frontier` run directories, point by point, with 95 % intervals
+    (frontier_compare.py): the time-scale check (issue 35, item 8: a run at --time-scale 2 over one at 1) or a change
+    to a technique. docs/benchmarks.md."""
+    from tidal_workers.bench import frontier_compare as fc
+    from tidal_workers.bench import frontier_plan as fp
+    from tidal_workers.bench import frontier_report
+
+    out_dir, origin = begin("frontier-compare", out)
+    reports = []
+    for path in (base, arm):
+        run = fp.RunDir(Path(path))
+        reports.append(frontier_report.Report(fp.FrontierPlan(**run.plan()), run.records()))
+    entries = fc.compare(reports[0], reports[1], tolerance)
+    text = fc.table(entries, tolerance)
+    (out_dir / "compare.md").write_text(text + "\n")
+    results = {
+        "base": {"path": base, "plan": reports[0].plan.as_dict()},
+        "arm": {"path": arm, "plan": reports[1].plan.as_dict()},
+        "tolerance": tolerance,
+        "points": entries,
+    }
+    finish("frontier-compare", origin, results, out_dir, text, [out_dir / "compare.md"])
 
 
 def _measure(plan: t.Any, run: t.Any, max_num_seqs: int) -> None:
