@@ -37,7 +37,7 @@ TOLERANCE = 0.10  # item 8: a ratio's interval inside [0.9, 1.1]
 def compare(base: Report, arm: Report, tolerance: float = TOLERANCE) -> list[dict[str, t.Any]]:
     """One entry per point measured in both runs (co-served and online alone), in the arm's plan order."""
     entries = []
-    for name in _plan_order(arm):
+    for name in (p.name for p in arm.plan.points()):
         other, record = base.by_name.get(name), arm.by_name.get(name)
         if other is None or record is None:
             continue
@@ -73,10 +73,6 @@ def table(entries: list[dict[str, t.Any]], tolerance: float = TOLERANCE) -> str:
             ratio = f"{judged['value']:.3f} [{judged['low']:.3f}, {judged['high']:.3f}]"
             lines.append(f"| {entry['name']} | {figure} | {ratio} | {'yes' if judged['within'] else 'no'} | {valid} |")
     return "\n".join(lines)
-
-
-def _plan_order(report: Report) -> list[str]:
-    return [p.name for p in report.plan.points()]
 
 
 def _valid(report: Report, record: Record) -> bool:

@@ -209,7 +209,7 @@ class RunDir:
         path = self.root / "plan.json"
         wanted = plan.as_dict()
         if path.exists():
-            held = {**_defaults(), **json.loads(path.read_text())}  # a plan written before a field was added
+            held = self._plan_fields()
             if held != wanted:
                 keys = sorted(k for k in {*held, *wanted} if held.get(k) != wanted.get(k))
                 raise PlanMismatch(
@@ -219,8 +219,13 @@ class RunDir:
             return
         _write(path, wanted)
 
-    def plan(self) -> dict[str, t.Any]:
-        return json.loads((self.root / "plan.json").read_text())
+    def plan(self) -> FrontierPlan:
+        """The plan the run here was started with."""
+        return FrontierPlan(**self._plan_fields())
+
+    def _plan_fields(self) -> dict[str, t.Any]:
+        """plan.json's fields, and a field added since at its default (what a plan written before it meant)."""
+        return {**_defaults(), **json.loads((self.root / "plan.json").read_text())}
 
     def path(self, point: Point) -> Path:
         return self.points_dir / f"{point.name}.json"

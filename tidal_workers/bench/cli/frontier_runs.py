@@ -126,7 +126,7 @@ def frontier(
     out_dir, origin = begin("frontier", out)
     run = fp.RunDir(out_dir)
     if report_only:
-        plan = fp.FrontierPlan(**run.plan())
+        plan = run.plan()
     else:
         sizes = QUICK if quick else FULL
         chosen = _names(techniques)
@@ -191,7 +191,7 @@ def frontier_compare(base: str, arm: str, tolerance: float, out: str) -> None:
     reports = []
     for path in (base, arm):
         run = fp.RunDir(Path(path))
-        reports.append(frontier_report.Report(fp.FrontierPlan(**run.plan()), run.records()))
+        reports.append(frontier_report.Report(run.plan(), run.records()))
     entries = fc.compare(reports[0], reports[1], tolerance)
     text = fc.table(entries, tolerance)
     (out_dir / "compare.md").write_text(text + "\n")
