@@ -96,7 +96,8 @@ class Transient(Exception):
         self.failure = failure
 
 
-def _failure(exc: requests.RequestException) -> Failure:
+def failure_of(exc: requests.RequestException) -> Failure:
+    """What an engine call's exception says: refused (nothing listens), timed out, or broken."""
     if isinstance(exc, requests.ConnectionError) and not isinstance(exc, requests.Timeout):
         reason = getattr(exc.args[0], "reason", None) if exc.args else None
         return Failure.REFUSED if isinstance(reason, urllib3.exceptions.NewConnectionError) else Failure.BROKEN
@@ -199,7 +200,7 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int, tenant:
         ) as resp:
             raw, tail, size = read_capped(resp.iter_content(TAIL_BYTES), s.max_response_bytes)
     except requests.RequestException as exc:
-        raise Transient(_failure(exc), f"{type(exc).__name__}: {exc}") from exc
+        raise Transient(failure_of(exc), f"{type(exc).__name__}: {exc}") from exc
     if resp.status_code == 429 or resp.status_code >= 500:
         failure = Failure.BUSY if resp.status_code == 429 else Failure.SERVER_ERROR
         said = (raw or tail)[:200].decode("utf-8", "replace")

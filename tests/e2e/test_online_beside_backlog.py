@@ -54,7 +54,7 @@ def test_online_requests_beside_a_gated_backlog_never_wait(tiny_plugin_engine):
             usages.append(response.json()["usage"])
     after = engine_stats.read_plugin(engine.plugin_metrics_url)
     delta = {name: after[name] - before.get(name, 0.0) for name in after}
-    print(f"plugin accounting beside the gated backlog: {delta}")
+    print(f"plugin accounting beside the gated backlog: {delta}; batch requests resent: {backlog.resent}")
 
     assert not backlog.errors, backlog.errors[:3]
     assert backlog.completed >= inflight

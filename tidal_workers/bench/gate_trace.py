@@ -20,11 +20,13 @@ from pathlib import Path
 import requests
 
 from tidal_workers.bench.stats import percentile
+from tidal_workers.execute import failure_of
 from tidal_workers.gate import AimdGate
 from tidal_workers.gate import Gate
 from tidal_workers.gate import MetricsError
 from tidal_workers.gate import parse_metrics
 from tidal_workers.policy.aimd import HALVE
+from tidal_workers.policy.outage import Failure
 
 if t.TYPE_CHECKING:
     from config import Settings
@@ -81,7 +83,8 @@ class Trickle:
     """Batch requests kept in flight up to ``gate.poll(now, inflight)``, from a thread, until closed.
 
     Like the claim loop, it never cancels: when the target falls, it sends
-    nothing until in-flight requests drain below it.
+    nothing until in-flight requests drain below it. A request whose connection
+    dropped is sent again once (``resent``); what still fails is in ``errors``.
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class Trickle:
         self.inflight = 0
         self.completed = 0
         self.errors: list[str] = []
+        self.resent = 0  # requests sent again after a dropped connection
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_lanes, thread_name_prefix="trickle")
@@ -119,15 +123,28 @@ class Trickle:
 
     def _send(self) -> None:
         try:
-            resp = self._session.post(self.url, json=self.body, timeout=120)
+            resp = self._post()
             if resp.status_code != 200:
                 self.errors.append(f"http {resp.status_code}: {resp.text[:200]}")
         except requests.RequestException as exc:
-            self.errors.append(type(exc).__name__)
+            self.errors.append(f"{type(exc).__name__}: {exc}")
         finally:
             with self._lock:
                 self.inflight -= 1
                 self.completed += 1
+
+    def _post(self) -> requests.Response:
+        """One request, sent again once if its pooled connection dropped before an answer (a keep-alive connection
+        the server closed as it was reused): as a worker resends an item whose engine call broke (execute.py), it
+        loses nothing. A second drop, a refusal or a timeout is an error."""
+        try:
+            return self._session.post(self.url, json=self.body, timeout=120)
+        except requests.RequestException as exc:
+            if failure_of(exc) is not Failure.BROKEN:
+                raise
+            with self._lock:
+                self.resent += 1
+            return self._session.post(self.url, json=self.body, timeout=120)
 
     def _run(self) -> None:
         while not self._stop.is_set():
