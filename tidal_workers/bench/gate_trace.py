@@ -134,9 +134,9 @@ class Trickle:
                 self.completed += 1
 
     def _post(self) -> requests.Response:
-        """One request, sent again once if its pooled connection dropped before an answer (a keep-alive connection
-        the server closed as it was reused): as a worker resends an item whose engine call broke (execute.py), it
-        loses nothing. A second drop, a refusal or a timeout is an error."""
+        """One request, sent again once if the call broke before an answer (``failure_of``: the worker's own reading
+        of an engine call's exception), as a worker resends such an item: it loses nothing. A second break, a
+        refusal or a timeout is an error."""
         try:
             return self._session.post(self.url, json=self.body, timeout=120)
         except requests.RequestException as exc:
