@@ -113,8 +113,8 @@ class SchedulerSettings:
         le=1,
     )
     sched_alpha_set: float = _setting(
-        0.0,
-        "TidalScheduler: the budget multiplier, how much online latency batch work may add. Above 1, each step with online traffic may take at most this times T̂(its online work alone), each batch decode priced by its own KV read and the rest of the batch parked (docs/engine.md, the relative budget); the TBT SLO less its guard stays a ceiling. 0: the absolute budget alone (the TBT SLO less its guard).",
+        1.1,
+        "TidalScheduler: the budget multiplier, how much online latency batch work may add. Above 1, each step with online traffic may take at most this times T̂(its online work alone), each batch decode priced by its own KV read and the rest of the batch parked (docs/engine.md, the relative budget); the TBT SLO less its guard stays a ceiling. 1.1: the largest the frontier measured whose online inflation stayed within 1.15× on every workload (docs/engine.md, the shipped α). 0: the absolute budget alone (the TBT SLO less its guard).",
         ge=0,
     )
     sched_profile: str = _setting(

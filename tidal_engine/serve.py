@@ -314,8 +314,6 @@ def start_twin(
     Like ``start_tiny``, TidalScheduler's ``TIDAL_SCHED_*`` settings travel with it; unless they name a profile,
     the plugin prices a relative budget on the twin's own (``TIDAL_SCHED_PROFILE``).
     """
-    if tidal_scheduler and not settings.sched_profile:
-        settings = settings.replace(sched_profile=profile)
     options = twin_options(
         settings,
         profile,
@@ -326,4 +324,12 @@ def start_twin(
         kv_pool_tokens=kv_pool_tokens,
         extra_args=extra_args,
     )
-    return start_engine(options, log_path=log_path, env=scheduler_env(settings))
+    return start_engine(options, log_path=log_path, env=twin_scheduler_env(settings, profile))
+
+
+def twin_scheduler_env(settings: SchedulerSettings, profile: str) -> dict[str, str]:
+    """TidalScheduler's settings for a twin of ``profile``: unless they name a profile, the relative budget prices
+    steps with the twin's own (its knee is what a small α buys; the rolling linear fit has none)."""
+    if not settings.sched_profile:
+        settings = dataclasses.replace(settings, sched_profile=profile)
+    return scheduler_env(settings)

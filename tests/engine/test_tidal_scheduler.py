@@ -23,6 +23,7 @@ from tidal_engine.metrics import Mode
 from tidal_engine.scheduler import PROMPT_STEP_SHARE
 from tidal_engine.scheduler import TidalAsyncScheduler
 from tidal_engine.scheduler import TidalScheduler
+from tidal_engine.serve import twin_scheduler_env
 from tidal_engine.twin import load_profile
 from tidal_workers.bench.virtual import step_shape
 
@@ -75,9 +76,10 @@ def test_online_first_and_never_displaced(make_scheduler):
 
 @pytest.mark.parametrize("schedule_ahead", [False, True], ids=["sync", "async-schedule-ahead"])
 def test_the_model_cap_is_respected(make_scheduler, schedule_ahead):
-    """Also on TidalAsyncScheduler in the async engine's order: each step planned before the last one's output."""
+    """The absolute budget (TIDAL_SCHED_ALPHA_SET=0). Also on TidalAsyncScheduler in the async engine's order: each
+    step planned before the last one's output."""
     cls = TidalAsyncScheduler if schedule_ahead else TidalScheduler
-    s = make_scheduler(cls, settings=settings(), async_scheduling=schedule_ahead)
+    s = make_scheduler(cls, settings=settings(sched_alpha_set=0), async_scheduling=schedule_ahead)
     step = ScheduleAhead(s).step if schedule_ahead else functools.partial(run_step, s)
     teach(s)
     assert s.latency.fit.r2 > 0.99
@@ -98,8 +100,12 @@ def test_the_model_cap_is_respected(make_scheduler, schedule_ahead):
     assert s.last_plan.batch_cap < 750 - 100
 
 
-def test_low_r2_falls_back_to_the_static_cap(make_scheduler):
-    s = make_scheduler(TidalScheduler, settings=settings(sched_window=300))
+@pytest.mark.parametrize("alpha_set", [1.1, 0], ids=["shipped-relative", "absolute"])
+def test_low_r2_falls_back_to_the_static_cap(make_scheduler, alpha_set):
+    """With no profile named, the shipped relative budget prices steps with the trusted fit, as the absolute one
+    does; an untrusted fit leaves both on the static cap."""
+    s = make_scheduler(TidalScheduler, settings=settings(sched_window=300, sched_alpha_set=alpha_set))
+    assert s.profile_costs is None
     teach(s, noise_s=0.2)  # the fit explains little of the variance
     assert s.latency.fit.r2 < 0.85
     s.add_request(make_request("online", 50, priority=0, max_tokens=4))
@@ -110,7 +116,7 @@ def test_low_r2_falls_back_to_the_static_cap(make_scheduler):
 
     teach(s)  # a window of clean steps restores trust
     run_step(s)
-    assert s.last_plan.mode is Mode.MODEL
+    assert s.last_plan.mode is (Mode.RELATIVE if alpha_set else Mode.MODEL)
 
 
 def test_parked_batch_requests_keep_their_slots(make_scheduler):
@@ -335,6 +341,16 @@ A6000 = "qwen2.5-7b@a6000"
 
 def relative(alpha: float = 1.2, **changes):
     return settings(sched_alpha_set=alpha, sched_profile=A6000, **changes)
+
+
+def test_the_shipped_budget_is_relative_and_a_twin_prices_it_with_its_own_profile():
+    """α_set 1.1 ships (docs/engine.md, the shipped α); `tidal engine twin` and the benches' twins alike hand the
+    plugin their profile unless the settings name one."""
+    shipped = load_settings()
+    assert shipped.sched_alpha_set == 1.1 and not shipped.sched_profile
+    env = twin_scheduler_env(shipped, A6000)
+    assert (env["TIDAL_SCHED_ALPHA_SET"], env["TIDAL_SCHED_PROFILE"]) == ("1.1", A6000)
+    assert twin_scheduler_env(shipped.replace(sched_profile="other@gpu"), A6000)["TIDAL_SCHED_PROFILE"] == "other@gpu"
 
 
 def arrive(s, prefix: str, count: int, prompt: int, priority: int, max_tokens: int, steps: int = 0) -> None:

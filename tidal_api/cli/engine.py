@@ -163,8 +163,8 @@ def twin(
     Served as the profile's name, with the GPU's KV pool (in tokens), slots and token budget (τ = 2,048);
     vLLM's CPU platform runs the synchronous scheduler. Arguments after the options go to `vllm serve`.
     """
-    from tidal_engine.serve import scheduler_env
     from tidal_engine.serve import twin_options
+    from tidal_engine.serve import twin_scheduler_env
 
     settings = load_settings()
     try:
@@ -182,7 +182,7 @@ def twin(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
     log = Path(log_path) if log_path else Path(settings.home) / "logs" / f"twin-{port}.log"
-    _serve_until_interrupted(options, log, env=scheduler_env(settings))
+    _serve_until_interrupted(options, log, env=twin_scheduler_env(settings, profile))
 
 
 COMMANDS = [engine]
