@@ -40,6 +40,8 @@ from tidal_workers.store.models import BatchStatus
 from tidal_workers.store.models import File
 from tidal_workers.store.models import Item
 
+pytest_plugins = ["tests.support.interrupt"]  # SIGTERM tears the fixtures down, as Ctrl-C does
+
 BASE = load_settings()
 LOCK_DB = 15  # holds one lock key per test DB in use; never flushed by tests
 

@@ -67,7 +67,8 @@ export TIDAL_HOME="${TIDAL_HOME:-$HOME/.cache/tidal/test-home}"
 # line is printed again at the end, and the run exits non-zero if any pass failed. Exit 5 is "no test selected"
 # (a narrower selection in "$@"), which is not a failure.
 logs=$(mktemp -d)
-trap 'kill -TERM "${soak_pid:-}" 2>/dev/null || true; rm -rf "$logs"' EXIT  # an interrupted run leaves no soak behind
+# an interrupted run leaves no soak behind; SIGTERM tears the soaks' fixtures down (tests/support/interrupt.py)
+trap 'kill -TERM "${soak_pid:-}" 2>/dev/null || true; rm -rf "$logs"' EXIT
 failed=()
 summaries=()
 record() {  # record NAME RC LOG: remember the pass's outcome and its closing line
