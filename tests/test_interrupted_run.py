@@ -3,7 +3,6 @@ started: tests/support/interrupt.py."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import alive
 from tests.support.wait import wait_for
 
 INNER = """
@@ -31,14 +31,6 @@ def test_waits(child):
     import time
     time.sleep(300)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_sigterm_tears_the_fixtures_down_and_stops_their_children(tmp_path):
@@ -65,7 +57,7 @@ def test_sigterm_tears_the_fixtures_down_and_stops_their_children(tmp_path):
     try:
         wait_for(lambda: pid_file.exists() and pid_file.read_text(), 60, "the inner test started its child")
         child = int(pid_file.read_text())
-        assert _alive(child)
+        assert alive(child)
         run.send_signal(signal.SIGTERM)
         out, _ = run.communicate(timeout=60)
     finally:
@@ -73,4 +65,4 @@ def test_sigterm_tears_the_fixtures_down_and_stops_their_children(tmp_path):
             run.kill()
     assert run.returncode == pytest.ExitCode.INTERRUPTED, out
     assert done_file.read_text() == "torn down", out
-    assert not _alive(child)
+    assert not alive(child)

@@ -24,6 +24,7 @@ import requests
 
 from tests.support.deploy_helpers import ROOT
 from tests.support.deploy_helpers import tidal_env
+from tests.support.processes import alive
 from tests.support.wait import wait_for
 from tidal_api.cli.services import PrivateRedis
 from tidal_api.cli.supervise import last_error
@@ -54,14 +55,6 @@ def descendants(pid: int) -> set[int]:
         frontier = {p for p, pp in parent_of.items() if pp in frontier} - found
         found |= frontier
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def up_env(tmp_path: Path, engine_url: str, redis_url: str, bind: str) -> dict[str, str]:
