@@ -422,7 +422,7 @@ class Frontier:
         """The inside engine at the point's α_set: each step at most α_set × T̂(its online work alone), priced on the
         profile the twin runs (step_budget.py)."""
         alpha_set = t.cast(float, point.knob)
-        knob.update(alpha_set=alpha_set, sched_profile=self.plan.profile, gate_ceiling=self.plan.gate_ceiling)
+        knob.update(alpha_set=alpha_set, sched_profile=self.plan.twin_profile, gate_ceiling=self.plan.gate_ceiling)
         knob.update(sched_tbt_slo_ms=self.settings.sched_tbt_slo_ms, sched_guard=self.settings.sched_guard)
         return self.inside_engine(point, alpha_set)
 

@@ -17,6 +17,8 @@ from tidal_engine.tiny import build_tiny
 from tidal_workers.bench import engine_stats
 from tidal_workers.bench import frontier
 from tidal_workers.bench import steady
+from tidal_workers.bench.frontier_plan import COSERVED
+from tidal_workers.bench.frontier_plan import Point
 from tidal_workers.bench.frontier_plan import RunDir
 from tidal_workers.bench.workload import ONLINE_LOADS
 from tidal_workers.bench.workload import Prompts
@@ -122,6 +124,10 @@ def test_a_time_scaled_plan_stretches_the_trace_and_tidal_s_control_periods_and_
     assert run.settings.scrape_seconds == 2 * settings.scrape_seconds
     assert run.settings.sched_max_park_seconds == 2 * settings.sched_max_park_seconds
     assert run.settings.sched_tbt_slo_ms == 2 * settings.sched_tbt_slo_ms
+    knob: dict[str, t.Any] = {}
+    point = Point(COSERVED, "standard", 0, "flat-8", "inside", 1.1)
+    run._inside(point, knob)  # makes the engine's context, enters none
+    assert knob["sched_profile"] == "qwen2.5-7b@a6000*2"  # the point records the profile its plugin priced with
 
 
 def test_the_batch_is_entered_only_after_the_online_lead_in_started_and_its_lead_passed():
