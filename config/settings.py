@@ -334,6 +334,11 @@ class Settings(SchedulerSettings):
         gt=0,
     )
     request_timeout_seconds: float = _setting(600.0, "Timeout of one HTTP request to vLLM.", gt=0)
+    prefill_stage_tokens: int = _setting(
+        0,
+        "Staged prefill, for a stock engine that also serves online traffic: a batch prompt is first warmed in vLLM's prefix cache by requests of one output token on its first N, 2N, ... tokens, so no engine step computes more than N of its tokens; a chat or completions item with a text prompt only. N should be a multiple of the engine's KV block (16 tokens on GPUs, 128 on vLLM's CPU backend): the prefix cache keeps whole blocks. 0: the whole prompt goes in one request, so into one step (docs/architecture.md, staged prefill).",
+        ge=0,
+    )
     max_response_bytes: int = _setting(
         16 * 2**20,
         "Largest engine answer a worker keeps for one item, in bytes. A longer one (a long output with many logprobs can be tens of MB) is read through but not kept: the item becomes an error line `response_too_large`, with the usage the answer ends with recorded on its row.",

@@ -418,6 +418,15 @@ def fcfs_engine(tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="module")
+def detailed_engine(tmp_path_factory):
+    """The tiny stock engine as `tiny-detailed`, answering ``prompt_tokens_details.cached_tokens`` (vLLM's
+    ``--enable-prompt-tokens-details``): what a request found in the prefix cache."""
+    yield from _serve_tiny(
+        tmp_path_factory, tidal_scheduler=False, names=("tiny-detailed",), args=("--enable-prompt-tokens-details",)
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_plugin_engine(tmp_path_factory):
     """`tiny_engine`'s server with TidalScheduler and its metrics endpoint on: the one plugin engine of the session

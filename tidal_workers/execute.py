@@ -2,7 +2,9 @@
 
 The task waits in the node's LeaseBook for an engine token (the gate's target bounds requests at the
 engine, not leases), then re-checks its lease and its batch's status and priority and POSTs, so an
-escalation or a cancel reaches items claimed but not yet sent. The token is freed the moment the POST
+escalation or a cancel reaches items claimed but not yet sent. With ``TIDAL_PREFILL_STAGE_TOKENS`` set, a whole
+item's prompt is first warmed in the engine's prefix cache a chunk per request (``staging.py``), so no engine step
+carries all of it. The token is freed the moment the POST
 returns. A failed request is judged by ``policy.outage`` (``engine_health``): if the engine is down
 (refused, or failing its ``/health``), the node pauses its book and the item goes back to the queue with
 no retry spent, as does every item of the node not at the engine; an item whose request was at the engine
@@ -61,6 +63,7 @@ from tidal_workers.result import Write
 from tidal_workers.result import lease_current
 from tidal_workers.result import record
 from tidal_workers.runtime import Runtime
+from tidal_workers.staging import warm_prompt
 from tidal_workers.store.models import Batch
 from tidal_workers.store.models import BatchStatus
 from tidal_workers.store.models import Item
@@ -154,6 +157,12 @@ def cache_salt(secret: str, tenant: str) -> str:
     return hmac.new(secret.encode() or b"tidal-cache-salt", tenant.encode(), hashlib.sha256).hexdigest()[:32]
 
 
+def engine_fields(rt: Runtime, priority: int, tenant: str) -> dict[str, t.Any]:
+    """What every request of an item carries to the engine besides its body: its batch's priority and its
+    tenant's cache salt (its staged warm-ups too, or the item would not hit their blocks)."""
+    return {"priority": priority, "cache_salt": cache_salt(rt.settings.cache_salt_secret, tenant)}
+
+
 TAIL_BYTES = 64 * 1024  # what is kept of an answer past the cap: its end, where vLLM writes ``usage``
 
 
@@ -194,7 +203,7 @@ def submit(rt: Runtime, url: str, body: dict[str, t.Any], priority: int, tenant:
     try:
         with rt.http.post(
             s.vllm_url.rstrip("/") + url,
-            json={**body, "priority": priority, "cache_salt": cache_salt(s.cache_salt_secret, tenant)},
+            json={**body, **engine_fields(rt, priority, tenant)},
             timeout=s.request_timeout_seconds,
             stream=True,
         ) as resp:
@@ -255,6 +264,8 @@ def _post(rt: Runtime, book: LeaseBook, engine: EngineHealth, attempt: Attempt, 
         sent = time.monotonic()
         if freed_at is not None:
             TOKEN_TO_POST.observe(sent - freed_at)
+        if row.phase == Phase.WHOLE.value:  # a split item's phases are the freeze connector's: never staged
+            warm_prompt(rt, row.url, body, engine_fields(rt, batch.priority, batch.tenant_id))
         try:
             outcome = submit(rt, row.url, body, batch.priority, batch.tenant_id)
         except Transient as exc:

@@ -1,8 +1,9 @@
 """A tiny OpenAI-protocol HTTP server on loopback, only for fault injection (5xx, 429, 4xx, hangs, aborts).
 
 It answers /v1/chat/completions, /v1/completions and /v1/embeddings with a
-usage block, and lists ``models`` (``["m"]`` unless a test changes it) at /v1/models. A request is identified by its first message's content (the
-tests put the custom_id there); ``script(key, *faults)`` queues faults that
+usage block, /tokenize with one token a character of the request's key, and lists ``models`` (``["m"]`` unless a test changes it) at /v1/models. A request is identified by its first message's content (the
+tests put the custom_id there; a prompt of token ids is a staged prefill's
+warm-up, keyed ``WARMUP``); ``script(key, *faults)`` queues faults that
 the next requests for that key get, in order, before it answers normally.
 ``metrics`` is what GET /metrics answers (an idle engine's series by default):
 a test steers an AIMD gate pointed here by replacing it. The worker's preflight
@@ -23,6 +24,7 @@ from http.server import ThreadingHTTPServer
 
 from tidal_workers.preflight import PROBE_PROMPT
 
+WARMUP = "warmup"  # the key of every request whose prompt is token ids (staged prefill's warm-ups)
 FAULTS = ("500", "503", "429", "400", "hang", "abort", "huge")
 
 
@@ -51,6 +53,7 @@ class StubEngine:
         self.deadly: set[str] = set()  # keys of requests that kill the engine
         self.restart_seconds = 0.3  # how long a killed engine stays down
         self.deaths = 0  # times a deadly request killed it
+        self.tokenized: list[dict] = []  # bodies POSTed to /tokenize (staged prefill), not in ``requests``
         self._faults: dict[str, list[str]] = {}
         self._answering = threading.Event()  # cleared by hold_answers(): normal answers wait until it is set
         self._answering.set()
@@ -141,6 +144,17 @@ class StubEngine:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/tokenize":  # one token a character of the request's key
+                    with stub._lock:
+                        stub.tokenized.append(body)
+                    n = len(_key(body))
+                    raw = json.dumps({"count": n, "max_model_len": 4096, "tokens": list(range(n))}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
                 if body.get("prompt") == PROBE_PROMPT:
                     stub.probes += 1
                     fault = None
@@ -204,7 +218,10 @@ class StubEngine:
 def _key(body: dict) -> str:
     if "messages" in body:
         return body["messages"][0]["content"]
-    return str(body.get("prompt") or body.get("input"))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
+        return WARMUP  # token ids: a staged prefill's warm-up
+    return str(prompt or body.get("input"))
 
 
 def _answer(path: str, body: dict) -> dict:

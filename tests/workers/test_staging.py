@@ -1,0 +1,47 @@
+"""Staged prefill through a real Celery worker and the stub engine (tests/support/stub_engine.py): the warm-ups'
+order and fields, and a failed warm-up, which the real engine cannot make on demand. That the engine's steps then
+compute one chunk at most is tests/e2e/test_staging_real_engine.py's."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.stub_engine import WARMUP
+from tests.support.worker_helpers import assert_exactly_once
+from tests.support.worker_helpers import settled
+from tidal_workers.execute import cache_salt
+
+CHUNK = 1  # tokens a warm-up adds: the stub's tokens are the key's characters, "b0-0" four of them
+
+
+@pytest.fixture
+def settings(settings):
+    return settings.replace(prefill_stage_tokens=CHUNK)
+
+
+def test_an_item_s_prompt_is_warmed_a_chunk_a_request_with_its_priority_and_salt_then_sent(
+    rt, make_batch, worker, stub, settings
+):
+    batch = make_batch(1, priority=37, tenant="acme")
+    with worker():
+        b, out, err = settled(rt, batch)
+    assert (b.completed, b.failed, err) == (1, 0, [])
+    assert_exactly_once(rt, batch, out, err)
+    assert [body["messages"] for body in stub.tokenized] == [[{"role": "user", "content": "b0-0"}]]
+    salt = cache_salt(settings.cache_salt_secret, "acme")
+    warmups = [body for body in stub.requests if "prompt" in body]
+    assert warmups == [
+        {"model": "m", "prompt": list(range(n)), "max_tokens": 1, "priority": 37, "cache_salt": salt} for n in (1, 2, 3)
+    ]
+    assert stub.requests[-1]["messages"][0]["content"] == "b0-0"  # the item itself, after its warm-ups
+    assert stub.requests[-1]["cache_salt"] == salt
+
+
+def test_a_failed_warm_up_ends_the_staging_and_the_item_goes_whole_with_no_retry_spent(rt, make_batch, worker, stub):
+    batch = make_batch(1)
+    stub.script(WARMUP, "500")
+    with worker():
+        b, out, err = settled(rt, batch)
+    assert (b.completed, b.failed, err) == (1, 0, [])
+    assert_exactly_once(rt, batch, out, err)
+    assert stub.seen(WARMUP) == 1 and stub.seen("b0-0") == 1  # no second warm-up; the item sent once
