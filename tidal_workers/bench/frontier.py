@@ -56,6 +56,7 @@ from tidal_workers.bench.engines import EngineRequest
 from tidal_workers.bench.engines import started
 from tidal_workers.bench.frontier_plan import CEILING
 from tidal_workers.bench.frontier_plan import ONLINE_ALONE
+from tidal_workers.bench.frontier_plan import STAGE_TOKENS
 from tidal_workers.bench.frontier_plan import FrontierPlan
 from tidal_workers.bench.frontier_plan import Point
 from tidal_workers.bench.frontier_plan import RunDir
@@ -366,10 +367,13 @@ class Frontier:
             gate_mode = "latency"
             gate_env = {env_name("gate_alpha_set"): f"{point.knob:g}", env_name("initial_inflight"): "1"}
             knob.update(gate_alpha_set=point.knob, gate_ceiling=cap, gate_reference="fitted", initial_inflight=1)
-        else:
+        else:  # outside, or outside-staged: the AIMD gate at the point's ceiling
             engine_cm = contextlib.nullcontext(self.stock())
             cap = int(t.cast(float, point.knob))
             knob["gate_ceiling"] = cap
+            if point.technique == "outside-staged":
+                gate_env = {env_name("prefill_stage_tokens"): str(STAGE_TOKENS)}
+                knob["prefill_stage_tokens"] = STAGE_TOKENS
         count = self._backlog(load, mix.name, cap)
         stack_home = self.run_dir.root / "stacks" / point.name
         shutil.rmtree(stack_home, ignore_errors=True)  # an interrupted earlier try of this point

@@ -9,7 +9,9 @@ A point is one measured window:
   ``outside`` (Tidal's gate in front of vLLM's stock scheduler; knob: the gate's ceiling, batch requests at the
   engine), ``inside`` (TidalScheduler behind a fixed gate at the deployment's ceiling; knob: its α_set, each step at most
   that times T̂ of its online work alone, step_budget.py), ``outside-latency`` (the latency gate, TIDAL_GATE_MODE=latency, in
-  front of the stock scheduler; knob: its α_set; not in the default arms) and ``vllm-priority`` (no Tidal: the batch posted straight to vLLM at the lowest priority; knob: its
+  front of the stock scheduler; knob: its α_set; not in the default arms), ``outside-staged`` (``outside`` with staged
+  prefill, TIDAL_PREFILL_STAGE_TOKENS=``STAGE_TOKENS``: each batch prompt warmed in the prefix cache a chunk a step;
+  knob: the gate's ceiling; not in the default arms) and ``vllm-priority`` (no Tidal: the batch posted straight to vLLM at the lowest priority; knob: its
   fixed concurrency).
 
 A block is one online load beside one batch mix in one repetition. Its points alternate between the techniques
@@ -34,7 +36,10 @@ from tidal_engine.step_time import TIME_SCALE_MARK
 from tidal_workers.bench import online
 from tidal_workers.bench.workload import OnlineLoad
 
-TECHNIQUES = ("outside", "inside", "vllm-priority", "outside-latency")
+TECHNIQUES = ("outside", "inside", "vllm-priority", "outside-latency", "outside-staged")
+GATE_CEILING_KNOBS = ("outside", "outside-staged")  # the techniques whose knob is the AIMD gate's ceiling
+# outside-staged's chunk: the twin's KV block (vLLM's CPU backend's, 128 tokens), the smallest the prefix cache keeps
+STAGE_TOKENS = 128
 DEFAULT_TECHNIQUES = ("outside", "inside", "vllm-priority")
 CEILING, ONLINE_ALONE, COSERVED = "ceiling", "online-alone", "coserved"
 # The knobs, low to high harvest. The gate's ceiling tops out at the deployment's (``gate_ceiling``).
@@ -43,18 +48,21 @@ FULL_KNOBS = {
     "inside": (1.05, 1.1, 1.2, 1.5, 2.5),  # the first run measured 1.20× online TBT p50 at α_set 1.1
     "vllm-priority": (4, 8, 16, 32, 64),
     "outside-latency": (1.05, 1.1, 1.2, 1.5, 2.0),
+    "outside-staged": (6, 12, 24, 64),
 }
 QUICK_KNOBS = {
     "outside": (8, 32),
     "inside": (1.1, 1.5, 4.0),
     "vllm-priority": (4, 16, 64),
     "outside-latency": (1.1, 1.5),
+    "outside-staged": (8, 32),
 }
 KNOB_NAMES = {
     "outside": "gate ceiling (batch requests at the engine)",
     "outside-latency": "the latency gate's α_set (online inter-token latency ÷ its fitted online-alone reference)",
     "inside": "TidalScheduler's α_set (a step ÷ T̂ of its online work alone)",
     "vllm-priority": "batch requests at the engine (fixed)",
+    "outside-staged": "gate ceiling (batch requests at the engine), prompts staged through the prefix cache",
 }
 
 STEP_AT_S = 60.0  # a step load's window: this long at the rate before, then window_s at the rate after
@@ -120,7 +128,7 @@ class FrontierPlan:
 
     def knob_values(self, technique: str) -> tuple[float, ...]:
         values = tuple(self.knobs.get(technique, ()))
-        if technique == "outside":
+        if technique in GATE_CEILING_KNOBS:
             values = tuple(sorted({*(v for v in values if v < self.gate_ceiling), self.gate_ceiling}))
         return values
 

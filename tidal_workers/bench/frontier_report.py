@@ -50,7 +50,13 @@ LATENCIES = ("ttft", "tbt")
 QUANTILES = {"p50": 0.5, "p99": 0.99}
 ALPHA_KNOBS = ("inside", "outside-latency")  # the techniques whose knob is an α_set
 ONLINE_ERRORS_MAX = 0.01  # a window whose online requests failed more often measured something else
-COLOURS = {"outside": "tab:blue", "inside": "tab:orange", "vllm-priority": "tab:green", "outside-latency": "tab:purple"}
+COLOURS = {
+    "outside": "tab:blue",
+    "inside": "tab:orange",
+    "vllm-priority": "tab:green",
+    "outside-latency": "tab:purple",
+    "outside-staged": "tab:cyan",
+}
 
 
 def steady_ratio(mix: str) -> float:

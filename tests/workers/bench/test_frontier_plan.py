@@ -53,6 +53,16 @@ def test_knob_settings_above_the_gate_ceiling_are_dropped():
     assert frontier_plan(gate_ceiling=20).knob_values("outside") == (8, 20)
 
 
+def test_staged_prefill_is_an_arm_of_its_own_on_the_gate_s_ceilings_when_asked_for():
+    techniques = ("outside", "outside-staged")
+    plan = frontier_plan(gate_ceiling=20, techniques=techniques, knobs={t: fp.QUICK_KNOBS[t] for t in techniques})
+    staged = [p for p in plan.points() if p.technique == "outside-staged"]
+    assert [p.knob for p in staged] == [8, 20] == [p.knob for p in plan.points() if p.technique == "outside"]
+    assert staged[0].name == "coserved__flat-8__standard__outside-staged-8__r0"
+    assert not [p for p in frontier_plan().points() if p.technique == "outside-staged"]
+    assert "outside-staged" in fp.KNOB_NAMES
+
+
 def test_the_estimate_counts_each_point_kind():
     quick = frontier_plan()
     seconds = quick.expected_s(quick.points(), {"flat-8": "flat"})

@@ -59,9 +59,14 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
     "--techniques",
     default="outside,inside,vllm-priority",
     show_default=True,
-    help="The arms: outside, inside, vllm-priority, outside-latency (the latency gate).",
+    help="The arms: outside, inside, vllm-priority, outside-latency (the latency gate), outside-staged (outside, each "
+    "batch prompt staged through the prefix cache).",
 )
-@click.option("--outside-knobs", default="", help="Gate ceilings below the deployment's (which is always measured).")
+@click.option(
+    "--outside-knobs",
+    default="",
+    help="Gate ceilings below the deployment's (which is always measured), outside's and outside-staged's.",
+)
 @click.option("--inside-knobs", default="", help="TidalScheduler's α_set values (a step ÷ T̂ of its online work alone).")
 @click.option("--latency-gate-knobs", default="", help="The latency gate's α_set values (outside-latency).")
 @click.option("--peer-concurrency", default="", help="vLLM-alone batch requests at the engine (full: 4,8,16,32,64).")
@@ -133,11 +138,12 @@ def frontier(
         knobs = {tech: given for tech, given in (fp.QUICK_KNOBS if quick else fp.FULL_KNOBS).items() if tech in chosen}
         for technique, given in (
             ("outside", outside_knobs),
+            ("outside-staged", outside_knobs),
             ("inside", inside_knobs),
             ("outside-latency", latency_gate_knobs),
             ("vllm-priority", peer_concurrency),
         ):
-            if given:
+            if given and technique in chosen:  # outside's ceilings are outside-staged's too, where it runs
                 knobs[technique] = numbers(given)
         plan = fp.FrontierPlan(
             profile=profile,
