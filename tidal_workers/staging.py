@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 WARMUPS = prometheus_client.Counter(
     "tidal_prefill_stages", "Staged-prefill warm-ups sent before batch requests, by how they ended.", ["outcome"]
 )
+WARMUP_TOKENS = prometheus_client.Counter(
+    "tidal_prefill_stage_tokens",
+    "Prompt tokens of the staged-prefill warm-ups the engine answered (each one also generated one token).",
+)
 
 
 def warm_prompt(rt: Runtime, url: str, body: t.Mapping[str, t.Any], fields: t.Mapping[str, t.Any]) -> int:
@@ -63,5 +67,6 @@ def warm_prompt(rt: Runtime, url: str, body: t.Mapping[str, t.Any], fields: t.Ma
             log.info("staged prefill: a warm-up answered %s; the item goes on from %d tokens", resp.status_code, warmed)
             return warmed
         WARMUPS.labels("sent").inc()
+        WARMUP_TOKENS.inc(length)
         warmed = length
     return warmed

@@ -5,6 +5,7 @@ compute one chunk at most is tests/e2e/test_staging_real_engine.py's."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.support.stub_engine import WARMUP
 from tests.support.worker_helpers import assert_exactly_once
@@ -23,6 +24,7 @@ def test_an_item_s_prompt_is_warmed_a_chunk_a_request_with_its_priority_and_salt
     rt, make_batch, worker, stub, settings
 ):
     batch = make_batch(1, priority=37, tenant="acme")
+    tokens_before = REGISTRY.get_sample_value("tidal_prefill_stage_tokens_total") or 0.0
     with worker():
         b, out, err = settled(rt, batch)
     assert (b.completed, b.failed, err) == (1, 0, [])
@@ -35,6 +37,8 @@ def test_an_item_s_prompt_is_warmed_a_chunk_a_request_with_its_priority_and_salt
     ]
     assert stub.requests[-1]["messages"][0]["content"] == "b0-0"  # the item itself, after its warm-ups
     assert stub.requests[-1]["cache_salt"] == salt
+    # what the frontier takes out of the engine's counters (frontier.batch_samples): the warm-ups' prompt tokens
+    assert REGISTRY.get_sample_value("tidal_prefill_stage_tokens_total") - tokens_before == 1 + 2 + 3
 
 
 def test_a_failed_warm_up_ends_the_staging_and_the_item_goes_whole_with_no_retry_spent(rt, make_batch, worker, stub):

@@ -398,6 +398,8 @@ class Frontier:
                         "gate_target": gate.get("tidal_gate_target", 0.0),
                         "gate_inflight": gate.get("tidal_gate_inflight", 0.0),
                         "completions": float(stack.progress().items),
+                        "warmups": gate.get("tidal_prefill_stages_total", 0.0),
+                        "warmup_tokens": gate.get("tidal_prefill_stage_tokens_total", 0.0),
                     }
                     if point.technique == "inside" and plugin_url:
                         # Behind a fixed gate the requests sent are constant; what settles is what the plugin holds
@@ -569,14 +571,22 @@ def _online_part(
 
 def batch_samples(rows: list[dict[str, float]], online: list[tuple[list[dict], float]]) -> list[list[float]]:
     """The batch's samples ([at from the first row, at the engine, completions, prefill, generated], cumulative) from
-    the engine's counters in ``rows`` less the online tokens of each (records, the instant their trace opened)."""
+    the engine's counters in ``rows`` less the online tokens of each (records, the instant their trace opened), and
+    less staged prefill's warm-ups where the row counts them (their prompts and their one token each: the item's
+    own request counts its whole prompt again)."""
     times = [r["at"] for r in rows]
     prompt, generated = np.zeros(len(rows)), np.zeros(len(rows))
     for records, opens in online:
         p, g = samples.cumulative_tokens(records, opens, times)
         prompt, generated = prompt + p, generated + g
     return [
-        [r["at"] - times[0], r["at_engine"], r["completions"], r["prompt_tokens"] - p, r["generation_tokens"] - g]
+        [
+            r["at"] - times[0],
+            r["at_engine"],
+            r["completions"],
+            r["prompt_tokens"] - r.get("warmup_tokens", 0.0) - p,
+            r["generation_tokens"] - r.get("warmups", 0.0) - g,
+        ]
         for r, p, g in zip(rows, prompt.tolist(), generated.tolist(), strict=True)
     ]
 

@@ -35,6 +35,13 @@ from tidal_workers.store import ItemStatus
 from tidal_workers.store import api_keys
 
 BENCH_REDIS_DB = 14
+# The worker's series ``TidalStack.gate`` reads (the warm-up requests only where they were answered: outcome "sent").
+GATE_SERIES = (
+    "tidal_gate_target",
+    "tidal_gate_inflight",
+    "tidal_gate_engine_outstanding",
+    "tidal_prefill_stage_tokens_total",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,12 +172,14 @@ class TidalStack:
 
     def gate(self) -> dict[str, float]:
         """The worker's gate as it exports it: ``tidal_gate_target``, ``tidal_gate_inflight`` (leases held) and
-        ``tidal_gate_engine_outstanding`` (batch requests at the engine)."""
+        ``tidal_gate_engine_outstanding`` (batch requests at the engine); and staged prefill's answered warm-ups,
+        ``tidal_prefill_stages_total`` and their prompt tokens ``tidal_prefill_stage_tokens_total`` (work the
+        engine's counters hold that is not the batch's output)."""
         return {
             s.name: s.value
             for family in text_string_to_metric_families(self.metrics_page())
             for s in family.samples
-            if s.name in ("tidal_gate_target", "tidal_gate_inflight", "tidal_gate_engine_outstanding")
+            if s.name in GATE_SERIES or (s.name == "tidal_prefill_stages_total" and s.labels.get("outcome") == "sent")
         }
 
     def histograms(self) -> dict[str, list[tuple[float, float]]]:

@@ -79,6 +79,14 @@ def test_batch_samples_are_the_engine_s_counters_less_the_online_tokens():
         [2.0, 10.0, 2.0, 2000.0, 1000.0],
         [3.0, 10.0, 3.0, 3000.0, 1500.0],
     ]
+    # Staged prefill: by the third row the worker's warm-ups had sent prompts of 640 tokens and generated 5.
+    staged = [{**r, "warmups": 5.0 * (i >= 2), "warmup_tokens": 640.0 * (i >= 2)} for i, r in enumerate(rows)]
+    for row in staged:
+        row["prompt_tokens"] += row["warmup_tokens"]
+        row["generation_tokens"] += row["warmups"]
+    assert frontier.batch_samples(staged, [(lead, 99.0), (measured, 101.0)]) == frontier.batch_samples(
+        rows, [(lead, 99.0), (measured, 101.0)]
+    )
 
 
 def test_an_observer_keeps_an_error_of_its_own_for_settle_and_stops_sampling(monkeypatch):
