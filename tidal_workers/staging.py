@@ -58,13 +58,12 @@ def warm_prompt(rt: Runtime, url: str, body: t.Mapping[str, t.Any], fields: t.Ma
                 json={**warm_request(body.get("model"), ids[:length]), **fields},
                 timeout=s.request_timeout_seconds,
             )
+            failure = None if resp.status_code == 200 else f"answered {resp.status_code}"
         except requests.RequestException as exc:
+            failure = f"failed ({exc})"
+        if failure is not None:
             WARMUPS.labels("failed").inc()
-            log.info("staged prefill: a warm-up failed (%s); the item goes on from %d tokens", exc, warmed)
-            return warmed
-        if resp.status_code != 200:
-            WARMUPS.labels("failed").inc()
-            log.info("staged prefill: a warm-up answered %s; the item goes on from %d tokens", resp.status_code, warmed)
+            log.info("staged prefill: a warm-up %s; the item goes on from %d tokens", failure, warmed)
             return warmed
         WARMUPS.labels("sent").inc()
         WARMUP_TOKENS.inc(length)
