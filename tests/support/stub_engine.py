@@ -118,6 +118,15 @@ class StubEngine:
             def log_message(self, *args):
                 pass
 
+            def send_json(self, payload: dict) -> None:
+                """A 200 with ``payload`` as its JSON body."""
+                raw = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
             def do_GET(self):  # /metrics (an idle engine's unless scripted), for an AIMD gate pointed here
                 if self.path == "/health":  # vLLM's liveness: 200 and no body
                     stub.health_checks += 1
@@ -126,13 +135,7 @@ class StubEngine:
                     self.end_headers()
                     return
                 if self.path == "/v1/models":  # vLLM's list of served models
-                    listed = {"object": "list", "data": [{"id": m, "object": "model"} for m in stub.models]}
-                    raw = json.dumps(listed).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(raw)))
-                    self.end_headers()
-                    self.wfile.write(raw)
+                    self.send_json({"object": "list", "data": [{"id": m, "object": "model"} for m in stub.models]})
                     return
                 raw = stub.metrics.encode()
                 stub.scrapes += 1
@@ -148,12 +151,7 @@ class StubEngine:
                     with stub._lock:
                         stub.tokenized.append(body)
                     n = len(_key(body))
-                    raw = json.dumps({"count": n, "max_model_len": 4096, "tokens": list(range(n))}).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(raw)))
-                    self.end_headers()
-                    self.wfile.write(raw)
+                    self.send_json({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
                     return
                 if body.get("prompt") == PROBE_PROMPT:
                     stub.probes += 1
