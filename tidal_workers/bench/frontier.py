@@ -56,7 +56,6 @@ from tidal_workers.bench.engines import EngineRequest
 from tidal_workers.bench.engines import started
 from tidal_workers.bench.frontier_plan import CEILING
 from tidal_workers.bench.frontier_plan import ONLINE_ALONE
-from tidal_workers.bench.frontier_plan import STAGE_TOKENS
 from tidal_workers.bench.frontier_plan import FrontierPlan
 from tidal_workers.bench.frontier_plan import Point
 from tidal_workers.bench.frontier_plan import RunDir
@@ -350,7 +349,8 @@ class Frontier:
     def tidal(self, point: Point) -> dict[str, t.Any]:
         load, mix = ONLINE_LOADS[str(point.load)], BATCH_MIXES[point.mix]
         knob: dict[str, t.Any] = {}
-        gate_mode, gate_env = "aimd", {}
+        gate_mode = "aimd"
+        gate_env: dict[str, str] = {}
         if point.technique == "inside":
             # Behind a fixed gate at the deployment's ceiling: the plugin alone decides what runs, and parks the rest
             # with its KV. Behind the AIMD gate, whose target halves on an open-loop stream's normal waiting, the
@@ -371,9 +371,10 @@ class Frontier:
             engine_cm = contextlib.nullcontext(self.stock())
             cap = int(t.cast(float, point.knob))
             knob["gate_ceiling"] = cap
-            if point.technique == "outside-staged":
-                gate_env = {env_name("prefill_stage_tokens"): str(STAGE_TOKENS)}
-                knob["prefill_stage_tokens"] = STAGE_TOKENS
+        stage_tokens = self.plan.stage_tokens_for(str(point.technique))
+        if stage_tokens:
+            gate_env[env_name("prefill_stage_tokens")] = str(stage_tokens)
+            knob["prefill_stage_tokens"] = stage_tokens
         count = self._backlog(load, mix.name, cap)
         stack_home = self.run_dir.root / "stacks" / point.name
         shutil.rmtree(stack_home, ignore_errors=True)  # an interrupted earlier try of this point

@@ -38,6 +38,7 @@ from tidal_workers.bench.workload import OnlineLoad
 
 TECHNIQUES = ("outside", "inside", "vllm-priority", "outside-latency", "outside-staged")
 GATE_CEILING_KNOBS = ("outside", "outside-staged")  # the techniques whose knob is the AIMD gate's ceiling
+STOCK_GATE_ARMS = ("outside", "outside-latency")  # a gate in front of the stock scheduler: what stage_tokens stages
 # outside-staged's chunk: the twin's KV block (vLLM's CPU backend's, 128 tokens), the smallest the prefix cache keeps
 STAGE_TOKENS = 128
 DEFAULT_TECHNIQUES = ("outside", "inside", "vllm-priority")
@@ -120,11 +121,20 @@ class FrontierPlan:
     # slower, and the report converts back (harvest × k, latencies ÷ k; inflations are ratios).
     time_scale: float = 1.0
     seed: int = 7
+    # The batch prompts of STOCK_GATE_ARMS staged through the prefix cache this many tokens a request
+    # (TIDAL_PREFILL_STAGE_TOKENS; 0: sent whole). outside-staged stages at STAGE_TOKENS whatever this says.
+    stage_tokens: int = 0
 
     @property
     def twin_profile(self) -> str:
         """The profile the twin and the plugin run: the plan's, time-scaled (the oracle prices the plan's own)."""
         return self.profile if self.time_scale == 1 else f"{self.profile}{TIME_SCALE_MARK}{self.time_scale:g}"
+
+    def stage_tokens_for(self, technique: str) -> int:
+        """The chunk ``technique``'s worker stages each batch prompt in (0: the prompt goes whole)."""
+        if technique == "outside-staged":
+            return STAGE_TOKENS
+        return self.stage_tokens if technique in STOCK_GATE_ARMS else 0
 
     def knob_values(self, technique: str) -> tuple[float, ...]:
         values = tuple(self.knobs.get(technique, ()))

@@ -40,6 +40,7 @@ from tidal_workers.bench.frontier_plan import COSERVED
 from tidal_workers.bench.frontier_plan import KNOB_NAMES
 from tidal_workers.bench.frontier_plan import ONLINE_ALONE
 from tidal_workers.bench.frontier_plan import STEP_AT_S
+from tidal_workers.bench.frontier_plan import STOCK_GATE_ARMS
 from tidal_workers.bench.frontier_plan import FrontierPlan
 from tidal_workers.bench.frontier_plan import rate_fn
 from tidal_workers.bench.workload import BATCH_MIXES
@@ -337,6 +338,10 @@ def table(results: dict[str, t.Any]) -> str:
         "| TBT p99× | % steady ceiling (measured / model) | overruns | valid |"
     )
     lines = [head, "|" + "---|" * 14]
+    plan = results.get("plan") or {}
+    staged = [arm for arm in plan.get("techniques", ()) if arm in STOCK_GATE_ARMS]
+    if plan.get("stage_tokens") and staged:
+        lines = [f"{' and '.join(staged)}: batch prompts staged {plan['stage_tokens']} tokens a request.", "", *lines]
     for row in results["rows"]:
         if row["kind"] != COSERVED:
             continue

@@ -63,6 +63,24 @@ def test_staged_prefill_is_an_arm_of_its_own_on_the_gate_s_ceilings_when_asked_f
     assert "outside-staged" in fp.KNOB_NAMES
 
 
+def test_stage_tokens_stage_the_stock_engine_gates_only():
+    plan = frontier_plan(stage_tokens=64)
+    assert [plan.stage_tokens_for(t) for t in fp.TECHNIQUES] == [64, 0, 0, 64, fp.STAGE_TOKENS]
+    assert [frontier_plan().stage_tokens_for(t) for t in fp.TECHNIQUES] == [0, 0, 0, 0, fp.STAGE_TOKENS]
+
+
+def test_a_plan_written_before_stage_tokens_resumes_as_unstaged(tmp_path):
+    plan = frontier_plan()
+    fields = plan.as_dict()
+    del fields["stage_tokens"]
+    (tmp_path / "plan.json").write_text(json.dumps(fields))
+    run = fp.RunDir(tmp_path)
+    run.open(plan)  # the same plan: no mismatch
+    assert run.plan().stage_tokens == 0
+    with pytest.raises(fp.PlanMismatch, match="stage_tokens"):
+        run.open(frontier_plan(stage_tokens=128))
+
+
 def test_the_estimate_counts_each_point_kind():
     quick = frontier_plan()
     seconds = quick.expected_s(quick.points(), {"flat-8": "flat"})

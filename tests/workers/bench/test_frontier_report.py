@@ -149,6 +149,13 @@ def test_three_valid_repetitions_give_aggregates_and_the_table_lists_every_point
     text = fr.table(results)
     assert text.count("| flat-8 | standard | outside | 8 |") == 3
     assert "- ceiling, standard: 1700" in text
+    assert "staged" not in text
+
+
+def test_the_table_says_which_arms_staged_their_prompts():
+    plan = dataclasses.replace(PLAN, techniques=("outside", "inside"), stage_tokens=128)
+    text = fr.table(fr.Report(plan, [record(point(fp.CEILING), tokens_per_s=1700.0)]).results())
+    assert text.startswith("outside: batch prompts staged 128 tokens a request.")
 
 
 def test_the_report_reads_a_plan_back_from_its_json():

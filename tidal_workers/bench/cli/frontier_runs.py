@@ -69,6 +69,13 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
 )
 @click.option("--inside-knobs", default="", help="TidalScheduler's α_set values (a step ÷ T̂ of its online work alone).")
 @click.option("--latency-gate-knobs", default="", help="The latency gate's α_set values (outside-latency).")
+@click.option(
+    "--stage-tokens",
+    default=0,
+    show_default=True,
+    help="Stage outside's and outside-latency's batch prompts through the prefix cache this many tokens a request "
+    "(TIDAL_PREFILL_STAGE_TOKENS; 0: whole; outside-staged always stages 128).",
+)
 @click.option("--peer-concurrency", default="", help="vLLM-alone batch requests at the engine (full: 4,8,16,32,64).")
 @click.option("--reps", default=1, show_default=True, help="Repetitions of every block; 3 or more add aggregates.")
 @click.option("--window-seconds", type=float, default=0.0, help="A flat window (quick 120, full 180).")
@@ -105,6 +112,7 @@ def frontier(
     outside_knobs: str,
     inside_knobs: str,
     latency_gate_knobs: str,
+    stage_tokens: int,
     peer_concurrency: str,
     reps: int,
     window_seconds: float,
@@ -161,6 +169,7 @@ def frontier(
             baseline_lead_s=baseline_lead_seconds,
             ceiling=ceiling,
             time_scale=time_scale,
+            stage_tokens=stage_tokens,
         )
         _check(plan.loads, ONLINE_LOADS, "--loads")
         _check(plan.mixes, BATCH_MIXES, "--mixes")
