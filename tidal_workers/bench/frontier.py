@@ -366,7 +366,15 @@ class Frontier:
             # spreads the working set its reference is fitted on; started at the cap it has none to fit.
             gate_mode = "latency"
             gate_env = {env_name("gate_alpha_set"): f"{point.knob:g}", env_name("initial_inflight"): "1"}
-            knob.update(gate_alpha_set=point.knob, gate_ceiling=cap, gate_reference="fitted", initial_inflight=1)
+            reference = self.plan.gate_reference_ms
+            if reference:
+                gate_env[env_name("gate_reference_itl_ms")] = f"{reference:g}"
+            knob.update(
+                gate_alpha_set=point.knob,
+                gate_ceiling=cap,
+                gate_reference=f"{reference:g} ms" if reference else "fitted",
+                initial_inflight=1,
+            )
         else:  # outside, or outside-staged: the AIMD gate at the point's ceiling
             engine_cm = contextlib.nullcontext(self.stock())
             cap = int(t.cast(float, point.knob))

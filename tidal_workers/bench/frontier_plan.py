@@ -124,6 +124,9 @@ class FrontierPlan:
     # The batch prompts of STOCK_GATE_ARMS staged through the prefix cache this many tokens a request
     # (TIDAL_PREFILL_STAGE_TOKENS; 0: sent whole). outside-staged stages at STAGE_TOKENS whatever this says.
     stage_tokens: int = 0
+    # outside-latency's reference ITL in ms (TIDAL_GATE_REFERENCE_ITL_MS: given, e.g. from a calibration or an
+    # online-alone window); 0: the gate fits it
+    gate_reference_ms: float = 0.0
 
     @property
     def twin_profile(self) -> str:

@@ -342,6 +342,9 @@ def table(results: dict[str, t.Any]) -> str:
     staged = [arm for arm in plan.get("techniques", ()) if arm in STOCK_GATE_ARMS]
     if plan.get("stage_tokens") and staged:
         lines = [f"{' and '.join(staged)}: batch prompts staged {plan['stage_tokens']} tokens a request.", "", *lines]
+    if plan.get("gate_reference_ms") and "outside-latency" in plan.get("techniques", ()):
+        given = f"outside-latency: the reference inter-token latency given, {plan['gate_reference_ms']:g} ms."
+        lines = [given, "", *lines]
     for row in results["rows"]:
         if row["kind"] != COSERVED:
             continue

@@ -190,7 +190,6 @@ class AimdController:
                 return new
             target = inflation.next_target(
                 state.target,
-                obs.batch_inflight,
                 t.cast(float, new.working_ewma),
                 new.inflation,
                 cfg.alpha_set,

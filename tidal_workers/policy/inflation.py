@@ -13,7 +13,8 @@ online-alone reference. Then inflation = ITL ÷ r and the working set that meets
 halving in a period, so one bad reading cannot empty the engine), and no further while the engine still holds
 more than the target: a cut reaches the engine only as admitted requests finish, and cutting again for the same
 excess would undershoot. Below it the target climbs by half the gap, at
-least one and at most half again: increases sized to the gap, not one a second. Inflation and O are smoothed
+least one and at most half again: increases sized to the gap, not one a second, and each only once the smoothed
+working set has caught up with the last (``next_target``). Inflation and O are smoothed
 alike (``SMOOTHING``) before O* is read off them.
 
 The reference r is either given (``TIDAL_GATE_REFERENCE_ITL_MS``: from the engine's profile, e.g. the twin's
@@ -100,11 +101,13 @@ def budget_working_set(working_set: float, inflation: float, alpha_set: float) -
     return working_set * (alpha_set - 1.0) / (inflation - 1.0)
 
 
-def next_target(
-    target: int, working_set: float, smoothed_set: float, inflation: float, alpha_set: float, lo: int, hi: int
-) -> int:
+def next_target(target: int, smoothed_set: float, inflation: float, alpha_set: float, lo: int, hi: int) -> int:
     """The target after one period: ``inflation`` and ``smoothed_set`` (O) smoothed alike, so that O* reads the
-    slope off one consistent point; ``working_set``, O now, says whether the engine still drains a cut."""
+    slope off one consistent point.
+
+    It grows only once the smoothed working set has reached the target: until then the smoothed inflation still
+    describes fewer requests than the last growth allowed, and growing on it again compounds the step before its
+    cost is seen (on the twin at 5/s the target sawed 3 ↔ 15 in ~20 s periods, growing half again each second)."""
     wanted = budget_working_set(smoothed_set, inflation, alpha_set)
     if inflation > alpha_set:
         cut = min(target, max(math.floor(wanted), math.ceil(target * (1 - MAX_CUT)), lo))
@@ -113,6 +116,6 @@ def next_target(
         return cut  # while the engine still drains what a cut allowed before (O > target), no further cut
     gap = wanted - target  # infinite where the batch shows no cost: then half again at the most
     step = max(1, math.floor(min(GAIN_UP * gap, MAX_GROWTH * max(target, 2)))) if gap >= 1 else 0
-    if working_set < target - 1:  # the engine does not hold what the target allows: growing would be unearned
+    if smoothed_set < target - 1:  # the engine does not hold what the target allows, or not for long enough
         step = 0
     return max(lo, min(hi, target + step))

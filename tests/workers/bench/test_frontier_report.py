@@ -152,10 +152,13 @@ def test_three_valid_repetitions_give_aggregates_and_the_table_lists_every_point
     assert "staged" not in text
 
 
-def test_the_table_says_which_arms_staged_their_prompts():
+def test_the_table_says_which_arms_staged_their_prompts_and_a_given_gate_reference():
     plan = dataclasses.replace(PLAN, techniques=("outside", "inside"), stage_tokens=128)
     text = fr.table(fr.Report(plan, [record(point(fp.CEILING), tokens_per_s=1700.0)]).results())
     assert text.startswith("outside: batch prompts staged 128 tokens a request.")
+    given = dataclasses.replace(plan, techniques=("outside-latency",), gate_reference_ms=31.8)
+    text = fr.table(fr.Report(given, [record(point(fp.CEILING), tokens_per_s=1700.0)]).results())
+    assert text.startswith("outside-latency: the reference inter-token latency given, 31.8 ms.\n\noutside-latency: ")
 
 
 def test_the_report_reads_a_plan_back_from_its_json():

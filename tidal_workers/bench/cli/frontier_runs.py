@@ -70,6 +70,12 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
 @click.option("--inside-knobs", default="", help="TidalScheduler's α_set values (a step ÷ T̂ of its online work alone).")
 @click.option("--latency-gate-knobs", default="", help="The latency gate's α_set values (outside-latency).")
 @click.option(
+    "--gate-reference-ms",
+    default=0.0,
+    show_default=True,
+    help="outside-latency's reference inter-token latency (TIDAL_GATE_REFERENCE_ITL_MS); 0: the gate fits it.",
+)
+@click.option(
     "--stage-tokens",
     default=0,
     show_default=True,
@@ -112,6 +118,7 @@ def frontier(
     outside_knobs: str,
     inside_knobs: str,
     latency_gate_knobs: str,
+    gate_reference_ms: float,
     stage_tokens: int,
     peer_concurrency: str,
     reps: int,
@@ -170,6 +177,7 @@ def frontier(
             ceiling=ceiling,
             time_scale=time_scale,
             stage_tokens=stage_tokens,
+            gate_reference_ms=gate_reference_ms,
         )
         _check(plan.loads, ONLINE_LOADS, "--loads")
         _check(plan.mixes, BATCH_MIXES, "--mixes")
