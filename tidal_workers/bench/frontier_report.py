@@ -331,20 +331,26 @@ def _instant(row: dict[str, t.Any]) -> str:
     )
 
 
+def _plan_notes(plan: dict[str, t.Any]) -> list[str]:
+    """What the plan set for its arms beyond their knobs: a given gate reference, staged prompts."""
+    techniques = plan.get("techniques", ())
+    notes = []
+    if plan.get("gate_reference_ms") and "outside-latency" in techniques:
+        notes.append(f"outside-latency: the reference inter-token latency given, {plan['gate_reference_ms']:g} ms.")
+    staged = [arm for arm in techniques if arm in STOCK_GATE_ARMS]
+    if plan.get("stage_tokens") and staged:
+        notes.append(f"{' and '.join(staged)}: batch prompts staged {plan['stage_tokens']} tokens a request.")
+    return notes
+
+
 def table(results: dict[str, t.Any]) -> str:
     """One line per co-served point (Markdown), then the ceilings and the online-alone windows."""
     head = (
         "| load | mix | technique | knob | harvest tok/s [95 %] | E [95 %] | α_m | TTFT p50× | TTFT p99× | TBT p50× "
         "| TBT p99× | % steady ceiling (measured / model) | overruns | valid |"
     )
-    lines = [head, "|" + "---|" * 14]
-    plan = results.get("plan") or {}
-    staged = [arm for arm in plan.get("techniques", ()) if arm in STOCK_GATE_ARMS]
-    if plan.get("stage_tokens") and staged:
-        lines = [f"{' and '.join(staged)}: batch prompts staged {plan['stage_tokens']} tokens a request.", "", *lines]
-    if plan.get("gate_reference_ms") and "outside-latency" in plan.get("techniques", ()):
-        given = f"outside-latency: the reference inter-token latency given, {plan['gate_reference_ms']:g} ms."
-        lines = [given, "", *lines]
+    notes = [f"{note}\n" for note in _plan_notes(results.get("plan") or {})]  # each a paragraph above the table
+    lines = [*notes, head, "|" + "---|" * 14]
     for row in results["rows"]:
         if row["kind"] != COSERVED:
             continue
