@@ -427,6 +427,10 @@ class Settings(SchedulerSettings):
         "`latency` gate: the engine's online-alone inter-token latency in ms, where known (the profile's decode step, a calibration run); 0: fitted from the engine's own readings, inter-token latency against the batch working set, down to no batch.",
         ge=0,
     )
+    gate_profile: str = _setting(
+        "",
+        "`latency` gate without a given reference: a profile of `tidal_engine/twin_profiles.toml` (`model@gpu`, `*K` time-scaled) whose step-time form predicts the online-alone inter-token latency at the online load the engine serves, levelled by the engine's measured latency (docs/architecture.md, the gate); empty: the reference is fitted.",
+    )
     scrape_seconds: float = _setting(1.0, "Period of the /metrics scrape and of the AIMD controller.", gt=0)
     ewma_alpha: float = _setting(0.5, "Smoothing of KV usage and waiting counts (1 = no smoothing).", gt=0, le=1)
     kv_high: float = _setting(0.85, "KV cache usage (EWMA) above which the target is halved.", ge=0, le=1)

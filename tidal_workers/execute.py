@@ -51,6 +51,7 @@ from tidal_workers.engine_health import EngineHealth
 from tidal_workers.finalize import request_finalize_if_due
 from tidal_workers.handback import give_back
 from tidal_workers.leases import LeaseBook
+from tidal_workers.own_requests import OWN
 from tidal_workers.poison import quarantine
 from tidal_workers.policy.outage import Failure
 from tidal_workers.policy.phase import Phase
@@ -264,13 +265,16 @@ def _post(rt: Runtime, book: LeaseBook, engine: EngineHealth, attempt: Attempt, 
         sent = time.monotonic()
         if freed_at is not None:
             TOKEN_TO_POST.observe(sent - freed_at)
+        warmed = 0
         if row.phase == Phase.WHOLE.value:  # a split item's phases are the freeze connector's: never staged
-            warm_prompt(rt, row.url, body, engine_fields(rt, batch.priority, batch.tenant_id))
+            warmed = warm_prompt(rt, row.url, body, engine_fields(rt, batch.priority, batch.tenant_id))
         try:
             outcome = submit(rt, row.url, body, batch.priority, batch.tenant_id)
         except Transient as exc:
             failed = exc
         else:
+            if outcome.usage.input_tokens:  # the engine finished it: the gate's count of this node's own work
+                OWN.item(outcome.usage.input_tokens, outcome.usage.output_tokens, warmed)
             if not refuses_priority(outcome.response_status, outcome.body):
                 return outcome
             engine.refused(f"{outcome.response_status}: {outcome.body}")  # the engine's fault, not the item's:

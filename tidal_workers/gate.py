@@ -27,7 +27,10 @@ import typing as t
 import prometheus_client
 import requests
 
+from tidal_engine.twin import load_profile
 from tidal_workers.leases import LeaseBook
+from tidal_workers.own_requests import OWN
+from tidal_workers.own_requests import Finished
 from tidal_workers.policy.aimd import DECISIONS
 from tidal_workers.policy.aimd import FAILSAFE
 from tidal_workers.policy.aimd import UNKNOWN_ENGINE_CEILING
@@ -38,6 +41,8 @@ from tidal_workers.policy.aimd import Observation
 from tidal_workers.policy.aimd import engine_ceiling
 from tidal_workers.policy.phase import SplitConfig
 from tidal_workers.policy.phase import has_prefill_slack
+from tidal_workers.policy.profile_reference import Batch
+from tidal_workers.policy.profile_reference import Work
 from tidal_workers.scrape import fetch
 from tidal_workers.scrape import samples
 from tidal_workers.scrape import totals
@@ -55,6 +60,8 @@ log = logging.getLogger(__name__)
 CACHE_CONFIG = "vllm:cache_config_info"
 PROMPT_TOKENS, STEPS = "vllm:prompt_tokens_total", "vllm:iteration_tokens_total_count"
 ITL_SUM, ITL_COUNT = "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"
+# Requests finished, with their prompt and generated tokens: both histograms are observed as a request finishes.
+FINISHED = ("vllm:request_prompt_tokens_count", "vllm:request_prompt_tokens_sum", "vllm:request_generation_tokens_sum")
 
 TARGET = prometheus_client.Gauge(
     "tidal_gate_target", "The gate's target: the most batch requests this node keeps at its engine."
@@ -165,33 +172,38 @@ def _page_values(source: str, text: str, wanted: set[str], now: float, stale_sec
     return values
 
 
-Counters = tuple[float, float]
+Counters = tuple[float, ...]
 
 
-def counter_pair(text: str, names: tuple[str, str]) -> Counters | None:
-    """Two counters' values since the engine started, or None where the page lacks either."""
+def counter_values(text: str, names: tuple[str, ...]) -> Counters | None:
+    """Counters' values since the engine started, in the order of ``names``, or None where the page lacks one."""
     try:
         read = totals(text, names)
     except Exception:  # text that is not an exposition: parse_metrics says why
         return None
-    return (read[names[0]], read[names[1]]) if len(read) == 2 else None
+    return tuple(read[name] for name in names) if len(read) == len(names) else None
 
 
 def step_counters(text: str) -> Counters | None:
     """(prompt tokens prefilled, engine steps) since the engine started."""
-    return counter_pair(text, (PROMPT_TOKENS, STEPS))
+    return counter_values(text, (PROMPT_TOKENS, STEPS))
 
 
 def itl_counters(text: str) -> Counters | None:
     """(seconds between tokens, tokens timed) of vLLM's inter-token latency histogram since the engine started."""
-    return counter_pair(text, (ITL_SUM, ITL_COUNT))
+    return counter_values(text, (ITL_SUM, ITL_COUNT))
+
+
+def finished_counters(text: str) -> Counters | None:
+    """(requests finished, their prompt tokens, their generated tokens) since the engine started."""
+    return counter_values(text, FINISHED)
 
 
 def _deltas(before: Counters | None, after: Counters | None) -> Counters | None:
-    """Both counters' increments; None without two readings, or across a restart (a counter fell)."""
-    if before is None or after is None or after[0] < before[0] or after[1] < before[1]:
+    """The counters' increments; None without two readings, or across a restart (a counter fell)."""
+    if before is None or after is None or any(a < b for a, b in zip(after, before, strict=True)):
         return None
-    return after[0] - before[0], after[1] - before[1]
+    return tuple(a - b for a, b in zip(after, before, strict=True))
 
 
 def prefill_per_step(before: Counters | None, after: Counters | None) -> float | None:
@@ -205,6 +217,33 @@ def mean_itl(before: Counters | None, after: Counters | None) -> float | None:
     """Mean inter-token latency in seconds between two readings of ``itl_counters``; None if no token was timed."""
     d = _deltas(before, after)
     return d[0] / d[1] if d is not None and d[1] else None
+
+
+def online_finished(
+    engine_before: Counters, engine: Counters, own_before: Finished, own: Finished, seconds: float
+) -> Work | None:
+    """The requests the engine finished over ``seconds`` that were not this node's, with their prompt and generated
+    tokens; None across an engine restart. A period may read a few of this node's requests short or over (its count
+    follows the engine's by an answer's way back): the profile's sums over periods even that out."""
+    d = _deltas(engine_before, engine)
+    if d is None:
+        return None
+    return Work(
+        seconds,
+        d[0] - (own.requests - own_before.requests),
+        d[1] - (own.prompt_tokens - own_before.prompt_tokens),
+        d[2] - (own.output_tokens - own_before.output_tokens),
+    )
+
+
+def batch_work(before: Finished, own: Finished, inflight: int, seconds: float, stage_tokens: int) -> Batch:
+    """This node's batch at the engine for the profile: ``inflight`` requests decoding at its items' mean context
+    (prompt and half the output, over all it finished), the prompt tokens it had computed a second, in chunks of
+    ``stage_tokens`` where staged, else of its items' mean computed prompt."""
+    items = max(own.items, 1)
+    context = (own.item_prompt_tokens + own.item_output_tokens / 2) / items
+    chunk = stage_tokens or (own.computed_tokens / items)
+    return Batch(inflight, context, (own.computed_tokens - before.computed_tokens) / seconds, chunk)
 
 
 def kv_capacity_tokens(text: str) -> int | None:
@@ -256,12 +295,16 @@ class AimdGate:
         self.period = settings.scrape_seconds
         self.stale_seconds = settings.metrics_stale_seconds
         self.session = session or requests.Session()
-        self.controller = AimdController(AimdConfig.from_settings(settings, configured_ceiling(settings)))
+        # the latency gate's reference from the engine's profile: a name not in twin_profiles.toml fails the start
+        use_profile = settings.gate_mode == "latency" and settings.gate_profile and not settings.gate_reference_itl_ms
+        self.profile = load_profile(settings.gate_profile) if use_profile else None
+        self.controller = AimdController(AimdConfig.from_settings(settings, configured_ceiling(settings), self.profile))
         self.state = self.controller.initial()
         self._scraped_at: float | None = None
         self._kv_seen = bool(settings.max_inflight)  # an override needs nothing from the engine
         self._counters: Counters | None = None  # the engine's step_counters at the last scrape
         self._itl: Counters | None = None  # and its itl_counters
+        self._finished: tuple[float, Counters, Finished] | None = None  # when, finished_counters, this node's own
         self.prefill_tokens_per_step: float | None = None  # over the last period; None: not known
         TARGET.set(self.state.target)
         CEILING.set(self.controller.config.max_target)
@@ -280,8 +323,11 @@ class AimdGate:
             counters = step_counters(pages[ENGINE]) if ENGINE in pages else None
             itl = itl_counters(pages[ENGINE]) if ENGINE in pages else None
             obs = dataclasses.replace(obs, itl_seconds=mean_itl(self._itl, itl))
+            if self.profile is not None:
+                obs = self._with_work(obs, finished_counters(pages.get(ENGINE, "")), now)
         except MetricsError as exc:
             obs, why, counters, itl = Observation.failed(inflight), str(exc), None, None
+            self._finished = None
         self.prefill_tokens_per_step = prefill_per_step(self._counters, counters)
         self._counters, self._itl = counters, itl
         before = self.state
@@ -294,6 +340,20 @@ class AimdGate:
         per_step = self.prefill_tokens_per_step
         return per_step is not None and has_prefill_slack(per_step, cfg.max_prompt_tokens, cfg)
 
+    def _with_work(self, obs: Observation, engine: Counters | None, now: float) -> Observation:
+        """The period's online load (the engine's finished requests less this node's) and this node's batch work,
+        for the profile's reference; the observation as it was without two readings."""
+        own, before = OWN.totals(), self._finished
+        self._finished = None if engine is None else (now, engine, own)
+        if before is None or engine is None or now <= before[0]:
+            return obs
+        seconds = now - before[0]
+        online = online_finished(before[1], engine, before[2], own, seconds)
+        stage = self.settings.prefill_stage_tokens
+        return dataclasses.replace(
+            obs, online_finished=online, batch=batch_work(before[2], own, obs.batch_inflight, seconds, stage)
+        )
+
     def _size(self, text: str) -> None:
         """Once the engine shows its KV capacity: the ceiling it allows (the target is clamped under it)."""
         kv = kv_capacity_tokens(text)
@@ -303,7 +363,7 @@ class AimdGate:
         ceiling = configured_ceiling(self.settings, kv)
         if ceiling != self.controller.config.max_target:
             log.info("gate ceiling %d (engine: %d KV tokens, %d slots)", ceiling, kv, self.settings.max_num_seqs)
-            self.controller = AimdController(AimdConfig.from_settings(self.settings, ceiling))
+            self.controller = AimdController(AimdConfig.from_settings(self.settings, ceiling, self.profile))
             self.state = dataclasses.replace(self.state, target=min(self.state.target, ceiling))
             CEILING.set(ceiling)
 

@@ -15,6 +15,7 @@ import typing as t
 import prometheus_client
 import requests
 
+from tidal_workers.own_requests import OWN
 from tidal_workers.policy.staging import stage_prefixes
 from tidal_workers.policy.staging import tokenize_request
 from tidal_workers.policy.staging import warm_request
@@ -67,5 +68,6 @@ def warm_prompt(rt: Runtime, url: str, body: t.Mapping[str, t.Any], fields: t.Ma
             return warmed
         WARMUPS.labels("sent").inc()
         WARMUP_TOKENS.inc(length)
+        OWN.warm_up(length, length - warmed)
         warmed = length
     return warmed

@@ -70,7 +70,6 @@ def test_the_fit_says_nothing_without_spread_or_without_a_rising_line():
     for o in (5, 10, 15, 20):
         falling = falling.add(o, 0.05 - 0.001 * o)
     assert falling.reference() is None
-    assert inflation.reference(0.02, flat) == 0.02  # a configured reference needs no fit
 
 
 def test_budget_working_set_reads_the_slope_off_the_point():

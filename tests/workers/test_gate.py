@@ -21,6 +21,7 @@ from tidal_workers.gate import MetricsError
 from tidal_workers.gate import make_gate
 from tidal_workers.gate import parse_metrics
 from tidal_workers.gate import pool_threads
+from tidal_workers.own_requests import OWN
 from tidal_workers.policy.phase import SplitConfig
 
 
@@ -301,6 +302,50 @@ def test_the_latency_gate_reads_the_engines_inter_token_latency_and_cuts_over_it
     assert sample("tidal_gate_inflation") == pytest.approx(1.6)
     assert sample("tidal_gate_reference_itl_seconds") == pytest.approx(0.026)
     assert sample("tidal_gate_working_set") == 16
+
+
+def test_the_latency_gate_with_a_profile_reads_the_online_load_as_the_engines_finished_requests_less_its_own(
+    gate_settings, server
+):
+    """TIDAL_GATE_PROFILE: the requests vLLM finished between scrapes (its prompt and generation histograms), less
+    the ones this node finished (own_requests.OWN), are the online load the profile's reference is priced at."""
+
+    def page(itl_seconds, tokens, finished, prompt, generated):
+        labels = 'engine="0",model_name="tiny"'
+        lines = [vllm_metrics(kv=0.3).rstrip("\n")]
+        for name, count, total in (
+            ("inter_token_latency_seconds", tokens, itl_seconds),
+            ("request_prompt_tokens", finished, prompt),
+            ("request_generation_tokens", finished, generated),
+        ):
+            lines += [
+                f"# TYPE vllm:{name} histogram",
+                f'vllm:{name}_bucket{{{labels},le="+Inf"}} {count}',
+                f"vllm:{name}_count{{{labels}}} {count}",
+                f"vllm:{name}_sum{{{labels}}} {total}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    settings = gate_settings.replace(
+        gate_mode="latency", gate_profile="qwen2.5-7b@a6000", max_inflight=64, initial_inflight=10
+    )
+    gate = AimdGate(settings)
+    server.body = page(10.0, 400, 100, 30_000, 14_000)
+    gate.poll(0.0, 10)
+    OWN.item(1_000, 400, 0)  # this node's item, finished between the scrapes
+    server.body = page(10.0 + 1000 * 0.036, 1400, 100 + 6, 30_000 + 5 * 330 + 1_000, 14_000 + 5 * 150 + 400)
+    gate.poll(1.0, 10)
+    online = gate.state.profiled.online
+    assert (online.rate, online.prompt, online.output) == (5, 330, 150)  # six finished, one of them ours
+    assert gate.state.reference_s == pytest.approx(gate.state.profiled.reference(gate.profile))
+    assert gate.state.inflation == pytest.approx(0.036 / gate.state.reference_s)  # over 1.18 with ten: a cut
+    assert gate.state.decision == "cut"
+    assert sample("tidal_gate_reference_itl_seconds") == pytest.approx(gate.state.reference_s)
+
+
+def test_an_unknown_gate_profile_stops_the_start(gate_settings):
+    with pytest.raises(ValueError, match="unknown twin profile 'nope@nothing'"):
+        AimdGate(gate_settings.replace(gate_mode="latency", gate_profile="nope@nothing"))
 
 
 def test_max_inflight_overrides_the_engine(gate_settings, server):

@@ -4,6 +4,8 @@ compute one chunk at most is tests/e2e/test_staging_real_engine.py's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from prometheus_client import REGISTRY
 
@@ -11,6 +13,7 @@ from tests.support.stub_engine import WARMUP
 from tests.support.worker_helpers import assert_exactly_once
 from tests.support.worker_helpers import settled
 from tidal_workers.execute import cache_salt
+from tidal_workers.own_requests import OWN
 
 CHUNK = 1  # tokens a warm-up adds: the stub's tokens are the key's characters, "b0-0" four of them
 
@@ -25,6 +28,7 @@ def test_an_item_s_prompt_is_warmed_a_chunk_a_request_with_its_priority_and_salt
 ):
     batch = make_batch(1, priority=37, tenant="acme")
     tokens_before = REGISTRY.get_sample_value("tidal_prefill_stage_tokens_total") or 0.0
+    own_before = OWN.totals()
     with worker():
         b, out, err = settled(rt, batch)
     assert (b.completed, b.failed, err) == (1, 0, [])
@@ -39,6 +43,11 @@ def test_an_item_s_prompt_is_warmed_a_chunk_a_request_with_its_priority_and_salt
     assert stub.requests[-1]["cache_salt"] == salt
     # what the frontier takes out of the engine's counters (frontier.batch_samples): the warm-ups' prompt tokens
     assert REGISTRY.get_sample_value("tidal_prefill_stage_tokens_total") - tokens_before == 1 + 2 + 3
+    # what the latency gate takes out of the engine's finished requests (own_requests.py): three warm-ups, one token
+    # each, new a token each; the item (the stub's usage: 7 prompt tokens, 3 generated), 4 of its prompt not warmed
+    own = OWN.totals()
+    moved = [a - b for a, b in zip(dataclasses.astuple(own), dataclasses.astuple(own_before), strict=True)]
+    assert moved == [4, 1 + 2 + 3 + 7, 3 + 3, 3 + 4, 1, 7, 3]
 
 
 def test_a_failed_warm_up_ends_the_staging_and_the_item_goes_whole_with_no_retry_spent(rt, make_batch, worker, stub):

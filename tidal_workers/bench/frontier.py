@@ -369,10 +369,12 @@ class Frontier:
             reference = self.plan.gate_reference_ms
             if reference:
                 gate_env[env_name("gate_reference_itl_ms")] = f"{reference:g}"
+            elif self.plan.gate_profile:
+                gate_env[env_name("gate_profile")] = self.plan.twin_profile
             knob.update(
                 gate_alpha_set=point.knob,
                 gate_ceiling=cap,
-                gate_reference=f"{reference:g} ms" if reference else "fitted",
+                gate_reference=f"{reference:g} ms" if reference else "profile" if self.plan.gate_profile else "fitted",
                 initial_inflight=1,
             )
         else:  # outside, or outside-staged: the AIMD gate at the point's ceiling

@@ -125,8 +125,10 @@ class FrontierPlan:
     # (TIDAL_PREFILL_STAGE_TOKENS; 0: sent whole). outside-staged stages at STAGE_TOKENS whatever this says.
     stage_tokens: int = 0
     # outside-latency's reference ITL in ms (TIDAL_GATE_REFERENCE_ITL_MS: given, e.g. from a calibration or an
-    # online-alone window); 0: the gate fits it
+    # online-alone window); 0: the gate fits it, or takes it from the profile with gate_profile
     gate_reference_ms: float = 0.0
+    # outside-latency's reference from the twin's profile (TIDAL_GATE_PROFILE: the twin_profile, time-scaled with it)
+    gate_profile: bool = False
 
     @property
     def twin_profile(self) -> str:

@@ -337,6 +337,8 @@ def _plan_notes(plan: dict[str, t.Any]) -> list[str]:
     notes = []
     if plan.get("gate_reference_ms") and "outside-latency" in techniques:
         notes.append(f"outside-latency: the reference inter-token latency given, {plan['gate_reference_ms']:g} ms.")
+    elif plan.get("gate_profile") and "outside-latency" in techniques:
+        notes.append("outside-latency: the reference from the twin's profile at the online load served.")
     staged = [arm for arm in techniques if arm in STOCK_GATE_ARMS]
     if plan.get("stage_tokens") and staged:
         notes.append(f"{' and '.join(staged)}: batch prompts staged {plan['stage_tokens']} tokens a request.")

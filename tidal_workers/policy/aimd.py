@@ -31,7 +31,8 @@ online latency instead (:mod:`tidal_workers.policy.inflation`): KV pressure and
 preemptions still halve it, online waiting does not, and between them the
 target moves to the working set that keeps the engine's inter-token latency
 within ``alpha_set`` of its online-alone reference (once per period; until the
-reference is known, it grows by one as above).
+reference is known, it grows by one as above). The reference is given, or the engine's profile's
+(:mod:`tidal_workers.policy.profile_reference`), or fitted, in that order.
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ import typing as t
 
 from tidal_workers.policy import inflation
 from tidal_workers.policy.inflation import ItlFit
+from tidal_workers.policy.profile_reference import Batch
+from tidal_workers.policy.profile_reference import ProfileReference
+from tidal_workers.policy.profile_reference import Work
 
 if t.TYPE_CHECKING:
     from config import Settings
+    from tidal_engine.step_time import Profile
 
 HALVE = "halve"
 GROW = "grow"
@@ -77,7 +82,8 @@ class AimdConfig:
     max_target: int = 4
     initial_target: int = 1
     alpha_set: float | None = None  # latency mode: the inflation of online ITL the batch may cause
-    reference_itl_s: float = 0.0  # latency mode: the online-alone ITL if known (> 0), else fitted
+    reference_itl_s: float = 0.0  # latency mode: the online-alone ITL if known (> 0), else the profile's, else fitted
+    profile: Profile | None = None  # latency mode: the engine's step-time profile, where known
 
     def __post_init__(self) -> None:
         if self.alpha_set is not None and self.alpha_set <= 1:
@@ -93,8 +99,9 @@ class AimdConfig:
             )
 
     @classmethod
-    def from_settings(cls, settings: Settings, ceiling: int) -> AimdConfig:
-        """The rule as configured, under ``ceiling`` (``TIDAL_MAX_INFLIGHT``, or what the engine allows)."""
+    def from_settings(cls, settings: Settings, ceiling: int, profile: Profile | None = None) -> AimdConfig:
+        """The rule as configured, under ``ceiling`` (``TIDAL_MAX_INFLIGHT``, or what the engine allows), with the
+        engine's ``profile`` (``TIDAL_GATE_PROFILE``, loaded by the caller) for the latency mode's reference."""
         return cls(
             kv_high=settings.kv_high,
             kv_low=settings.kv_low,
@@ -107,6 +114,7 @@ class AimdConfig:
             initial_target=min(max(settings.initial_inflight, settings.min_inflight), ceiling),
             alpha_set=settings.gate_alpha_set if settings.gate_mode == "latency" else None,
             reference_itl_s=settings.gate_reference_itl_ms / 1000,
+            profile=profile,
         )
 
 
@@ -121,6 +129,8 @@ class Observation:
     batch_inflight: int  # O: this node's batch requests at the engine (POSTs sent and not yet answered)
     ok: bool = True  # False: unreachable, malformed or stale
     itl_seconds: float | None = None  # the engine's mean inter-token latency since the last reading; None: no token
+    online_finished: Work | None = None  # requests the engine finished since the last reading, less this node's
+    batch: Batch = Batch()  # this node's batch work at the engine since the last reading, for the profile
 
     @classmethod
     def failed(cls, batch_inflight: int) -> Observation:
@@ -152,6 +162,7 @@ class AimdState:
     changed_at: float | None = None
     decision: str = HOLD  # what the last step decided
     fit: ItlFit = ItlFit()  # latency mode: ITL against the working set, for the reference
+    profiled: ProfileReference = ProfileReference()  # latency mode with a profile: the load and the level
     reference_s: float | None = None  # latency mode: the online-alone ITL now believed
     inflation: float | None = None  # latency mode: smoothed ITL ÷ reference
     working_ewma: float | None = None  # latency mode: O smoothed alike, set whenever inflation is
@@ -211,11 +222,22 @@ class AimdController:
         if obs.itl_seconds is None:
             return state
         fit = state.fit.add(float(obs.batch_inflight), obs.itl_seconds)
+        profiled = state.profiled
+        if cfg.profile is not None and obs.online_finished is not None:
+            profiled = profiled.add(cfg.profile, obs.online_finished, obs.batch, obs.itl_seconds)
+        if cfg.reference_itl_s > 0:
+            ref: float | None = cfg.reference_itl_s
+        elif cfg.profile is not None:
+            ref = profiled.reference(cfg.profile)
+        else:
+            ref = fit.reference()
         # once known, a reference outlives a stretch in which the working set held still and the fit lost its spread
-        ref = inflation.reference(cfg.reference_itl_s, fit) or state.reference_s
+        ref = ref or state.reference_s
         infl = None if ref is None else _ewma(state.inflation, obs.itl_seconds / ref, inflation.SMOOTHING)
         working = _ewma(state.working_ewma, float(obs.batch_inflight), inflation.SMOOTHING)
-        return dataclasses.replace(state, fit=fit, reference_s=ref, inflation=infl, working_ewma=working)
+        return dataclasses.replace(
+            state, fit=fit, profiled=profiled, reference_s=ref, inflation=infl, working_ewma=working
+        )
 
 
 def _ewma(prev: float | None, value: float, alpha: float) -> float:

@@ -17,10 +17,10 @@ least one and at most half again: increases sized to the gap, not one a second, 
 working set has caught up with the last (``next_target``). Inflation and O are smoothed
 alike (``SMOOTHING``) before O* is read off them.
 
-The reference r is either given (``TIDAL_GATE_REFERENCE_ITL_MS``: from the engine's profile, e.g. the twin's
-decode step, or a calibration run; a constant, so right at the online load it was taken at) or estimated by
-regressing ITL on O down to O = 0, with exponential forgetting (``ItlFit``): a busy node rarely sees a period with
-no batch work, but the gate's own moves spread O enough to fit. Until the fit has that spread (``MIN_SPREAD``
+The reference r is given (``TIDAL_GATE_REFERENCE_ITL_MS``: a constant, so right at the online load it was taken
+at), or the engine's profile's at the online load it serves (``TIDAL_GATE_PROFILE``: profile_reference.py), or
+estimated by regressing ITL on O down to O = 0, with exponential forgetting (``ItlFit``): a busy node rarely sees a
+period with no batch work, but the gate's own moves spread O enough to fit. Until the fit has that spread (``MIN_SPREAD``
 requests of standard deviation) the reference is unknown and the gate grows as the KV rule lets it, which makes
 the spread.
 
@@ -86,11 +86,6 @@ class ItlFit:
         slope = (self.sum_o_itl / self.weight - mean_o * mean_itl) / variance
         r = mean_itl - slope * mean_o
         return r if slope > 0 and r > 0 else None
-
-
-def reference(configured_s: float, fit: ItlFit) -> float | None:
-    """The online-alone ITL in seconds: the configured one when set (> 0), else the fit's."""
-    return configured_s if configured_s > 0 else fit.reference()
 
 
 def budget_working_set(working_set: float, inflation: float, alpha_set: float) -> float:

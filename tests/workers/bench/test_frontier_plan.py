@@ -69,16 +69,18 @@ def test_stage_tokens_stage_the_stock_engine_gates_only():
     assert [frontier_plan().stage_tokens_for(t) for t in fp.TECHNIQUES] == [0, 0, 0, 0, fp.STAGE_TOKENS]
 
 
-def test_a_plan_written_before_stage_tokens_resumes_as_unstaged(tmp_path):
+@pytest.mark.parametrize(("field", "other"), [("stage_tokens", 128), ("gate_profile", True)])
+def test_a_plan_written_before_a_field_resumes_with_its_default(tmp_path, field, other):
+    """stage_tokens (unstaged) and gate_profile (the reference given or fitted) came after the first runs."""
     plan = frontier_plan()
     fields = plan.as_dict()
-    del fields["stage_tokens"]
+    del fields[field]
     (tmp_path / "plan.json").write_text(json.dumps(fields))
     run = fp.RunDir(tmp_path)
     run.open(plan)  # the same plan: no mismatch
-    assert run.plan().stage_tokens == 0
-    with pytest.raises(fp.PlanMismatch, match="stage_tokens"):
-        run.open(frontier_plan(stage_tokens=128))
+    assert getattr(run.plan(), field) == getattr(plan, field)
+    with pytest.raises(fp.PlanMismatch, match=field):
+        run.open(frontier_plan(**{field: other}))
 
 
 def test_the_estimate_counts_each_point_kind():

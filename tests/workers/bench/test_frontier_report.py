@@ -159,6 +159,9 @@ def test_the_table_says_which_arms_staged_their_prompts_and_a_given_gate_referen
     given = dataclasses.replace(plan, techniques=("outside-latency",), gate_reference_ms=31.8)
     text = fr.table(fr.Report(given, [record(point(fp.CEILING), tokens_per_s=1700.0)]).results())
     assert text.startswith("outside-latency: the reference inter-token latency given, 31.8 ms.\n\noutside-latency: ")
+    profiled = dataclasses.replace(plan, techniques=("outside-latency",), gate_profile=True)
+    text = fr.table(fr.Report(profiled, [record(point(fp.CEILING), tokens_per_s=1700.0)]).results())
+    assert text.startswith("outside-latency: the reference from the twin's profile at the online load served.\n\n")
 
 
 def test_the_report_reads_a_plan_back_from_its_json():

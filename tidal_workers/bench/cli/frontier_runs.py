@@ -76,6 +76,11 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
     help="outside-latency's reference inter-token latency (TIDAL_GATE_REFERENCE_ITL_MS); 0: the gate fits it.",
 )
 @click.option(
+    "--gate-profile",
+    is_flag=True,
+    help="outside-latency's reference from the twin's profile at the online load it serves (TIDAL_GATE_PROFILE).",
+)
+@click.option(
     "--stage-tokens",
     default=0,
     show_default=True,
@@ -119,6 +124,7 @@ def frontier(
     inside_knobs: str,
     latency_gate_knobs: str,
     gate_reference_ms: float,
+    gate_profile: bool,
     stage_tokens: int,
     peer_concurrency: str,
     reps: int,
@@ -178,7 +184,10 @@ def frontier(
             time_scale=time_scale,
             stage_tokens=stage_tokens,
             gate_reference_ms=gate_reference_ms,
+            gate_profile=gate_profile,
         )
+        if gate_profile and gate_reference_ms:
+            raise click.UsageError("--gate-profile and --gate-reference-ms each set the reference: give one")
         _check(plan.loads, ONLINE_LOADS, "--loads")
         _check(plan.mixes, BATCH_MIXES, "--mixes")
         _check(plan.techniques, fp.TECHNIQUES, "--techniques")

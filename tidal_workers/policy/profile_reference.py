@@ -1,0 +1,155 @@
+"""The latency gate's reference from the engine's profile: the online-alone inter-token latency that the step-time
+form T(P, C) (``tidal_engine/step_time.py``) predicts at the online load the engine is serving, levelled by what
+the engine measures.
+
+Why not the fit alone (inflation.py's ``ItlFit``): its intercept extrapolates ITL from a working set of 6-16 down
+to none, and a period's mean ITL swings ±10-15 %, so the intercept walked several per cent as forgetting replaced
+readings (on the A6000 twin at 5/s every fitted window drifted 24-54 %). Why not the profile alone: a fluid model of
+the steps misses what the engine adds (Poisson bursts of prompts, the host's own time), and on the twin its
+online-alone ITL read 4 % under the measured one at 5/s; at α_set 1.2 that is a fifth of the budget.
+
+So the profile gives the shape and the engine the level. Each period:
+
+- The online load is what the engine finished less what this node finished (vLLM's ``request_prompt_tokens`` and
+  ``request_generation_tokens`` histograms, both observed as a request finishes, against the node's own count of
+  the same; ``own_requests.py``): requests a second and their mean prompt and output, as forgetting sums.
+- ``mean_gap`` solves the steady state of the steps (Little's law, as the oracle does,
+  tidal_workers/bench/oracle.py) for that online load beside the node's batch: O requests decoding at their mean
+  context and the prompt tokens the node had computed, spread over the steps. It returns the mean step, which on a
+  stock vLLM is the mean ITL (every running request gets one token a step).
+- The level is the forgetting mean of measured ITL ÷ ``mean_gap`` at the period's own batch and the last ~10 s of
+  online load: every reading informs it, at whatever working set, with no extrapolation to O = 0.
+- The reference is level × ``mean_gap`` with no batch. A step of the online rate moves it as the load's sums
+  follow (~1/(1 − ``LOAD_FORGET``) periods); meanwhile the higher ITL reads as inflation and cuts, the safe side.
+
+The model errs where its slope does: a batch decode that costs more than the profile says raises the level with
+the working set, and the gate then holds a little more than α_set allows (measured, docs/benchmarks.md).
+
+Pure: readings in, seconds out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tidal_engine.step_time import Profile
+from tidal_engine.step_time import step_seconds
+
+LOAD_FORGET = 0.99  # per period: the online load remembers ~100 s (~500 requests at 5/s: rate ±3 %, r ±1.3 %)
+RECENT_FORGET = 0.9  # per period: the load that caused this period's ITL, ~10 s, which the level reads against
+LEVEL_FORGET = 0.998  # per reading: ~500 periods (a calibration, not a signal)
+BISECTIONS = 60
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """Requests finished, as forgetting sums over periods: their number, prompt and generated tokens, and the
+    seconds they were counted over."""
+
+    seconds: float = 0.0
+    requests: float = 0.0
+    prompt_tokens: float = 0.0
+    output_tokens: float = 0.0
+
+    def add(self, seconds: float, requests: float, prompt_tokens: float, output_tokens: float, forget: float) -> Work:
+        f = forget
+        return Work(
+            f * self.seconds + seconds,
+            f * self.requests + requests,
+            f * self.prompt_tokens + prompt_tokens,
+            f * self.output_tokens + output_tokens,
+        )
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def prompt(self) -> float:
+        return self.prompt_tokens / self.requests if self.requests > 0 else 0.0
+
+    @property
+    def output(self) -> float:
+        return self.output_tokens / self.requests if self.requests > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """The node's batch work at the engine in one period: requests decoding, their mean context, and the prompt
+    tokens a second it had the engine compute (staged warm-ups' chunks, the unwarmed rest of each prompt)."""
+
+    decoding: float = 0.0
+    context: float = 0.0
+    prefill_per_s: float = 0.0
+    chunk: float = 0.0  # the prompt tokens one batch prefill lands in a step with (a staged chunk, or a whole prompt)
+
+
+def mean_gap(profile: Profile, online: Work, batch: Batch = Batch()) -> float | None:
+    """The mean step in seconds with ``online``'s load (its rate, mean prompt and output) beside ``batch``: the
+    concurrency n of online decodes at which the steps fill each second, then 1 ÷ steps a second. None where there
+    is no online decode to time, or the load does not fit the engine (then no step time is steady)."""
+    rate, prompt, decodes = online.rate, online.prompt, online.output - 1  # the first token comes with the prefill
+    if rate <= 0 or decodes <= 0:
+        return None
+    context = prompt + online.output / 2  # the mean resident size of a decoding online request
+
+    def busy(n: float) -> float:
+        """Seconds a second the steps take at online concurrency n (Little's law: every step advances all n)."""
+        steps = rate * decodes / n
+        share = min(1.0, batch.prefill_per_s / (steps * batch.chunk)) if batch.chunk > 0 else 0.0
+        seconds = 0.0
+        for chunk, weight in ((0, 1 - share), (batch.chunk, share)):  # steps without and with a batch chunk
+            tokens = n + batch.decoding + chunk
+            cached = round(n * context + batch.decoding * batch.context + (batch.context if chunk else 0))
+            pairs = n * (context + 1) + batch.decoding * (batch.context + 1) + chunk * batch.context
+            decode = step_seconds(profile, round(tokens), cached, round(pairs))
+            with_prompt = step_seconds(
+                profile, round(tokens + prompt), cached, round(pairs + prompt * (prompt + 1) / 2)
+            )
+            seconds += weight * (rate * with_prompt + (steps - rate) * decode)
+        return seconds
+
+    lo, hi = 1e-3, decodes * (1 - 1e-9)  # above decodes, fewer steps a second than prompts: no steady state
+    if busy(hi) >= 1.0:
+        return None
+    for _ in range(BISECTIONS):  # busy falls as n grows (fewer, slightly longer steps)
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if busy(mid) >= 1.0 else (lo, mid)
+    return hi / (rate * decodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileReference:
+    """The forgetting sums the reference is read from: the online load, long (for the reference) and recent (for
+    the level), and the level (measured ÷ modelled ITL).
+
+    The level reads each ITL against the recent load, the one that caused it: read against the long mean, a step of
+    the online rate (5 → 8/s) made ITL rise ahead of the model for ~100 periods, the level took that for the
+    model's error, and the reference overshot its new value by 3 %."""
+
+    online: Work = Work()
+    recent: Work = Work()
+    level_sum: float = 0.0
+    level_weight: float = 0.0
+
+    def add(self, profile: Profile, online_finished: Work, batch: Batch, itl: float | None) -> ProfileReference:
+        """One period: ``online_finished`` (one period's counts, not sums) into the loads, then the period's ITL, if
+        a token was timed, into the level at the period's batch."""
+        counts = (online_finished.seconds, online_finished.requests)
+        tokens = (online_finished.prompt_tokens, online_finished.output_tokens)
+        online = self.online.add(*counts, *tokens, forget=LOAD_FORGET)
+        recent = self.recent.add(*counts, *tokens, forget=RECENT_FORGET)
+        modelled = mean_gap(profile, recent, batch) if itl is not None else None
+        if itl is None or modelled is None:
+            return dataclasses.replace(self, online=online, recent=recent)
+        f = LEVEL_FORGET
+        return ProfileReference(online, recent, f * self.level_sum + itl / modelled, f * self.level_weight + 1.0)
+
+    @property
+    def level(self) -> float | None:
+        return self.level_sum / self.level_weight if self.level_weight > 0 else None
+
+    def reference(self, profile: Profile) -> float | None:
+        """The online-alone ITL in seconds: the level times the profile's step with the online load alone."""
+        alone = mean_gap(profile, self.online)
+        return None if alone is None or self.level is None else self.level * alone
