@@ -412,6 +412,13 @@ class Frontier:
                         "warmups": gate.get("tidal_prefill_stages_total", 0.0),
                         "warmup_tokens": gate.get("tidal_prefill_stage_tokens_total", 0.0),
                     }
+                    if point.technique == "outside-latency":  # what the gate believed: its reference, its inflation
+                        for name, key in (
+                            ("reference_itl_seconds", "gate_reference_s"),
+                            ("inflation", "gate_inflation"),
+                        ):
+                            value = gate.get(f"tidal_gate_{name}", math.nan)
+                            row[key] = value if math.isfinite(value) else 0.0
                     if point.technique == "inside" and plugin_url:
                         # Behind a fixed gate the requests sent are constant; what settles is what the plugin holds
                         # at the engine: batch requests with KV, decoding or parked (the rest wait unprefilled).

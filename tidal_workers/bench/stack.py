@@ -41,6 +41,8 @@ GATE_SERIES = (
     "tidal_gate_inflight",
     "tidal_gate_engine_outstanding",
     "tidal_prefill_stage_tokens_total",
+    "tidal_gate_reference_itl_seconds",
+    "tidal_gate_inflation",
 )
 
 
@@ -172,7 +174,8 @@ class TidalStack:
 
     def gate(self) -> dict[str, float]:
         """The worker's gate as it exports it: ``tidal_gate_target``, ``tidal_gate_inflight`` (leases held) and
-        ``tidal_gate_engine_outstanding`` (batch requests at the engine); and staged prefill's answered warm-ups,
+        ``tidal_gate_engine_outstanding`` (batch requests at the engine); the latency gate's reference and inflation
+        (NaN until known); and staged prefill's answered warm-ups,
         ``tidal_prefill_stages_total`` and their prompt tokens ``tidal_prefill_stage_tokens_total`` (work the
         engine's counters hold that is not the batch's output)."""
         return {
