@@ -75,7 +75,15 @@ ALPHA_SET = prometheus_client.Gauge(
     "tidal_gate_alpha_set", "Latency gate: the budget multiplier, online ITL allowed over its online-alone reference."
 )
 REFERENCE_ITL = prometheus_client.Gauge(
-    "tidal_gate_reference_itl_seconds", "Latency gate: the engine's online-alone inter-token latency (given or fitted)."
+    "tidal_gate_reference_itl_seconds",
+    "Latency gate: the engine's online-alone inter-token latency (given, the profile's, or fitted).",
+)
+ONLINE_RATE = prometheus_client.Gauge(
+    "tidal_gate_online_requests_per_second",
+    "Latency gate with a profile: the requests the engine finishes a second that are not this node's (~100 s).",
+)
+PROFILE_LEVEL = prometheus_client.Gauge(
+    "tidal_gate_profile_level", "Latency gate with a profile: the engine's inter-token latency over the profile's."
 )
 INFLATION = prometheus_client.Gauge(
     "tidal_gate_inflation", "Latency gate: the engine's inter-token latency over its reference, smoothed."
@@ -387,6 +395,9 @@ class AimdGate:
         WORKING_SET.set(obs.batch_inflight)
         REFERENCE_ITL.set(st.reference_s if st.reference_s is not None else math.nan)
         INFLATION.set(st.inflation if st.inflation is not None else math.nan)
+        if self.profile is not None:
+            ONLINE_RATE.set(st.profiled.online.rate)
+            PROFILE_LEVEL.set(st.profiled.level if st.profiled.level is not None else math.nan)
         if why:
             if st.target != before.target or before.decision != FAILSAFE:
                 log.warning("gate target %d -> %d (failsafe: %s)", before.target, st.target, why)

@@ -3,11 +3,13 @@ online-alone step at the online load served, levelled by the engine's measured I
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
 import pytest
 
+from tidal_engine.step_time import step_seconds
 from tidal_engine.twin import load_profile
 from tidal_workers.bench import oracle
 from tidal_workers.bench.workload import GPU_WORKLOAD
@@ -59,10 +61,19 @@ def test_the_step_grows_with_the_batch_and_with_its_prefill_landing_in_lumps():
     assert spread < gaps[2]  # the smooth knee: a lump costs more than its share (the twin: 128-token warm-ups)
 
 
+def test_a_light_load_steps_no_faster_than_one_token_a_step():
+    """Under half a decode running at once, a step is still a step: the bench's first gate, whose rounding made a
+    step of no token cost nothing, read a gap of microseconds there and a reference of seconds from it."""
+    one_token = step_seconds(A6000, 1, 0, 0)
+    for rate in (0.01, 0.1, 0.5, 2):
+        assert t(mean_gap(A6000, online(rate))) >= one_token
+
+
 def test_no_online_decode_or_a_load_the_engine_cannot_hold_has_no_step():
     assert mean_gap(A6000, Work()) is None
     assert mean_gap(A6000, Work(1.0, 5, 5 * 300, 5)) is None  # one token each: no decode to time
     assert mean_gap(A6000, online(200)) is None
+    assert mean_gap(A6000, Work(1.0, 5, -100, 5 * 150)) is None  # the node's prompts counted ahead of the engine's
 
 
 def test_the_level_reads_every_working_set_alike_so_the_reference_holds_still():
@@ -79,9 +90,9 @@ def test_the_level_reads_every_working_set_alike_so_the_reference_holds_still():
             o = rng.uniform(6, 16)
             itl = LEVEL * t(mean_gap(A6000, online(5), staged(o))) * (1 + rng.uniform(-0.12, 0.12))
             ref, fit = ref.add(A6000, online(arrivals), staged(o), itl), fit.add(o, itl)
-            refs.append(t(ref.reference(A6000)) / truth)
-            fits.append(t(fit.reference()) / truth if len(refs) > 300 else 1.0)
-        settled, fitted = refs[300:], fits[300:]
+            refs.append(ref.reference(A6000))
+            fits.append(fit.reference())
+        settled, fitted = [t(r) / truth for r in refs[300:]], [t(f) / truth for f in fits[300:]]
         assert max(abs(r - 1) for r in settled) <= 0.02, (seed, min(settled), max(settled))
         assert max(settled) - min(settled) < 0.5 * (max(fitted) - min(fitted)), seed
 
@@ -118,12 +129,14 @@ def test_work_forgets_old_periods_alike_in_every_sum():
 
 def test_a_given_reference_comes_first_then_the_profile_then_the_fit():
     base = {"period": 1.0, "max_target": 64, "alpha_set": 1.2}
-    obs = Observation(0.3, 0, 30, 0, 10, itl_seconds=0.036, online_finished=online(5), batch=staged(10))
+    obs = Observation(0.3, 0, 30, 0, 10, itl_seconds=0.036, online_finished=online(5, 10), batch=staged(10))
     given = AimdController(AimdConfig(**base, reference_itl_s=0.03, profile=A6000))
     assert given.step(given.initial(), obs, 0.0).reference_s == 0.03
     profiled = AimdController(AimdConfig(**base, profile=A6000))
     state = profiled.step(profiled.initial(), obs, 0.0)
     model = t(mean_gap(A6000, online(5), staged(10)))
     assert state.reference_s == pytest.approx(0.036 / model * t(mean_gap(A6000, online(5))))
+    few = dataclasses.replace(obs, online_finished=online(5))
+    assert profiled.step(profiled.initial(), few, 0.0).reference_s is None  # five requests: no means to read yet
     fitted = AimdController(AimdConfig(**base))
     assert fitted.step(fitted.initial(), obs, 0.0).reference_s is None  # one reading: no spread to fit

@@ -416,6 +416,8 @@ class Frontier:
                         for name, key in (
                             ("reference_itl_seconds", "gate_reference_s"),
                             ("inflation", "gate_inflation"),
+                            ("online_requests_per_second", "gate_online_rate"),
+                            ("profile_level", "gate_profile_level"),
                         ):
                             value = gate.get(f"tidal_gate_{name}", math.nan)
                             row[key] = value if math.isfinite(value) else 0.0

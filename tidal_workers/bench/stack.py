@@ -43,6 +43,8 @@ GATE_SERIES = (
     "tidal_prefill_stage_tokens_total",
     "tidal_gate_reference_itl_seconds",
     "tidal_gate_inflation",
+    "tidal_gate_online_requests_per_second",
+    "tidal_gate_profile_level",
 )
 
 

@@ -39,6 +39,10 @@ LOAD_FORGET = 0.99  # per period: the online load remembers ~100 s (~500 request
 RECENT_FORGET = 0.9  # per period: the load that caused this period's ITL, ~10 s, which the level reads against
 LEVEL_FORGET = 0.998  # per reading: ~500 periods (a calibration, not a signal)
 BISECTIONS = 60
+MIN_REQUESTS = 20.0  # a load's means are read from this many requests' weight at least (~4 s at 5/s)
+# A period whose ITL the model misses by this factor either way is a counting slip (the node's requests counted a
+# scrape before or after the engine's), not news of the level: it is left out.
+MAX_SLIP = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +93,7 @@ def mean_gap(profile: Profile, online: Work, batch: Batch = Batch()) -> float | 
     concurrency n of online decodes at which the steps fill each second, then 1 ÷ steps a second. None where there
     is no online decode to time, or the load does not fit the engine (then no step time is steady)."""
     rate, prompt, decodes = online.rate, online.prompt, online.output - 1  # the first token comes with the prefill
-    if rate <= 0 or decodes <= 0:
+    if rate <= 0 or decodes <= 0 or prompt < 0:
         return None
     context = prompt + online.output / 2  # the mean resident size of a decoding online request
 
@@ -102,7 +106,9 @@ def mean_gap(profile: Profile, online: Work, batch: Batch = Batch()) -> float | 
             tokens = n + batch.decoding + chunk
             cached = round(n * context + batch.decoding * batch.context + (batch.context if chunk else 0))
             pairs = n * (context + 1) + batch.decoding * (batch.context + 1) + chunk * batch.context
-            decode = step_seconds(profile, round(tokens), cached, round(pairs))
+            # at least a token: under half a decode a second, a step of none would cost nothing, and busy would
+            # fall again as n does (the bisection then settled on a gap of microseconds)
+            decode = step_seconds(profile, max(1, round(tokens)), cached, round(pairs))
             with_prompt = step_seconds(
                 profile, round(tokens + prompt), cached, round(pairs + prompt * (prompt + 1) / 2)
             )
@@ -139,8 +145,8 @@ class ProfileReference:
         tokens = (online_finished.prompt_tokens, online_finished.output_tokens)
         online = self.online.add(*counts, *tokens, forget=LOAD_FORGET)
         recent = self.recent.add(*counts, *tokens, forget=RECENT_FORGET)
-        modelled = mean_gap(profile, recent, batch) if itl is not None else None
-        if itl is None or modelled is None:
+        modelled = mean_gap(profile, recent, batch) if itl is not None and recent.requests >= MIN_REQUESTS else None
+        if itl is None or modelled is None or not 1 / MAX_SLIP <= itl / modelled <= MAX_SLIP:
             return dataclasses.replace(self, online=online, recent=recent)
         f = LEVEL_FORGET
         return ProfileReference(online, recent, f * self.level_sum + itl / modelled, f * self.level_weight + 1.0)
@@ -151,5 +157,5 @@ class ProfileReference:
 
     def reference(self, profile: Profile) -> float | None:
         """The online-alone ITL in seconds: the level times the profile's step with the online load alone."""
-        alone = mean_gap(profile, self.online)
+        alone = mean_gap(profile, self.online) if self.online.requests >= MIN_REQUESTS else None
         return None if alone is None or self.level is None else self.level * alone
