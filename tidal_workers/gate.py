@@ -82,6 +82,10 @@ ONLINE_RATE = prometheus_client.Gauge(
     "tidal_gate_online_requests_per_second",
     "Latency gate with a profile: the requests the engine finishes a second that are not this node's (~100 s).",
 )
+STEERED = prometheus_client.Gauge(
+    "tidal_gate_steered_inflation",
+    "Latency gate: the inflation its target last moved on (with a profile, the profile's at the working set).",
+)
 PROFILE_LEVEL = prometheus_client.Gauge(
     "tidal_gate_profile_level", "Latency gate with a profile: the engine's inter-token latency over the profile's."
 )
@@ -395,6 +399,7 @@ class AimdGate:
         WORKING_SET.set(obs.batch_inflight)
         REFERENCE_ITL.set(st.reference_s if st.reference_s is not None else math.nan)
         INFLATION.set(st.inflation if st.inflation is not None else math.nan)
+        STEERED.set(st.steered if st.steered is not None else math.nan)
         if self.profile is not None:
             ONLINE_RATE.set(st.profiled.online.rate)
             PROFILE_LEVEL.set(st.profiled.level if st.profiled.level is not None else math.nan)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -140,3 +141,93 @@ def test_a_given_reference_comes_first_then_the_profile_then_the_fit():
     assert profiled.step(profiled.initial(), few, 0.0).reference_s is None  # five requests: no means to read yet
     fitted = AimdController(AimdConfig(**base))
     assert fitted.step(fitted.initial(), obs, 0.0).reference_s is None  # one reading: no spread to fit
+
+
+def settled_reference(rate: float) -> ProfileReference:
+    """The sums after ten minutes of ``rate`` online requests a second beside ten staged batch requests."""
+    ref = ProfileReference()
+    for _ in range(600):
+        ref = ref.add(A6000, online(rate), staged(10), LEVEL * t(mean_gap(A6000, online(rate), staged(10))))
+    return ref
+
+
+def test_the_profiles_inflation_is_its_step_with_the_batch_over_its_step_without_and_o_star_meets_alpha():
+    ref = settled_reference(8)
+    assert ref.inflation(A6000, 0) == pytest.approx(1.0)
+    inflations = [t(ref.inflation(A6000, o)) for o in (5, 10, 20)]
+    assert inflations == sorted(inflations) and inflations[0] > 1
+    # the batch's prefill grows with it: ten requests prefill 50 tokens a second each, as the sums saw
+    assert inflations[1] == pytest.approx(t(mean_gap(A6000, online(8), staged(10))) / t(mean_gap(A6000, online(8))))
+    o_star = t(ref.budget(A6000, 1.2, 185))
+    assert t(ref.inflation(A6000, o_star)) == pytest.approx(1.2, abs=5e-3)  # steps are whole tokens
+    assert ref.budget(A6000, 1.5, 8) == 8  # the cap reached before the budget
+    assert ProfileReference().budget(A6000, 1.2, 185) is None  # no load seen: nothing to price
+
+
+def engine_at(rate: float, rng: random.Random, noise: float = 0.12) -> Callable[[float], float]:
+    """A scripted engine: its ITL is LEVEL × the profile's with the working set at the engine, ±noise a period."""
+    return lambda o: LEVEL * t(mean_gap(A6000, online(rate), staged(o))) * (1 + rng.uniform(-noise, noise))
+
+
+def run_gate(ctl: AimdController, itl: Callable[[float], float], rate: float, periods: int) -> list[int]:
+    """The gate against ``itl``: admissions reach the engine at once, cuts drain two requests a period."""
+    state, working_set, targets = ctl.initial(), 1, []
+    for i in range(periods):
+        obs = Observation(
+            0.3,
+            0,
+            40 + working_set,
+            0,
+            working_set,
+            itl_seconds=itl(working_set),
+            online_finished=online(rate),
+            batch=staged(working_set),
+        )
+        state = ctl.step(state, obs, float(i))
+        working_set = state.target if state.target > working_set else max(state.target, working_set - 2)
+        targets.append(state.target)
+    return targets
+
+
+def test_steering_on_the_profile_holds_the_working_set_still_where_the_measured_inflation_saws():
+    """At 8/s a period's ITL swings ±12 % and the batch's whole cost at α_set 1.2 is a fifth of the step: the rule
+    on the measured inflation (its reference given, exact) moved the working set over a wide range; on the
+    profile's inflation it settles at O* and stays within a request of it."""
+    base = {"period": 1.0, "max_target": 185, "alpha_set": 1.2}
+    truth = LEVEL * t(mean_gap(A6000, online(8)))
+    measured = run_gate(
+        AimdController(AimdConfig(**base, reference_itl_s=truth)), engine_at(8, random.Random(5)), 8, 400
+    )
+    steered = run_gate(AimdController(AimdConfig(**base, profile=A6000)), engine_at(8, random.Random(5)), 8, 400)
+    o_star = t(settled_reference(8).budget(A6000, 1.2, 185))
+    assert max(steered[200:]) - min(steered[200:]) <= 1, sorted(set(steered[200:]))
+    assert all(abs(o - o_star) <= 1.5 for o in steered[200:]), (o_star, sorted(set(steered[200:])))
+    assert max(measured[200:]) - min(measured[200:]) >= 6, sorted(set(measured[200:]))
+
+
+def test_a_measured_inflation_far_over_the_budget_overrides_the_profile():
+    """A step of the online load the sums have not priced yet: the engine reads 1.6× while the profile, at the old
+    load, says the batch is within budget. The measured point cuts."""
+    ctl = AimdController(AimdConfig(period=1.0, max_target=185, alpha_set=1.2, profile=A6000))
+    rng = random.Random(2)
+    state = ctl.initial()
+    for i in range(300):
+        o = state.target
+        obs = Observation(
+            0.3, 0, 40 + o, 0, o, itl_seconds=engine_at(5, rng, 0.0)(o), online_finished=online(5), batch=staged(o)
+        )
+        state = ctl.step(state, obs, float(i))
+    before = state.target
+    for i in range(300, 305):
+        obs = Observation(
+            0.3,
+            0,
+            40 + before,
+            0,
+            before,
+            itl_seconds=1.6 * engine_at(5, rng, 0.0)(0),
+            online_finished=online(5),
+            batch=staged(before),
+        )
+        state = ctl.step(state, obs, float(i))
+    assert state.target < before and state.steered == state.inflation  # the measured inflation, not the profile's

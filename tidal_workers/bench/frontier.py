@@ -418,6 +418,7 @@ class Frontier:
                             ("inflation", "gate_inflation"),
                             ("online_requests_per_second", "gate_online_rate"),
                             ("profile_level", "gate_profile_level"),
+                            ("steered_inflation", "gate_steered"),
                         ):
                             value = gate.get(f"tidal_gate_{name}", math.nan)
                             row[key] = value if math.isfinite(value) else 0.0

@@ -45,6 +45,7 @@ GATE_SERIES = (
     "tidal_gate_inflation",
     "tidal_gate_online_requests_per_second",
     "tidal_gate_profile_level",
+    "tidal_gate_steered_inflation",
 )
 
 

@@ -166,6 +166,7 @@ class AimdState:
     reference_s: float | None = None  # latency mode: the online-alone ITL now believed
     inflation: float | None = None  # latency mode: smoothed ITL ÷ reference
     working_ewma: float | None = None  # latency mode: O smoothed alike, set whenever inflation is
+    steered: float | None = None  # latency mode: the inflation the target last moved on (the profile's, or inflation)
 
 
 class AimdController:
@@ -199,13 +200,18 @@ class AimdController:
         if cfg.alpha_set is not None and new.inflation is not None:
             if not _elapsed(state.changed_at, now, cfg.period):
                 return new
+            working = t.cast(float, new.working_ewma)
+            steered, wanted = new.inflation, None
+            if cfg.profile is not None and new.inflation <= cfg.alpha_set + inflation.GUARD:
+                # the profile's inflation and O*, without a period's noise; the measured one overrides them when
+                # it reads far over the budget (a step of the online load the sums have not followed yet)
+                modelled = new.profiled.inflation(cfg.profile, working)
+                budget = new.profiled.budget(cfg.profile, cfg.alpha_set, cfg.max_target)
+                if modelled is not None and budget is not None:
+                    steered, wanted = modelled, budget
+            new = dataclasses.replace(new, steered=steered)
             target = inflation.next_target(
-                state.target,
-                t.cast(float, new.working_ewma),
-                new.inflation,
-                cfg.alpha_set,
-                cfg.min_target,
-                cfg.max_target,
+                state.target, working, steered, cfg.alpha_set, cfg.min_target, cfg.max_target, wanted
             )
             if target == state.target:
                 return new

@@ -51,6 +51,10 @@ MAX_GROWTH = 0.5  # the most one period adds, as a share of the target (at least
 # that land in it (an online prompt's step is twice a decode step), and the gate saw that swing as its signal
 # (the first real run sawed 1 ↔ 12 requests at α_set 1.05); ~5 periods still answer a step of the online load.
 SMOOTHING = 0.2
+# With the engine's profile the target follows the profile's inflation and O* (profile_reference.py), which carry
+# none of a period's noise, unless the measured inflation reads this far over α_set: then a step of the online load
+# or a batch the profile misprices is news the profile has not yet priced, and the measured point rules.
+GUARD = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +100,22 @@ def budget_working_set(working_set: float, inflation: float, alpha_set: float) -
     return working_set * (alpha_set - 1.0) / (inflation - 1.0)
 
 
-def next_target(target: int, smoothed_set: float, inflation: float, alpha_set: float, lo: int, hi: int) -> int:
+def next_target(
+    target: int,
+    smoothed_set: float,
+    inflation: float,
+    alpha_set: float,
+    lo: int,
+    hi: int,
+    wanted: float | None = None,
+) -> int:
     """The target after one period: ``inflation`` and ``smoothed_set`` (O) smoothed alike, so that O* reads the
-    slope off one consistent point.
+    slope off one consistent point; or O* ``wanted`` as the engine's profile prices it (profile_reference.py).
 
     It grows only once the smoothed working set has reached the target: until then the smoothed inflation still
     describes fewer requests than the last growth allowed, and growing on it again compounds the step before its
     cost is seen (on the twin at 5/s the target sawed 3 ↔ 15 in ~20 s periods, growing half again each second)."""
-    wanted = budget_working_set(smoothed_set, inflation, alpha_set)
+    wanted = budget_working_set(smoothed_set, inflation, alpha_set) if wanted is None else wanted
     if inflation > alpha_set:
         cut = min(target, max(math.floor(wanted), math.ceil(target * (1 - MAX_CUT)), lo))
         if cut == target and smoothed_set <= target and target > lo:

@@ -22,8 +22,17 @@ So the profile gives the shape and the engine the level. Each period:
 - The reference is level × ``mean_gap`` with no batch. A step of the online rate moves it as the load's sums
   follow (~1/(1 − ``LOAD_FORGET``) periods); meanwhile the higher ITL reads as inflation and cuts, the safe side.
 
-The model errs where its slope does: a batch decode that costs more than the profile says raises the level with
-the working set, and the gate then holds a little more than α_set allows (measured, docs/benchmarks.md).
+With the profile the gate also steers on it (aimd.py): the inflation its target moves on is the profile's at the
+working set, ``inflation`` (model with the batch ÷ model without: the level cancels), and O* is where that reaches
+α_set, ``budget``. A period's measured ITL swings with the online prompts that land in it (±3 % over 20 s at 8/s,
+where the batch's whole share at α_set 1.2 is a fifth of the step), and moved a working set of ~10 between 2 and 17
+(docs/results/2026-12-06-latency-gate-profile); the profile's inflation moves only with the load's sums. Replayed
+over those windows it was within ~1 % of the inflation the online requests saw. The measured inflation still
+rules when it reads ``inflation.GUARD`` over α_set (a step of the online load the sums have not followed).
+
+The model errs where its slope does: a batch decode that costs more than the profile says is not seen while the
+measured inflation stays under the guard, and the gate then holds more than α_set allows (measured,
+docs/benchmarks.md).
 
 Pure: readings in, seconds out.
 """
@@ -31,6 +40,7 @@ Pure: readings in, seconds out.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from tidal_engine.step_time import Profile
 from tidal_engine.step_time import step_seconds
@@ -39,6 +49,7 @@ LOAD_FORGET = 0.99  # per period: the online load remembers ~100 s (~500 request
 RECENT_FORGET = 0.9  # per period: the load that caused this period's ITL, ~10 s, which the level reads against
 LEVEL_FORGET = 0.998  # per reading: ~500 periods (a calibration, not a signal)
 BISECTIONS = 60
+BUDGET_BISECTIONS = 20  # on O*: to a ten-thousandth of the engine's ceiling
 MIN_REQUESTS = 20.0  # a load's means are read from this many requests' weight at least (~4 s at 5/s)
 # A period whose ITL the model misses by this factor either way is a counting slip (the node's requests counted a
 # scrape before or after the engine's), not news of the level: it is left out.
@@ -137,19 +148,32 @@ class ProfileReference:
     recent: Work = Work()
     level_sum: float = 0.0
     level_weight: float = 0.0
+    batch: Batch = Batch()  # the last period's, for its requests' context and the chunk their prompts land in
+    prefill_sum: float = 0.0  # forgetting sums of the batch's computed prompt tokens a second and its decoding
+    decoding_sum: float = 0.0  # requests: their ratio is one batch request's prefill a second
 
     def add(self, profile: Profile, online_finished: Work, batch: Batch, itl: float | None) -> ProfileReference:
         """One period: ``online_finished`` (one period's counts, not sums) into the loads, then the period's ITL, if
         a token was timed, into the level at the period's batch."""
         counts = (online_finished.seconds, online_finished.requests)
         tokens = (online_finished.prompt_tokens, online_finished.output_tokens)
-        online = self.online.add(*counts, *tokens, forget=LOAD_FORGET)
-        recent = self.recent.add(*counts, *tokens, forget=RECENT_FORGET)
-        modelled = mean_gap(profile, recent, batch) if itl is not None and recent.requests >= MIN_REQUESTS else None
+        f = LOAD_FORGET
+        new = dataclasses.replace(
+            self,
+            online=self.online.add(*counts, *tokens, forget=f),
+            recent=self.recent.add(*counts, *tokens, forget=RECENT_FORGET),
+            batch=batch,
+            prefill_sum=f * self.prefill_sum + batch.prefill_per_s,
+            decoding_sum=f * self.decoding_sum + batch.decoding,
+        )
+        enough = itl is not None and new.recent.requests >= MIN_REQUESTS
+        modelled = mean_gap(profile, new.recent, batch) if enough else None
         if itl is None or modelled is None or not 1 / MAX_SLIP <= itl / modelled <= MAX_SLIP:
-            return dataclasses.replace(self, online=online, recent=recent)
-        f = LEVEL_FORGET
-        return ProfileReference(online, recent, f * self.level_sum + itl / modelled, f * self.level_weight + 1.0)
+            return new
+        g = LEVEL_FORGET
+        return dataclasses.replace(
+            new, level_sum=g * self.level_sum + itl / modelled, level_weight=g * self.level_weight + 1
+        )
 
     @property
     def level(self) -> float | None:
@@ -157,5 +181,33 @@ class ProfileReference:
 
     def reference(self, profile: Profile) -> float | None:
         """The online-alone ITL in seconds: the level times the profile's step with the online load alone."""
-        alone = mean_gap(profile, self.online) if self.online.requests >= MIN_REQUESTS else None
+        alone = self._alone(profile)
         return None if alone is None or self.level is None else self.level * alone
+
+    def inflation(self, profile: Profile, working_set: float) -> float | None:
+        """The profile's inflation with ``working_set`` batch requests beside the online load: its step with them
+        over its step without (the level is in both, so it cancels). None while the load is not known."""
+        alone = self._alone(profile)
+        with_batch = mean_gap(profile, self.online, self._batch(working_set)) if alone is not None else None
+        return None if alone is None or with_batch is None else with_batch / alone
+
+    def budget(self, profile: Profile, alpha_set: float, most: float) -> float | None:
+        """O*, the most batch requests (up to ``most``) at which the profile's inflation stays within ``alpha_set``;
+        None while the load is not known."""
+        if self.inflation(profile, 0.0) is None:
+            return None
+        if (self.inflation(profile, most) or math.inf) <= alpha_set:
+            return most
+        lo, hi = 0.0, most
+        for _ in range(BUDGET_BISECTIONS):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if (self.inflation(profile, mid) or math.inf) <= alpha_set else (lo, mid)
+        return lo
+
+    def _alone(self, profile: Profile) -> float | None:
+        return mean_gap(profile, self.online) if self.online.requests >= MIN_REQUESTS else None
+
+    def _batch(self, working_set: float) -> Batch:
+        """``working_set`` requests of the batch the node has been running, each prefilling as they have."""
+        per_request = self.prefill_sum / self.decoding_sum if self.decoding_sum > 0 else 0.0
+        return dataclasses.replace(self.batch, decoding=working_set, prefill_per_s=working_set * per_request)
