@@ -15,8 +15,10 @@ So the profile gives the shape and the engine the level. Each period:
   the same; ``own_requests.py``): requests a second and their mean prompt and output, as forgetting sums.
 - ``mean_gap`` solves the steady state of the steps (Little's law, as the oracle does,
   tidal_workers/bench/oracle.py) for that online load beside the node's batch: O requests decoding at their mean
-  context and the prompt tokens the node had computed, spread over the steps. It returns the mean step, which on a
-  stock vLLM is the mean ITL (every running request gets one token a step).
+  context, and the prompt tokens the node had computed landing a chunk at a time (128 tokens when staged: the
+  smooth knee makes a lump cost more than its share, and spread evenly the model missed a fifth of the batch's
+  cost). It returns the mean step, which on a stock vLLM is the mean ITL (every running request gets one token a
+  step).
 - The level is the forgetting mean of measured ITL ÷ ``mean_gap`` at the period's own batch and the last ~10 s of
   online load: every reading informs it, at whatever working set, with no extrapolation to O = 0.
 - The reference is level × ``mean_gap`` with no batch. A step of the online rate moves it as the load's sums
