@@ -429,7 +429,7 @@ class Settings(SchedulerSettings):
     )
     gate_profile: str = _setting(
         "",
-        "`latency` gate without a given reference: a profile of `tidal_engine/twin_profiles.toml` (`model@gpu`, `*K` time-scaled) whose step-time form predicts the online-alone inter-token latency at the online load the engine serves, levelled by the engine's measured latency (docs/architecture.md, the gate); empty: the reference is fitted.",
+        "`latency` gate without a given reference: a profile of `tidal_engine/twin_profiles.toml` (`model@gpu`, `*K` time-scaled) whose step-time form predicts the online-alone inter-token latency at the online load the engine serves, levelled by the engine's measured latency, and on whose inflation the target then moves (the measured one rules 0.25 over `TIDAL_GATE_ALPHA_SET`; docs/architecture.md, the gate); empty: the reference is fitted and the target moves on the measured inflation.",
     )
     scrape_seconds: float = _setting(1.0, "Period of the /metrics scrape and of the AIMD controller.", gt=0)
     ewma_alpha: float = _setting(0.5, "Smoothing of KV usage and waiting counts (1 = no smoothing).", gt=0, le=1)
