@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing as t
 
 from tidal_engine.step_time import Profile
 from tidal_engine.step_time import step_seconds
@@ -128,13 +129,20 @@ def mean_gap(profile: Profile, online: Work, batch: Batch = Batch()) -> float | 
             seconds += weight * (rate * with_prompt + (steps - rate) * decode)
         return seconds
 
-    lo, hi = 1e-3, decodes * (1 - 1e-9)  # above decodes, fewer steps a second than prompts: no steady state
-    if busy(hi) >= 1.0:
+    top = decodes * (1 - 1e-9)  # above decodes, fewer steps a second than prompts: no steady state
+    if busy(top) >= 1.0:
         return None
-    for _ in range(BISECTIONS):  # busy falls as n grows (fewer, slightly longer steps)
+    # busy falls as n grows (fewer, slightly longer steps): n is where it reaches one
+    _, n = _bisect(1e-3, top, lambda n: busy(n) >= 1.0, BISECTIONS)
+    return n / (rate * decodes)
+
+
+def _bisect(lo: float, hi: float, holds: t.Callable[[float], bool], iterations: int) -> tuple[float, float]:
+    """The interval [lo, hi] narrowed around where ``holds`` (true at lo, false at hi) stops holding."""
+    for _ in range(iterations):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if busy(mid) >= 1.0 else (lo, mid)
-    return hi / (rate * decodes)
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo, hi
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,24 +198,27 @@ class ProfileReference:
         """The profile's inflation with ``working_set`` batch requests beside the online load: its step with them
         over its step without (the level is in both, so it cancels). None while the load is not known."""
         alone = self._alone(profile)
-        with_batch = mean_gap(profile, self.online, self._batch(working_set)) if alone is not None else None
-        return None if alone is None or with_batch is None else with_batch / alone
+        return None if alone is None else self._over(profile, alone, working_set)
 
     def budget(self, profile: Profile, alpha_set: float, most: float) -> float | None:
         """O*, the most batch requests (up to ``most``) at which the profile's inflation stays within ``alpha_set``;
         None while the load is not known."""
-        if self.inflation(profile, 0.0) is None:
+        alone = self._alone(profile)  # once: every probe of O divides by the same step
+        if alone is None:
             return None
-        if (self.inflation(profile, most) or math.inf) <= alpha_set:
-            return most
-        lo, hi = 0.0, most
-        for _ in range(BUDGET_BISECTIONS):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if (self.inflation(profile, mid) or math.inf) <= alpha_set else (lo, mid)
-        return lo
+
+        def within(o: float) -> bool:
+            return (self._over(profile, alone, o) or math.inf) <= alpha_set
+
+        return most if within(most) else _bisect(0.0, most, within, BUDGET_BISECTIONS)[0]
 
     def _alone(self, profile: Profile) -> float | None:
         return mean_gap(profile, self.online) if self.online.requests >= MIN_REQUESTS else None
+
+    def _over(self, profile: Profile, alone: float, working_set: float) -> float | None:
+        """The step with ``working_set`` batch requests over ``alone``; None where the load would not fit."""
+        with_batch = mean_gap(profile, self.online, self._batch(working_set))
+        return None if with_batch is None else with_batch / alone
 
     def _batch(self, working_set: float) -> Batch:
         """``working_set`` requests of the batch the node has been running, each prefilling as they have."""
