@@ -277,7 +277,7 @@ def test_prefill_slack_is_the_engines_prompt_tokens_per_step(gate_settings, serv
 
 def test_the_latency_gate_reads_the_engines_inter_token_latency_and_cuts_over_its_budget(gate_settings, server):
     """TIDAL_GATE_MODE=latency: the mean ITL between scrapes (vLLM's histogram, sum and count deltas) over the
-    reference; 16 requests at the engine at 1.6× a 26-ms reference, against 1.18×, are cut at once."""
+    reference; 16 requests at the engine at 1.6× a 26-ms reference, against 1.15×, are cut at once."""
 
     def page(seconds, tokens):
         labels = 'engine="0",model_name="tiny"'
@@ -292,12 +292,12 @@ def test_the_latency_gate_reads_the_engines_inter_token_latency_and_cuts_over_it
         gate_mode="latency", gate_reference_itl_ms=26.0, max_inflight=64, initial_inflight=16
     )
     gate = AimdGate(settings)
-    assert sample("tidal_gate_alpha_set") == 1.18
+    assert sample("tidal_gate_alpha_set") == 1.15
     server.body = page(10.0, 400)
     assert gate.poll(0.0, 16) == 17  # the first reading: no interval to average over yet, so the KV rule's +1
     assert gate.state.inflation is None
     server.body = page(10.0 + 1000 * 0.026 * 1.6, 1400)  # 1,000 tokens at 41.6 ms
-    assert gate.poll(1.0, 16) == 9  # O* = 16 × 0.18 / 0.6 = 4.8, but at most halved in a period
+    assert gate.poll(1.0, 16) == 9  # O* = 16 × 0.15 / 0.6 = 4, but at most halved in a period
     assert gate.state.decision == "cut"
     assert sample("tidal_gate_inflation") == pytest.approx(1.6)
     assert sample("tidal_gate_reference_itl_seconds") == pytest.approx(0.026)
