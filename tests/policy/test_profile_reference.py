@@ -231,3 +231,23 @@ def test_a_measured_inflation_far_over_the_budget_overrides_the_profile():
         )
         state = ctl.step(state, obs, float(i))
     assert state.target < before and state.steered == state.inflation  # the measured inflation, not the profile's
+
+
+def test_a_light_online_load_with_no_level_yet_is_steered_on_the_profile_not_grown_to_the_ceiling():
+    """At 1 request a second too few finish in the level's ~10 s for a reading (no reference, no measured
+    inflation), but the load's ~100-s sums price the batch: the target settles at the profile's O* there. On the
+    twin the gate had nothing to move on, grew by the KV rule to 173 batch requests at the engine, and the step to
+    8/s met them all (docs/results/2026-12-07-latency-gate-alpha-115)."""
+    ctl = AimdController(AimdConfig(period=1.0, max_target=185, alpha_set=1.15, profile=A6000))
+    targets = run_gate(ctl, engine_at(1, random.Random(3)), 1, 300)
+    state = ctl.step(
+        ctl.initial(), Observation(0.3, 0, 41, 0, 1, itl_seconds=0.03, online_finished=online(1), batch=staged(1)), 0
+    )
+    assert state.inflation is None  # one request finished in the level's window: no reference yet
+    ref = ProfileReference()
+    for _ in range(300):
+        ref = ref.add(A6000, online(1), staged(10), 0.03)
+    assert ref.level is None  # ... nor after 300 periods of 1/s
+    o_star = t(ref.budget(A6000, 1.15, 185))
+    assert 5 < o_star < 40
+    assert all(abs(o - o_star) <= 1.5 for o in targets[200:]), (o_star, sorted(set(targets[200:])))

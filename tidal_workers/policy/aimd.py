@@ -197,18 +197,11 @@ class AimdController:
                 target = max(cfg.min_target, state.target // 2)
                 return dataclasses.replace(new, target=target, halved_at=now, changed_at=now, decision=HALVE)
             return new
-        if cfg.alpha_set is not None and new.inflation is not None:
+        if cfg.alpha_set is not None and (steering := self._steering(new)) is not None:
             if not _elapsed(state.changed_at, now, cfg.period):
                 return new
             working = t.cast(float, new.working_ewma)
-            steered, wanted = new.inflation, None
-            if cfg.profile is not None and new.inflation <= cfg.alpha_set + inflation.GUARD:
-                # the profile's inflation and O*, without a period's noise; the measured one overrides them when
-                # it reads far over the budget (a step of the online load the sums have not followed yet)
-                modelled = new.profiled.inflation(cfg.profile, working)
-                budget = new.profiled.budget(cfg.profile, cfg.alpha_set, cfg.max_target)
-                if modelled is not None and budget is not None:
-                    steered, wanted = modelled, budget
+            steered, wanted = steering
             new = dataclasses.replace(new, steered=steered)
             target = inflation.next_target(
                 state.target, working, steered, cfg.alpha_set, cfg.min_target, cfg.max_target, wanted
@@ -221,6 +214,23 @@ class AimdController:
         if kv < cfg.kv_low and in_use and state.target < cfg.max_target and _elapsed(state.changed_at, now, cfg.period):
             return dataclasses.replace(new, target=state.target + 1, changed_at=now, decision=GROW)
         return new
+
+    def _steering(self, state: AimdState) -> tuple[float, float | None] | None:
+        """The inflation the latency target moves on and the working set it wants (None: the rule's own O*), or
+        None where it has none, and the KV rule moves it.
+
+        With a profile: the profile's inflation at the smoothed working set and its O*, without a period's noise,
+        unless the measured inflation reads far over the budget (a step of the online load the sums have not
+        followed yet). That needs no level, so it also steers a light online load, where too few requests finish
+        for the level and there is no reference to measure against: at 1 request a second the gate had none, grew
+        by the KV rule to its ceiling (173 batch requests at the engine), and a step to 8/s met them all."""
+        cfg, measured, working = self.config, state.inflation, state.working_ewma
+        if cfg.profile is not None and working is not None and (measured or 0.0) <= cfg.alpha_set + inflation.GUARD:
+            modelled = state.profiled.inflation(cfg.profile, working)
+            budget = state.profiled.budget(cfg.profile, cfg.alpha_set, cfg.max_target)
+            if modelled is not None and budget is not None:
+                return modelled, budget
+        return None if measured is None else (measured, None)
 
     def _track_inflation(self, state: AimdState, obs: Observation) -> AimdState:
         """The reading's ITL into the fit, the reference, and the smoothed inflation (unchanged without a token)."""
