@@ -197,7 +197,7 @@ class AimdController:
                 target = max(cfg.min_target, state.target // 2)
                 return dataclasses.replace(new, target=target, halved_at=now, changed_at=now, decision=HALVE)
             return new
-        if cfg.alpha_set is not None and (steering := self._steering(new)) is not None:
+        if cfg.alpha_set is not None and (steering := self._steering(new, cfg.alpha_set)) is not None:
             if not _elapsed(state.changed_at, now, cfg.period):
                 return new
             working = t.cast(float, new.working_ewma)
@@ -215,7 +215,7 @@ class AimdController:
             return dataclasses.replace(new, target=state.target + 1, changed_at=now, decision=GROW)
         return new
 
-    def _steering(self, state: AimdState) -> tuple[float, float | None] | None:
+    def _steering(self, state: AimdState, alpha_set: float) -> tuple[float, float | None] | None:
         """The inflation the latency target moves on and the working set it wants (None: the rule's own O*), or
         None where it has none, and the KV rule moves it.
 
@@ -225,9 +225,9 @@ class AimdController:
         for the level and there is no reference to measure against: at 1 request a second the gate had none, grew
         by the KV rule to its ceiling (173 batch requests at the engine), and a step to 8/s met them all."""
         cfg, measured, working = self.config, state.inflation, state.working_ewma
-        if cfg.profile is not None and working is not None and (measured or 0.0) <= cfg.alpha_set + inflation.GUARD:
+        if cfg.profile is not None and working is not None and (measured or 0.0) <= alpha_set + inflation.GUARD:
             modelled = state.profiled.inflation(cfg.profile, working)
-            budget = state.profiled.budget(cfg.profile, cfg.alpha_set, cfg.max_target)
+            budget = state.profiled.budget(cfg.profile, alpha_set, cfg.max_target)
             if modelled is not None and budget is not None:
                 return modelled, budget
         return None if measured is None else (measured, None)
