@@ -226,10 +226,9 @@ class AimdController:
         by the KV rule to its ceiling (173 batch requests at the engine), and a step to 8/s met them all."""
         cfg, measured, working = self.config, state.inflation, state.working_ewma
         if cfg.profile is not None and working is not None and (measured or 0.0) <= alpha_set + inflation.GUARD:
-            modelled = state.profiled.inflation(cfg.profile, working)
-            budget = state.profiled.budget(cfg.profile, alpha_set, cfg.max_target)
-            if modelled is not None and budget is not None:
-                return modelled, budget
+            steering = state.profiled.steering(cfg.profile, working, alpha_set, cfg.max_target)
+            if steering is not None:
+                return steering
         return None if measured is None else (measured, None)
 
     def _track_inflation(self, state: AimdState, obs: Observation) -> AimdState:

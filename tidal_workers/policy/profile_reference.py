@@ -203,11 +203,20 @@ class ProfileReference:
     def budget(self, profile: Profile, alpha_set: float, most: float) -> float | None:
         """O*, the most batch requests (up to ``most``) at which the profile's inflation stays within ``alpha_set``;
         None while the load is not known."""
-        alone = self._alone(profile)  # once: every probe of O divides by the same step
-        if alone is None:
-            return None
+        alone = self._alone(profile)
+        return None if alone is None else self._budget(profile, alone, alpha_set, most)
 
-        def within(o: float) -> bool:
+    def steering(
+        self, profile: Profile, working_set: float, alpha_set: float, most: float
+    ) -> tuple[float, float] | None:
+        """``inflation`` at ``working_set`` and ``budget``, the online-alone step solved once for both (the gate asks
+        for the pair every period); None while the load is not known or the working set would not fit."""
+        alone = self._alone(profile)
+        over = None if alone is None else self._over(profile, alone, working_set)
+        return None if alone is None or over is None else (over, self._budget(profile, alone, alpha_set, most))
+
+    def _budget(self, profile: Profile, alone: float, alpha_set: float, most: float) -> float:
+        def within(o: float) -> bool:  # every probe of O divides by the same step, ``alone``
             return (self._over(profile, alone, o) or math.inf) <= alpha_set
 
         return most if within(most) else _bisect(0.0, most, within, BUDGET_BISECTIONS)[0]
