@@ -268,6 +268,7 @@ def _post(rt: Runtime, book: LeaseBook, engine: EngineHealth, attempt: Attempt, 
         warmed = 0
         if row.phase == Phase.WHOLE.value:  # a split item's phases are the freeze connector's: never staged
             warmed = warm_prompt(rt, row.url, body, engine_fields(rt, batch.priority, batch.tenant_id))
+        OWN.sent()
         try:
             outcome = submit(rt, row.url, body, batch.priority, batch.tenant_id)
         except Transient as exc:

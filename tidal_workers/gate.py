@@ -60,8 +60,10 @@ log = logging.getLogger(__name__)
 CACHE_CONFIG = "vllm:cache_config_info"
 PROMPT_TOKENS, STEPS = "vllm:prompt_tokens_total", "vllm:iteration_tokens_total_count"
 ITL_SUM, ITL_COUNT = "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"
-# Requests finished, with their prompt and generated tokens: both histograms are observed as a request finishes.
+# Requests finished, with their prompt and generated tokens (both histograms are observed as a request finishes),
+# and requests given their first token (observed as it comes): the online load, finished and arriving.
 FINISHED = ("vllm:request_prompt_tokens_count", "vllm:request_prompt_tokens_sum", "vllm:request_generation_tokens_sum")
+FIRST_TOKENS = "vllm:time_to_first_token_seconds_count"
 
 TARGET = prometheus_client.Gauge(
     "tidal_gate_target", "The gate's target: the most batch requests this node keeps at its engine."
@@ -80,7 +82,8 @@ REFERENCE_ITL = prometheus_client.Gauge(
 )
 ONLINE_RATE = prometheus_client.Gauge(
     "tidal_gate_online_requests_per_second",
-    "Latency gate with a profile: the requests the engine finishes a second that are not this node's (~100 s).",
+    "Latency gate with a profile: the online requests a second its profile is priced at (the engine's finished "
+    "requests that are not this node's, over ~100 s; from the online arrivals' rate where those rose past it).",
 )
 STEERED = prometheus_client.Gauge(
     "tidal_gate_steered_inflation",
@@ -206,9 +209,10 @@ def itl_counters(text: str) -> Counters | None:
     return counter_values(text, (ITL_SUM, ITL_COUNT))
 
 
-def finished_counters(text: str) -> Counters | None:
-    """(requests finished, their prompt tokens, their generated tokens) since the engine started."""
-    return counter_values(text, FINISHED)
+def load_counters(text: str) -> Counters | None:
+    """(requests finished, their prompt tokens, their generated tokens, requests given a first token) since the
+    engine started."""
+    return counter_values(text, (*FINISHED, FIRST_TOKENS))
 
 
 def _deltas(before: Counters | None, after: Counters | None) -> Counters | None:
@@ -231,21 +235,23 @@ def mean_itl(before: Counters | None, after: Counters | None) -> float | None:
     return d[0] / d[1] if d is not None and d[1] else None
 
 
-def online_finished(
+def online_load(
     engine_before: Counters, engine: Counters, own_before: Finished, own: Finished, seconds: float
-) -> Work | None:
+) -> tuple[Work, float] | None:
     """The requests the engine finished over ``seconds`` that were not this node's, with their prompt and generated
-    tokens; None across an engine restart. A period may read a few of this node's requests short or over (its count
-    follows the engine's by an answer's way back): the profile's sums over periods even that out."""
+    tokens, and the requests not this node's that it gave a first token (``load_counters``); None across an engine
+    restart. A period may read a few of this node's requests short or over (its count follows the engine's by an
+    answer's way back, or leads it by a first token's): the profile's sums over periods even that out."""
     d = _deltas(engine_before, engine)
     if d is None:
         return None
-    return Work(
+    finished = Work(
         seconds,
         d[0] - (own.requests - own_before.requests),
         d[1] - (own.prompt_tokens - own_before.prompt_tokens),
         d[2] - (own.output_tokens - own_before.output_tokens),
     )
+    return finished, max(0.0, d[3] - (own.sent - own_before.sent))
 
 
 def batch_work(before: Finished, own: Finished, inflight: int, seconds: float, stage_tokens: int) -> Batch:
@@ -316,7 +322,7 @@ class AimdGate:
         self._kv_seen = bool(settings.max_inflight)  # an override needs nothing from the engine
         self._counters: Counters | None = None  # the engine's step_counters at the last scrape
         self._itl: Counters | None = None  # and its itl_counters
-        self._finished: tuple[float, Counters, Finished] | None = None  # when, finished_counters, this node's own
+        self._finished: tuple[float, Counters, Finished] | None = None  # when, load_counters, this node's own
         self.prefill_tokens_per_step: float | None = None  # over the last period; None: not known
         TARGET.set(self.state.target)
         CEILING.set(self.controller.config.max_target)
@@ -336,7 +342,7 @@ class AimdGate:
             itl = itl_counters(pages[ENGINE]) if ENGINE in pages else None
             obs = dataclasses.replace(obs, itl_seconds=mean_itl(self._itl, itl))
             if self.profile is not None:
-                obs = self._with_work(obs, finished_counters(pages.get(ENGINE, "")), now)
+                obs = self._with_work(obs, load_counters(pages.get(ENGINE, "")), now)
         except MetricsError as exc:
             obs, why, counters, itl = Observation.failed(inflight), str(exc), None, None
             self._finished = None
@@ -353,17 +359,20 @@ class AimdGate:
         return per_step is not None and has_prefill_slack(per_step, cfg.max_prompt_tokens, cfg)
 
     def _with_work(self, obs: Observation, engine: Counters | None, now: float) -> Observation:
-        """The period's online load (the engine's finished requests less this node's) and this node's batch work,
-        for the profile's reference; the observation as it was without two readings."""
+        """The period's online load (the engine's finished and first-token requests less this node's) and this
+        node's batch work, for the profile's reference; the observation as it was without two readings."""
         own, before = OWN.totals(), self._finished
         self._finished = None if engine is None else (now, engine, own)
         if before is None or engine is None or now <= before[0]:
             return obs
         seconds = now - before[0]
-        online = online_finished(before[1], engine, before[2], own, seconds)
+        online = online_load(before[1], engine, before[2], own, seconds)
         stage = self.settings.prefill_stage_tokens
         return dataclasses.replace(
-            obs, online_finished=online, batch=batch_work(before[2], own, obs.batch_inflight, seconds, stage)
+            obs,
+            online_finished=None if online is None else online[0],
+            online_arrived=None if online is None else online[1],
+            batch=batch_work(before[2], own, obs.batch_inflight, seconds, stage),
         )
 
     def _size(self, text: str) -> None:
@@ -401,7 +410,7 @@ class AimdGate:
         INFLATION.set(st.inflation if st.inflation is not None else math.nan)
         STEERED.set(st.steered if st.steered is not None else math.nan)
         if self.profile is not None:
-            ONLINE_RATE.set(st.profiled.online.rate)
+            ONLINE_RATE.set(st.profiled.rate)
             PROFILE_LEVEL.set(st.profiled.level if st.profiled.level is not None else math.nan)
         if why:
             if st.target != before.target or before.decision != FAILSAFE:

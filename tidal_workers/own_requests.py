@@ -2,8 +2,9 @@
 own: vLLM counts every request it finishes alike (``policy/profile_reference.py``), so the online load is the
 engine's count less this one.
 
-Counted where an answer comes back: an item's POST (its ``usage``) and each staged warm-up (its prompt, one token).
-Counts only grow, like a Prometheus counter; the gate reads the difference between two readings.
+Counted where an answer comes back: an item's POST (its ``usage``) and each staged warm-up (its prompt, one token);
+and, for the online arrivals (vLLM's time-to-first-token histogram counts every request's first token), each
+request as it is sent: its first token follows within a step or so at the gate's working set. Counts only grow, like a Prometheus counter; the gate reads the difference between two readings.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Finished:
     items: int = 0  # items alone (no warm-ups): their prompts and outputs size the batch's KV
     item_prompt_tokens: int = 0
     item_output_tokens: int = 0
+    sent: int = 0  # requests sent, items and warm-ups: the engine counts each one's first token
 
 
 class OwnRequests:
@@ -31,6 +33,10 @@ class OwnRequests:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals = Finished()
+
+    def sent(self) -> None:
+        """A request is being sent to the engine."""
+        self._add(Finished(sent=1))
 
     def warm_up(self, prompt_tokens: int, computed_tokens: int) -> None:
         """A staged warm-up answered: its prompt (``computed_tokens`` of it new), one token generated."""

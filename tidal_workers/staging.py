@@ -53,6 +53,7 @@ def warm_prompt(rt: Runtime, url: str, body: t.Mapping[str, t.Any], fields: t.Ma
         return 0
     warmed = 0
     for length in stage_prefixes(len(ids), s.prefill_stage_tokens):
+        OWN.sent()
         try:
             resp = rt.http.post(
                 base + "/v1/completions",

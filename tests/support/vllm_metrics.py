@@ -78,8 +78,10 @@ def vllm_metrics(
     kv_name="vllm:kv_cache_usage_perc",
     stamp_ms=None,
     drop=(),
+    first_tokens=52.0,
 ):
-    """vLLM's /metrics text; each engine gets the same values unless a value is a per-engine tuple."""
+    """vLLM's /metrics text; each engine gets the same values unless a value is a per-engine tuple.
+    ``first_tokens``: the time-to-first-token histogram's count (requests given their first token)."""
     per = {
         "kv": kv,
         "waiting": waiting,
@@ -114,10 +116,10 @@ def vllm_metrics(
         "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
         "# TYPE vllm:time_to_first_token_seconds histogram",
     ]
-    for le, n in (("0.001", 0.0), ("0.005", 1.0), ("0.01", 6.0), ("0.02", 26.0), ("+Inf", 52.0)):
+    for le, n in (("0.001", 0.0), ("0.005", 1.0), ("0.01", 6.0), ("0.02", 26.0), ("+Inf", first_tokens)):
         lines.append(f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{le}",model_name="tiny"}} {n}')
     lines += [
-        'vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny"} 52.0',
+        f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="tiny"}} {floatToGoString(first_tokens)}',
         'vllm:time_to_first_token_seconds_sum{engine="0",model_name="tiny"} 1.2418782711029053',
     ]
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ from tidal_workers.gate import parse_metrics
 from tidal_workers.gate import pool_threads
 from tidal_workers.own_requests import OWN
 from tidal_workers.policy.phase import SplitConfig
+from tidal_workers.policy.profile_reference import Work
 
 
 @pytest.fixture
@@ -304,36 +305,40 @@ def test_the_latency_gate_reads_the_engines_inter_token_latency_and_cuts_over_it
     assert sample("tidal_gate_working_set") == 16
 
 
+def profile_page(itl_seconds, tokens, finished, prompt, generated, first_tokens=52.0):
+    """The engine's page with what the profile reads: ITL, the finished requests' histograms, the first tokens."""
+    labels = 'engine="0",model_name="tiny"'
+    lines = [vllm_metrics(kv=0.3, first_tokens=first_tokens).rstrip("\n")]
+    for name, count, total in (
+        ("inter_token_latency_seconds", tokens, itl_seconds),
+        ("request_prompt_tokens", finished, prompt),
+        ("request_generation_tokens", finished, generated),
+    ):
+        lines += [
+            f"# TYPE vllm:{name} histogram",
+            f'vllm:{name}_bucket{{{labels},le="+Inf"}} {count}',
+            f"vllm:{name}_count{{{labels}}} {count}",
+            f"vllm:{name}_sum{{{labels}}} {total}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def test_the_latency_gate_with_a_profile_reads_the_online_load_as_the_engines_finished_requests_less_its_own(
     gate_settings, server
 ):
     """TIDAL_GATE_PROFILE: the requests vLLM finished between scrapes (its prompt and generation histograms), less
     the ones this node finished (own_requests.OWN), are the online load the profile's reference is priced at."""
 
-    def page(itl_seconds, tokens, finished, prompt, generated):
-        labels = 'engine="0",model_name="tiny"'
-        lines = [vllm_metrics(kv=0.3).rstrip("\n")]
-        for name, count, total in (
-            ("inter_token_latency_seconds", tokens, itl_seconds),
-            ("request_prompt_tokens", finished, prompt),
-            ("request_generation_tokens", finished, generated),
-        ):
-            lines += [
-                f"# TYPE vllm:{name} histogram",
-                f'vllm:{name}_bucket{{{labels},le="+Inf"}} {count}',
-                f"vllm:{name}_count{{{labels}}} {count}",
-                f"vllm:{name}_sum{{{labels}}} {total}",
-            ]
-        return "\n".join(lines) + "\n"
-
     settings = gate_settings.replace(
         gate_mode="latency", gate_profile="qwen2.5-7b@a6000", max_inflight=64, initial_inflight=10
     )
     gate = AimdGate(settings)
-    server.body = page(10.0, 400, 100, 30_000, 14_000)
+    server.body = profile_page(10.0, 400, 100, 30_000, 14_000, first_tokens=200)
     gate.poll(0.0, 10)
     OWN.item(1_000, 400, 0)  # this node's item, finished between the scrapes
-    server.body = page(10.0 + 1000 * 0.036, 1400, 100 + 26, 30_000 + 25 * 330 + 1_000, 14_000 + 25 * 150 + 400)
+    server.body = profile_page(
+        10.0 + 1000 * 0.036, 1400, 100 + 26, 30_000 + 25 * 330 + 1_000, 14_000 + 25 * 150 + 400, first_tokens=225
+    )
     gate.poll(5.0, 10)  # five seconds: 25 online requests, enough to read their means by (MIN_REQUESTS)
     online = gate.state.profiled.online
     assert (online.rate, online.prompt, online.output) == (5, 330, 150)  # 26 finished, one of them ours
@@ -343,6 +348,30 @@ def test_the_latency_gate_with_a_profile_reads_the_online_load_as_the_engines_fi
     assert sample("tidal_gate_online_requests_per_second") == 5
     assert sample("tidal_gate_profile_level") == pytest.approx(gate.state.profiled.level)
     assert sample("tidal_gate_reference_itl_seconds") == pytest.approx(gate.state.reference_s)
+
+
+def test_the_latency_gate_with_a_profile_reads_the_online_arrivals_as_the_engines_first_tokens_less_its_sends(
+    gate_settings, server
+):
+    """vLLM counts a request's first token as it comes (its TTFT histogram), this node's sends included
+    (own_requests.OWN.sent): the difference is the online arrivals, which price a rise before any of it finishes."""
+    settings = gate_settings.replace(
+        gate_mode="latency", gate_profile="qwen2.5-7b@a6000", max_inflight=64, initial_inflight=10
+    )
+    gate = AimdGate(settings)
+    server.body = profile_page(10.0, 400, 100, 30_000, 14_000, first_tokens=200)
+    gate.poll(0.0, 10)
+    OWN.sent()
+    OWN.sent()  # two of this node's requests given their first token between the scrapes
+    server.body = profile_page(10.0 + 1000 * 0.036, 1400, 125, 30_000 + 25 * 330, 14_000 + 25 * 150, first_tokens=227)
+    gate.poll(5.0, 10)
+    assert gate.state.profiled.arriving == Work(5.0, 25.0)
+    assert sample("tidal_gate_online_requests_per_second") == 5
+    # the next second 20 arrive (none finish): over 5/s by more than the ~3-s sums' noise, the load starts again there
+    server.body = profile_page(10.0 + 1200 * 0.036, 1600, 125, 30_000 + 25 * 330, 14_000 + 25 * 150, first_tokens=247)
+    gate.poll(6.0, 10)
+    assert gate.state.profiled.arriving == Work(1.0, 20.0)
+    assert sample("tidal_gate_online_requests_per_second") == 20
 
 
 def test_an_unknown_gate_profile_stops_the_start(gate_settings):

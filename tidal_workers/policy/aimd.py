@@ -130,6 +130,7 @@ class Observation:
     ok: bool = True  # False: unreachable, malformed or stale
     itl_seconds: float | None = None  # the engine's mean inter-token latency since the last reading; None: no token
     online_finished: Work | None = None  # requests the engine finished since the last reading, less this node's
+    online_arrived: float | None = None  # requests whose first token the engine gave since then, less this node's
     batch: Batch = Batch()  # this node's batch work at the engine since the last reading, for the profile
 
     @classmethod
@@ -239,7 +240,7 @@ class AimdController:
         fit = state.fit.add(float(obs.batch_inflight), obs.itl_seconds)
         profiled = state.profiled
         if cfg.profile is not None and obs.online_finished is not None:
-            profiled = profiled.add(cfg.profile, obs.online_finished, obs.batch, obs.itl_seconds)
+            profiled = profiled.add(cfg.profile, obs.online_finished, obs.batch, obs.itl_seconds, obs.online_arrived)
         if cfg.reference_itl_s > 0:
             ref: float | None = cfg.reference_itl_s
         elif cfg.profile is not None:

@@ -21,8 +21,16 @@ So the profile gives the shape and the engine the level. Each period:
   step).
 - The level is the forgetting mean of measured ITL ÷ ``mean_gap`` at the period's own batch and the last ~10 s of
   online load: every reading informs it, at whatever working set, with no extrapolation to O = 0.
-- The reference is level × ``mean_gap`` with no batch. A step of the online rate moves it as the load's sums
-  follow (~1/(1 − ``LOAD_FORGET``) periods); meanwhile the higher ITL reads as inflation and cuts, the safe side.
+- The reference is level × ``mean_gap`` with no batch.
+- A rise of the online rate is priced within a few periods: finished requests tell it only as they finish, and
+  the long sums follow over ~1/(1 − ``LOAD_FORGET``) periods, so on a step from 1 to 8 requests a second the load
+  was priced at 1.3/s 12 s after it, and the batch the gate had kept for 1/s held the online gaps at 1.2-1.4× for
+  ~40 s (docs/results/2026-12-07-latency-gate-alpha-115, step-light/). The engine counts each request's first token
+  as it comes (vLLM's TTFT histogram), a step or so after it arrives; less the requests this node sent, that is
+  the online arrivals, summed over ~3 s (``ARRIVAL_FORGET``). When they read over the long sums' rate by more than
+  their noise (``RISE_SIGMAS`` Poisson standard errors), the long sums start again from the arrivals' rate, with
+  their mean prompt and output; while they read over the recent finishes' rate, the level is not read (the load
+  it reads ITL against is the one in doubt). A fall is priced as the long sums follow it: the safe side.
 
 With the profile the gate also steers on it (aimd.py): the inflation its target moves on is the profile's at the
 working set, ``inflation`` (model with the batch ÷ model without: the level cancels), and O* is where that reaches
@@ -54,6 +62,12 @@ LEVEL_FORGET = 0.998  # per reading: ~500 periods (a calibration, not a signal)
 BISECTIONS = 60
 BUDGET_BISECTIONS = 20  # on O*: to a ten-thousandth of the engine's ceiling
 MIN_REQUESTS = 20.0  # a load's means are read from this many requests' weight at least (~4 s at 5/s)
+ARRIVAL_FORGET = 0.7  # per period: the online arrivals remember ~3 s (a step 1 → 8/s reads 5.6/s 3 s after it)
+# A rise is the arrivals' rate over the long sums' by this many of its Poisson standard errors (1 ÷ √requests):
+# at 5/s the arrivals' weighted count is ~17, whose rate swings ±19 % (the weights' squares), so 3 errors (73 %) is
+# ~4 of its swings, and a step from 1 to 8/s passes it a period after it (~10 requests at 3.1/s, against 1.9/s).
+RISE_SIGMAS = 3.5
+MIN_ARRIVALS = 8.0  # fewer arrivals' weight than this tells no rise (a 1/s load's bursts reach 5)
 # A period whose ITL the model misses by this factor either way is a counting slip (the node's requests counted a
 # scrape before or after the engine's), not news of the level: it is left out.
 MAX_SLIP = 2.0
@@ -89,6 +103,11 @@ class Work:
     @property
     def output(self) -> float:
         return self.output_tokens / self.requests if self.requests > 0 else 0.0
+
+    def at_rate(self, rate: float) -> Work:
+        """This load's requests (their mean prompt and output) arriving at ``rate`` a second."""
+        scale = rate * self.seconds / self.requests if self.requests > 0 else 0.0
+        return Work(self.seconds, scale * self.requests, scale * self.prompt_tokens, scale * self.output_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,15 +175,20 @@ class ProfileReference:
 
     online: Work = Work()
     recent: Work = Work()
+    arriving: Work = Work()  # online requests given their first token (seconds and requests only), long
+    arrivals: Work = Work()  # and the same over ~3 s
     level_sum: float = 0.0
     level_weight: float = 0.0
     batch: Batch = Batch()  # the last period's, for its requests' context and the chunk their prompts land in
     prefill_sum: float = 0.0  # forgetting sums of the batch's computed prompt tokens a second and its decoding
     decoding_sum: float = 0.0  # requests: their ratio is one batch request's prefill a second
 
-    def add(self, profile: Profile, online_finished: Work, batch: Batch, itl: float | None) -> ProfileReference:
-        """One period: ``online_finished`` (one period's counts, not sums) into the loads, then the period's ITL, if
-        a token was timed, into the level at the period's batch."""
+    def add(
+        self, profile: Profile, online_finished: Work, batch: Batch, itl: float | None, arrived: float | None = None
+    ) -> ProfileReference:
+        """One period: ``online_finished`` (one period's counts, not sums) and the ``arrived`` online requests (None:
+        not read) into the loads, then the period's ITL, if a token was timed, into the level at the period's batch,
+        unless the load is rising."""
         counts = (online_finished.seconds, online_finished.requests)
         tokens = (online_finished.prompt_tokens, online_finished.output_tokens)
         f = LOAD_FORGET
@@ -176,7 +200,10 @@ class ProfileReference:
             prefill_sum=f * self.prefill_sum + batch.prefill_per_s,
             decoding_sum=f * self.decoding_sum + batch.decoding,
         )
-        enough = itl is not None and new.recent.requests >= MIN_REQUESTS
+        if arrived is not None:
+            new = new._arrived(counts[0], arrived)
+        # the level reads ITL against the recent finishes' load: not while arrivals say it has moved past them
+        enough = itl is not None and new.recent.requests >= MIN_REQUESTS and not new._arrivals_over(new.recent.rate)
         modelled = mean_gap(profile, new.recent, batch) if enough else None
         if itl is None or modelled is None or not 1 / MAX_SLIP <= itl / modelled <= MAX_SLIP:
             return new
@@ -184,6 +211,29 @@ class ProfileReference:
         return dataclasses.replace(
             new, level_sum=g * self.level_sum + itl / modelled, level_weight=g * self.level_weight + 1
         )
+
+    def _arrived(self, seconds: float, arrived: float) -> ProfileReference:
+        """A period's online arrivals into their sums; on a rise, the long ones start again from this period's."""
+        arrivals = self.arrivals.add(seconds, arrived, 0, 0, ARRIVAL_FORGET)
+        new = dataclasses.replace(
+            self, arrivals=arrivals, arriving=self.arriving.add(seconds, arrived, 0, 0, LOAD_FORGET)
+        )
+        return dataclasses.replace(new, arriving=Work(seconds, arrived)) if new._arrivals_over(self.rate) else new
+
+    @property
+    def rate(self) -> float:
+        """The online requests a second the profile is priced at: the long arrivals' where read, else the finishes'."""
+        return self.arriving.rate if self.arriving.seconds > 0 else self.online.rate
+
+    @property
+    def load(self) -> Work:
+        """The online load the profile is priced at: the finished requests' prompt and output at ``rate``."""
+        return self.online.at_rate(self.rate)
+
+    def _arrivals_over(self, rate: float) -> bool:
+        """The online arrivals read over ``rate`` by more than their noise."""
+        n = self.arrivals.requests
+        return n >= MIN_ARRIVALS and self.arrivals.rate > rate * (1 + RISE_SIGMAS / math.sqrt(n))
 
     @property
     def level(self) -> float | None:
@@ -222,11 +272,11 @@ class ProfileReference:
         return most if within(most) else _bisect(0.0, most, within, BUDGET_BISECTIONS)[0]
 
     def _alone(self, profile: Profile) -> float | None:
-        return mean_gap(profile, self.online) if self.online.requests >= MIN_REQUESTS else None
+        return mean_gap(profile, self.load) if self.online.requests >= MIN_REQUESTS else None
 
     def _over(self, profile: Profile, alone: float, working_set: float) -> float | None:
         """The step with ``working_set`` batch requests over ``alone``; None where the load would not fit."""
-        with_batch = mean_gap(profile, self.online, self._batch(working_set))
+        with_batch = mean_gap(profile, self.load, self._batch(working_set))
         return None if with_batch is None else with_batch / alone
 
     def _batch(self, working_set: float) -> Batch:
