@@ -19,9 +19,11 @@ from tidal_workers.gate import AimdGate
 from tidal_workers.gate import FixedGate
 from tidal_workers.gate import MetricsError
 from tidal_workers.gate import make_gate
+from tidal_workers.gate import online_load
 from tidal_workers.gate import parse_metrics
 from tidal_workers.gate import pool_threads
 from tidal_workers.own_requests import OWN
+from tidal_workers.own_requests import Finished
 from tidal_workers.policy.phase import SplitConfig
 from tidal_workers.policy.profile_reference import Work
 
@@ -359,19 +361,41 @@ def test_the_latency_gate_with_a_profile_reads_the_online_arrivals_as_the_engine
         gate_mode="latency", gate_profile="qwen2.5-7b@a6000", max_inflight=64, initial_inflight=10
     )
     gate = AimdGate(settings)
-    server.body = profile_page(10.0, 400, 100, 30_000, 14_000, first_tokens=200)
+
+    def second(t: int, arrived: int, finished: int) -> None:
+        """The engine's page after ``t`` seconds: ``arrived`` more first tokens, ``finished`` more requests."""
+        server.body = profile_page(10.0 + t * 8.0, 400 + t * 200, *(n * finished for n in (1, 330, 150)), arrived)
+
+    second(0, 0, 0)
     gate.poll(0.0, 10)
     OWN.sent()
-    OWN.sent()  # two of this node's requests given their first token between the scrapes
-    server.body = profile_page(10.0 + 1000 * 0.036, 1400, 125, 30_000 + 25 * 330, 14_000 + 25 * 150, first_tokens=227)
-    gate.poll(5.0, 10)
-    assert gate.state.profiled.arriving == Work(5.0, 25.0)
-    assert sample("tidal_gate_online_requests_per_second") == 5
-    # the next second 20 arrive (none finish): over 5/s by more than the ~3-s sums' noise, the load starts again there
-    server.body = profile_page(10.0 + 1200 * 0.036, 1600, 125, 30_000 + 25 * 330, 14_000 + 25 * 150, first_tokens=247)
-    gate.poll(6.0, 10)
+    OWN.sent()  # two of this node's requests given their first token in the first second
+    second(1, 5 + 2, 5)
+    gate.poll(1.0, 10)
+    assert gate.state.profiled.arriving == Work(1.0, 5.0)
+    for t in range(2, 31):  # 5 a second, arriving and finishing
+        second(t, 5 * t + 2, 5 * t)
+        gate.poll(float(t), 10)
+    assert sample("tidal_gate_online_requests_per_second") == pytest.approx(5)
+    # 20 arrive in each of the next two seconds (none finish): over 5/s by more than the ~3-s sums' noise two periods
+    # running, the load starts again from the second's
+    second(31, 150 + 2 + 20, 150)
+    gate.poll(31.0, 10)
+    assert gate.state.profiled.rising and sample("tidal_gate_online_requests_per_second") < 6
+    second(32, 150 + 2 + 40, 150)
+    gate.poll(32.0, 10)
     assert gate.state.profiled.arriving == Work(1.0, 20.0)
     assert sample("tidal_gate_online_requests_per_second") == 20
+
+
+def test_the_online_arrivals_are_not_clipped_at_zero_so_a_slip_of_the_nodes_sends_evens_out():
+    """Three sends counted in a period whose first tokens the engine gives in the next: the first period reads
+    fewer than none, the second more, and the two together the online arrivals (clipped, 1/s read as 1.6/s)."""
+    engine = [(0.0, 0.0, 0.0, 100.0), (0.0, 0.0, 0.0, 104.0), (0.0, 0.0, 0.0, 114.0)]
+    own = [Finished(), Finished(sent=6), Finished(sent=9)]
+    periods = [online_load(engine[i], engine[i + 1], own[i], own[i + 1], 1.0) for i in range(2)]
+    arrived = [p[1] for p in periods if p is not None]
+    assert arrived == [4 - 6, 10 - 3] and sum(arrived) == 14 - 9
 
 
 def test_an_unknown_gate_profile_stops_the_start(gate_settings):

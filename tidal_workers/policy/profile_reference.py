@@ -27,10 +27,11 @@ So the profile gives the shape and the engine the level. Each period:
   was priced at 1.3/s 12 s after it, and the batch the gate had kept for 1/s held the online gaps at 1.2-1.4× for
   ~40 s (docs/results/2026-12-07-latency-gate-alpha-115, step-light/). The engine counts each request's first token
   as it comes (vLLM's TTFT histogram), a step or so after it arrives; less the requests this node sent, that is
-  the online arrivals, summed over ~3 s (``ARRIVAL_FORGET``). When they read over the long sums' rate by more than
-  their noise (``RISE_SIGMAS`` Poisson standard errors), the long sums start again from the arrivals' rate, with
-  their mean prompt and output; while they read over the recent finishes' rate, the level is not read (the load
-  it reads ITL against is the one in doubt). A fall is priced as the long sums follow it: the safe side.
+  the online arrivals, summed over ~100 s for the rate the profile is priced at, and over ~3 s
+  (``ARRIVAL_FORGET``). When the 3-s sums read over the priced rate by more than their noise (``RISE_SIGMAS``
+  Poisson standard errors) two periods running, the long ones start again from that period's arrivals; while they
+  read over the recent finishes' rate, the level is not read (the load it reads ITL against is the one in doubt).
+  The mean prompt and output are still the finishes'. A fall is priced as the long sums follow it: the safe side.
 
 With the profile the gate also steers on it (aimd.py): the inflation its target moves on is the profile's at the
 working set, ``inflation`` (model with the batch ÷ model without: the level cancels), and O* is where that reaches
@@ -63,9 +64,12 @@ BISECTIONS = 60
 BUDGET_BISECTIONS = 20  # on O*: to a ten-thousandth of the engine's ceiling
 MIN_REQUESTS = 20.0  # a load's means are read from this many requests' weight at least (~4 s at 5/s)
 ARRIVAL_FORGET = 0.7  # per period: the online arrivals remember ~3 s (a step 1 → 8/s reads 5.6/s 3 s after it)
-# A rise is the arrivals' rate over the long sums' by this many of its Poisson standard errors (1 ÷ √requests):
-# at 5/s the arrivals' weighted count is ~17, whose rate swings ±19 % (the weights' squares), so 3 errors (73 %) is
-# ~4 of its swings, and a step from 1 to 8/s passes it a period after it (~10 requests at 3.1/s, against 1.9/s).
+# A rise is the arrivals' rate over the long sums' by this many of its Poisson standard errors (1 ÷ √requests),
+# two periods running: at 5/s the arrivals' weighted count is ~17, whose rate swings ±19 % (the weights' squares),
+# so 3.5 errors (85 %) is ~4.5 of its swings; the node's sends, counted a period before their first tokens now and
+# then, add swings of their own that the second period mostly cancels (scripted, slips of up to 3 sends a period:
+# 3 false rises in 20,000 periods at 1/s, none at 5 or 8/s; 52, 4 and 2 on one period). A step from 1 to 8/s
+# passes it in its first two periods (~10 requests at 3.1/s against 2.1/s, then ~15 at 4.6/s).
 RISE_SIGMAS = 3.5
 MIN_ARRIVALS = 8.0  # fewer arrivals' weight than this tells no rise (a 1/s load's bursts reach 5)
 # A period whose ITL the model misses by this factor either way is a counting slip (the node's requests counted a
@@ -177,6 +181,7 @@ class ProfileReference:
     recent: Work = Work()
     arriving: Work = Work()  # online requests given their first token (seconds and requests only), long
     arrivals: Work = Work()  # and the same over ~3 s
+    rising: bool = False  # the ~3-s arrivals read over the priced rate by their noise last period
     level_sum: float = 0.0
     level_weight: float = 0.0
     batch: Batch = Batch()  # the last period's, for its requests' context and the chunk their prompts land in
@@ -213,17 +218,20 @@ class ProfileReference:
         )
 
     def _arrived(self, seconds: float, arrived: float) -> ProfileReference:
-        """A period's online arrivals into their sums; on a rise, the long ones start again from this period's."""
+        """A period's online arrivals into their sums; on a rise (two periods running), the long ones start again
+        from this period's."""
         arrivals = self.arrivals.add(seconds, arrived, 0, 0, ARRIVAL_FORGET)
-        new = dataclasses.replace(
-            self, arrivals=arrivals, arriving=self.arriving.add(seconds, arrived, 0, 0, LOAD_FORGET)
-        )
-        return dataclasses.replace(new, arriving=Work(seconds, arrived)) if new._arrivals_over(self.rate) else new
+        arriving = self.arriving.add(seconds, arrived, 0, 0, LOAD_FORGET)
+        new = dataclasses.replace(self, arrivals=arrivals, arriving=arriving)
+        over = new._arrivals_over(self.rate)
+        if over and self.rising:
+            return dataclasses.replace(new, arriving=Work(seconds, arrived), rising=False)
+        return dataclasses.replace(new, rising=over)
 
     @property
     def rate(self) -> float:
         """The online requests a second the profile is priced at: the long arrivals' where read, else the finishes'."""
-        return self.arriving.rate if self.arriving.seconds > 0 else self.online.rate
+        return self.arriving.rate if self.arriving.rate > 0 else self.online.rate  # (a slip can read under none)
 
     @property
     def load(self) -> Work:
