@@ -82,8 +82,8 @@ REFERENCE_ITL = prometheus_client.Gauge(
 )
 ONLINE_RATE = prometheus_client.Gauge(
     "tidal_gate_online_requests_per_second",
-    "Latency gate with a profile: the online requests a second its profile is priced at (the engine's finished "
-    "requests that are not this node's, over ~100 s; from the online arrivals' rate where those rose past it).",
+    "Latency gate with a profile: the online requests a second its profile is priced at (the engine's first tokens "
+    "less this node's sends, over ~100 s, started again on a rise; its finished requests' where none are read).",
 )
 STEERED = prometheus_client.Gauge(
     "tidal_gate_steered_inflation",

@@ -4,7 +4,8 @@ engine's count less this one.
 
 Counted where an answer comes back: an item's POST (its ``usage``) and each staged warm-up (its prompt, one token);
 and, for the online arrivals (vLLM's time-to-first-token histogram counts every request's first token), each
-request as it is sent: its first token follows within a step or so at the gate's working set. Counts only grow, like a Prometheus counter; the gate reads the difference between two readings.
+request as it is sent: its first token follows within a step or so at the gate's working set. Counts only grow,
+like a Prometheus counter; the gate reads the difference between two readings.
 """
 
 from __future__ import annotations
