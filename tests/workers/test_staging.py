@@ -44,10 +44,11 @@ def test_an_item_s_prompt_is_warmed_a_chunk_a_request_with_its_priority_and_salt
     # what the frontier takes out of the engine's counters (frontier.batch_samples): the warm-ups' prompt tokens
     assert REGISTRY.get_sample_value("tidal_prefill_stage_tokens_total") - tokens_before == 1 + 2 + 3
     # what the latency gate takes out of the engine's finished requests (own_requests.py): three warm-ups, one token
-    # each, new a token each; the item (the stub's usage: 7 prompt tokens, 3 generated), 4 of its prompt not warmed
+    # each, new a token each; the item (the stub's usage: 7 prompt tokens, 3 generated), 4 of its prompt not warmed;
+    # and out of its first tokens: four requests sent
     own = OWN.totals()
     moved = [a - b for a, b in zip(dataclasses.astuple(own), dataclasses.astuple(own_before), strict=True)]
-    assert moved == [4, 1 + 2 + 3 + 7, 3 + 3, 3 + 4, 1, 7, 3]
+    assert moved == [4, 1 + 2 + 3 + 7, 3 + 3, 3 + 4, 1, 7, 3, 4]
 
 
 def test_a_failed_warm_up_ends_the_staging_and_the_item_goes_whole_with_no_retry_spent(rt, make_batch, worker, stub):
