@@ -279,7 +279,7 @@ def stepped_gate(ctl: AimdController, arrivals: bool, seed: int = 3) -> tuple[li
     return targets, truth
 
 
-def test_a_step_of_the_online_arrivals_is_priced_within_a_period_and_the_gate_cuts_to_the_new_budget():
+def test_a_step_of_the_online_arrivals_is_priced_within_two_periods_and_the_gate_cuts_to_the_new_budget():
     """1 → 8 requests a second (issue 36, item 3): the finishes tell the step only ~6 s late and the long sums
     follow over ~100 s, so on the twin the gate kept the batch sized for 1/s and the online gaps sat at 1.2-1.4× for
     ~40 s. The first tokens count the arrivals at once: the step's second period restarts the load from them (a
