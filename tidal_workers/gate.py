@@ -368,14 +368,10 @@ class AimdGate:
         if before is None or engine is None or now <= before[0]:
             return obs
         seconds = now - before[0]
-        online = online_load(before[1], engine, before[2], own, seconds)
+        finished, arrived = online_load(before[1], engine, before[2], own, seconds) or (None, None)
         stage = self.settings.prefill_stage_tokens
-        return dataclasses.replace(
-            obs,
-            online_finished=None if online is None else online[0],
-            online_arrived=None if online is None else online[1],
-            batch=batch_work(before[2], own, obs.batch_inflight, seconds, stage),
-        )
+        batch = batch_work(before[2], own, obs.batch_inflight, seconds, stage)
+        return dataclasses.replace(obs, online_finished=finished, online_arrived=arrived, batch=batch)
 
     def _size(self, text: str) -> None:
         """Once the engine shows its KV capacity: the ceiling it allows (the target is clamped under it)."""

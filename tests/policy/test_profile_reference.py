@@ -169,24 +169,30 @@ def engine_at(rate: float, rng: random.Random, noise: float = 0.12) -> Callable[
     return lambda o: LEVEL * t(mean_gap(A6000, online(rate), staged(o))) * (1 + rng.uniform(-noise, noise))
 
 
-def run_gate(ctl: AimdController, itl: Callable[[float], float], rate: float, periods: int) -> list[int]:
-    """The gate against ``itl``: admissions reach the engine at once, cuts drain two requests a period."""
-    state, working_set, targets = ctl.initial(), 1, []
+def observed(o: int, itl: float, finished: Work, arrived: float | None = None) -> Observation:
+    """A scrape with ``o`` batch requests at the engine, each running, beside 40 online ones."""
+    return Observation(
+        0.3, 0, 40 + o, 0, o, itl_seconds=itl, online_finished=finished, online_arrived=arrived, batch=staged(o)
+    )
+
+
+def drive_gate(
+    ctl: AimdController, periods: int, scrape: Callable[[int, int], Observation]
+) -> tuple[list[int], list[int]]:
+    """The gate against ``scrape(period, working set)``: admissions reach the engine at once, cuts drain two
+    requests a period. Its targets, and the working set at the engine after each period."""
+    state, working_set, targets, sets = ctl.initial(), 1, [], []
     for i in range(periods):
-        obs = Observation(
-            0.3,
-            0,
-            40 + working_set,
-            0,
-            working_set,
-            itl_seconds=itl(working_set),
-            online_finished=online(rate),
-            batch=staged(working_set),
-        )
-        state = ctl.step(state, obs, float(i))
+        state = ctl.step(state, scrape(i, working_set), float(i))
         working_set = state.target if state.target > working_set else max(state.target, working_set - 2)
         targets.append(state.target)
-    return targets
+        sets.append(working_set)
+    return targets, sets
+
+
+def run_gate(ctl: AimdController, itl: Callable[[float], float], rate: float, periods: int) -> list[int]:
+    """The gate against ``itl`` beside a steady online ``rate``: its targets."""
+    return drive_gate(ctl, periods, lambda _, o: observed(o, itl(o), online(rate)))[0]
 
 
 def test_steering_on_the_profile_holds_the_working_set_still_where_the_measured_inflation_saws():
@@ -213,23 +219,10 @@ def test_a_measured_inflation_far_over_the_budget_overrides_the_profile():
     state = ctl.initial()
     for i in range(300):
         o = state.target
-        obs = Observation(
-            0.3, 0, 40 + o, 0, o, itl_seconds=engine_at(5, rng, 0.0)(o), online_finished=online(5), batch=staged(o)
-        )
-        state = ctl.step(state, obs, float(i))
+        state = ctl.step(state, observed(o, engine_at(5, rng, 0.0)(o), online(5)), float(i))
     before = state.target
     for i in range(300, 305):
-        obs = Observation(
-            0.3,
-            0,
-            40 + before,
-            0,
-            before,
-            itl_seconds=1.6 * engine_at(5, rng, 0.0)(0),
-            online_finished=online(5),
-            batch=staged(before),
-        )
-        state = ctl.step(state, obs, float(i))
+        state = ctl.step(state, observed(before, 1.6 * engine_at(5, rng, 0.0)(0), online(5)), float(i))
     assert state.target < before and state.steered == state.inflation  # the measured inflation, not the profile's
 
 
@@ -240,9 +233,7 @@ def test_a_light_online_load_with_no_level_yet_is_steered_on_the_profile_not_gro
     8/s met them all (docs/results/2026-12-07-latency-gate-alpha-115)."""
     ctl = AimdController(AimdConfig(period=1.0, max_target=185, alpha_set=1.15, profile=A6000))
     targets = run_gate(ctl, engine_at(1, random.Random(3)), 1, 300)
-    state = ctl.step(
-        ctl.initial(), Observation(0.3, 0, 41, 0, 1, itl_seconds=0.03, online_finished=online(1), batch=staged(1)), 0
-    )
+    state = ctl.step(ctl.initial(), observed(1, 0.03, online(1)), 0)
     assert state.inflation is None  # one request finished in the level's window: no reference yet
     ref = ProfileReference()
     for _ in range(300):
@@ -258,24 +249,19 @@ def stepped_gate(ctl: AimdController, arrivals: bool, seed: int = 3) -> tuple[li
     and the engine's first tokens (``arrivals``: read, or not) count them as they come. The targets, and the
     profile's inflation at the working set at the engine (at the load the engine is serving: the truth)."""
     rng = random.Random(seed)
-    state, working_set, targets, truth = ctl.initial(), 1, [], []
-    for i in range(340):
-        rate, finishing = (1 if i < 300 else 8), (1 if i < 306 else 8)
-        obs = Observation(
-            0.3,
-            0,
-            40 + working_set,
-            0,
-            working_set,
-            itl_seconds=engine_at(rate, rng)(working_set),
-            online_finished=online(finishing),
-            online_arrived=float(round(max(0.0, rng.gauss(rate, rate**0.5)))) if arrivals else None,
-            batch=staged(working_set),
-        )
-        state = ctl.step(state, obs, float(i))
-        working_set = state.target if state.target > working_set else max(state.target, working_set - 2)
-        targets.append(state.target)
-        truth.append(t(mean_gap(A6000, online(rate), staged(working_set))) / t(mean_gap(A6000, online(rate))))
+
+    def rate(i: int) -> int:
+        return 1 if i < 300 else 8
+
+    def scrape(i: int, o: int) -> Observation:
+        itl = engine_at(rate(i), rng)(o)
+        arrived = float(round(max(0.0, rng.gauss(rate(i), rate(i) ** 0.5)))) if arrivals else None
+        return observed(o, itl, online(rate(i - 6)), arrived)
+
+    targets, sets = drive_gate(ctl, 340, scrape)
+    truth = [
+        t(mean_gap(A6000, online(rate(i)), staged(o))) / t(mean_gap(A6000, online(rate(i)))) for i, o in enumerate(sets)
+    ]
     return targets, truth
 
 
