@@ -91,12 +91,21 @@ class SchedulerMetrics:
         )
         self.reference_step_seconds = Gauge(
             "tidal_sched_reference_step_seconds",
-            "T̂ of the last budgeted step's online work alone, at the online concurrency of online alone.",
+            "T̂ of the last budgeted step's online work alone, at the online concurrency of online alone, with the "
+            "host's time.",
             registry=r,
         )
         self.inflation = Gauge(
             "tidal_sched_inflation",
-            "Measured step time over the reference (tidal_sched_reference_step_seconds), smoothed over about 50 budgeted steps.",
+            "Measured cycle (one schedule() to the next) over the reference (tidal_sched_reference_step_seconds), "
+            "smoothed over about 50 budgeted steps.",
+            registry=r,
+        )
+        self.host_seconds = Gauge(
+            "tidal_sched_host_seconds",
+            "The host's time a cycle takes beyond T̂, fitted over about 1,000 cycles: per step (part=step) and per "
+            "request the step carries (part=request).",
+            ["part"],
             registry=r,
         )
         self.working_set = Gauge("tidal_sched_working_set", "Batch requests scheduled in the last step.", registry=r)

@@ -65,6 +65,7 @@ import itertools
 import time
 import typing as t
 
+import numpy as np
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import RequestQueue
@@ -79,6 +80,7 @@ from tidal_engine.guardband import Guardband
 from tidal_engine.guardband import Resident
 from tidal_engine.guardband import cheapest
 from tidal_engine.guardband import cheapest_first
+from tidal_engine.host_time import HostFit
 from tidal_engine.latency import LatencyModel
 from tidal_engine.latency import batch_cap
 from tidal_engine.metrics import Mode
@@ -87,10 +89,11 @@ from tidal_engine.step_budget import StepCost
 from tidal_engine.step_budget import Work
 from tidal_engine.step_budget import select
 from tidal_engine.step_time import StepCosts
+from tidal_engine.step_time import sequence_pairs
 from tidal_engine.twin import load_profile
 
 ONLINE_PRIORITY = 0
-INFLATION_EWMA = 0.02  # weight of one step in the measured inflation (about 50 steps)
+INFLATION_EWMA = 0.02  # weight of one cycle in the measured inflation (about 50 steps)
 # Relative budget: a step with an online prompt waiting may take 1 + this × (α_set − 1) times its online work alone.
 # Filled to α_set, such steps lengthen every waiting online prompt's TTFT as well as its own, and the queue amplifies
 # it: in the scheduler run in virtual time on the A6000 profile at 8 online requests/s (docs/engine.md), TTFT p50
@@ -150,6 +153,8 @@ class StepPlan:
     batch_order: list[str] = dataclasses.field(default_factory=list)  # relative budget: running batch, in its order
     alone_s: float | None = None  # relative budget: T̂ of the step's online work alone
     pool_short: bool | None = None  # relative budget, a step with an online prompt: it carried the pool and more
+    forward_s: float | None = None  # relative budget: T̂ of what the step scheduled, for the host's fit
+    requests: int = 0  # requests the step scheduled
     # Filled in by _gated and _account, from what the step did.
     hidden: list[str] = dataclasses.field(default_factory=list)  # waiting batch requests kept out (not admitted)
     online_scheduled: int = 0  # tokens the step scheduled for online requests
@@ -218,8 +223,10 @@ class TidalScheduler(Scheduler):
         # the last step with an online prompt carried every batch request with KV and had room for one more: the
         # pool is sized to what those steps carry (relative budget)
         self._pool_short = False
-        # measured step ÷ the reference, smoothed (relative budget); also ι, the online concurrency the batch added
+        # measured cycle ÷ the reference, smoothed (relative budget); also ι, the online concurrency the batch added
         self.inflation: float | None = None
+        self.host_fit = HostFit()  # the host's time a cycle takes beyond T̂ (relative budget)
+        self._cycle: tuple[StepPlan, float] | None = None  # the last budgeted step's plan and when it was scheduled
         if self.alpha_set:
             self.tidal_metrics.alpha_set.set(self.alpha_set)
         self._cached_tokens: dict[str, int] = {}  # req_id -> prefix-cache hit at its last admission
@@ -229,6 +236,7 @@ class TidalScheduler(Scheduler):
     # --- one step: plan, evict, gate the stock schedule(), check, account ------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         started = self.clock()
+        self._observe_cycle(started)
         plan = self._plan(started)
         self._evict(plan, started)
         with self._gated(plan):
@@ -236,7 +244,26 @@ class TidalScheduler(Scheduler):
         self._check(plan, output)
         self._account(plan, output, started)
         self._step_started = started
+        if plan.forward_s is not None:
+            self._cycle = plan, started
         return output
+
+    def _observe_cycle(self, now: float) -> None:
+        """The last budgeted step's cycle, from its schedule() to this one: its time beyond T̂ into the host's fit,
+        and its time over the reference into ι. Only a busy engine's: with nothing running, the engine core may have
+        waited for work in between."""
+        last, self._cycle = self._cycle, None
+        if last is None or not self.running:
+            return
+        plan, started = last
+        assert plan.forward_s is not None
+        cycle = now - started
+        self.host_fit.observe(plan.requests, cycle - plan.forward_s, plan.forward_s)
+        if plan.alone_s:
+            sample = cycle / plan.alone_s
+            prev = self.inflation
+            self.inflation = sample if prev is None else prev + INFLATION_EWMA * (sample - prev)
+            self.tidal_metrics.inflation.set(self.inflation)
 
     def _plan(self, now: float) -> StepPlan:
         """Decide the step from the queues and the KV pool; changes nothing but the guardband's EWMA."""
@@ -273,6 +300,7 @@ class TidalScheduler(Scheduler):
                 chunk_allowed=not online_waiting,
                 admit_room=admit and self._pool_short,
                 concurrency_inflation=min(max(self.inflation or 1.0, 1.0), self.alpha_set),
+                host=self.host_fit.host,
             )
             mode, cap, parked = Mode.RELATIVE, chosen.batch_tokens, list(chosen.parked)
             order, alone = list(chosen.scheduled), chosen.alone_s
@@ -317,6 +345,17 @@ class TidalScheduler(Scheduler):
         if fit is None:
             return None
         return lambda tokens, context, _pairs: fit.predict(tokens, context)
+
+    def _forward_seconds(self, cost: StepCost, output: SchedulerOutput) -> float:
+        """T̂ of what the step scheduled: its tokens, their requests' context before it, and their attention."""
+        tokens = context = pairs = 0
+        for req_id, num in output.num_scheduled_tokens.items():
+            before = self.requests[req_id].num_computed_tokens - num  # schedule() has counted the step's tokens
+            tokens, context, pairs = tokens + num, context + before, pairs + sequence_pairs(num, before)
+        if not tokens:
+            return 0.0
+        one = (np.array([min(tokens, self.tau)]), np.array([context]), np.array([pairs]))
+        return float(cost(*one)[0])
 
     def _batch_order(self, staying: list[Request]) -> list[Request]:
         """Running batch requests in the order they join a relative budget: the most urgent priority first (a batch
@@ -465,6 +504,10 @@ class TidalScheduler(Scheduler):
             if value:  # most are 0 on most steps: skip the counter's lock
                 counter.inc(value)
         ran = {i for i in output.num_scheduled_tokens if not is_online(self.requests[i])}
+        if plan.mode is Mode.RELATIVE and (cost := self._step_cost()) is not None:
+            plan.forward_s, plan.requests = self._forward_seconds(cost, output), len(output.num_scheduled_tokens)
+            m.host_seconds.labels("step").set(self.host_fit.host.per_step)
+            m.host_seconds.labels("request").set(self.host_fit.host.per_request)
         if self.alpha_set:  # the order and the park bound of the relative budget; nothing else reads them
             for req_id in plan.parked:
                 self._parked_since.setdefault(req_id, now)
@@ -492,11 +535,6 @@ class TidalScheduler(Scheduler):
         if measured is not None and scheduler_output.total_num_scheduled_tokens > 0:
             plan, seconds = measured
             self.latency.observe(scheduler_output.total_num_scheduled_tokens, plan.context, seconds)
-            if plan.alone_s:
-                sample = seconds / plan.alone_s
-                prev = self.inflation
-                self.inflation = sample if prev is None else prev + INFLATION_EWMA * (sample - prev)
-                self.tidal_metrics.inflation.set(self.inflation)
             if plan.batch_waited:
                 self.tidal_metrics.starved_slack_seconds.inc(max(self.budget_s - seconds, 0.0))
         return super().update_from_output(scheduler_output, model_runner_output)

@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from tidal_engine.host_time import HostTime
 from tidal_engine.step_budget import Work
 from tidal_engine.step_budget import select
 from tidal_engine.step_time import StepCosts
@@ -198,3 +199,26 @@ def test_the_reference_is_the_online_work_at_the_concurrency_it_would_have_alone
     assert len(scaled.scheduled) < len(at_once.scheduled)
     crowded = choose(decodes("on", 44, 600), [], 1.01, concurrency_inflation=1.5)
     assert crowded.budget_s == pytest.approx(crowded.predicted_s)  # α × the thinned step is under the online work
+
+
+def test_the_hosts_time_is_charged_to_every_request_priced_the_reference_included():
+    """A cycle takes T̂ plus the host's time (host_time.py): with 0.1 ms a request the budget is α × (T̂ alone + the
+    host's time of the online requests alone), and each batch decode costs its KV read and its 0.1 ms, so fewer
+    fit, and the whole step, host included, stays within the budget."""
+    host = HostTime(0.004, 100e-6)
+    online = [*decodes("on", 44, 600), Work("prompt", 300, 0)]
+    batch = decodes("b", 200, 800)
+    bare = choose(online, batch, 1.1, concurrency_inflation=1.1)
+    hosted = select(
+        cost, online, batch, 1.1, SLO, TAU, chunk_allowed=True, admit_room=False, concurrency_inflation=1.1, host=host
+    )
+    alone_40 = step_seconds(A6000, 40 + 300, 40 * 600, 40 * sequence_pairs(1, 600) + sequence_pairs(300, 0))
+    assert hosted.alone_s == pytest.approx(alone_40 + host.seconds(41))  # 40 decodes alone and the prompt
+    assert hosted.budget_s == pytest.approx(1.1 * hosted.alone_s)
+    n = len(hosted.scheduled)
+    forward = step_seconds(
+        A6000, 44 + 300 + n, 44 * 600 + n * 800, 44 * sequence_pairs(1, 600) + sequence_pairs(300, 0) + n * 801
+    )
+    assert hosted.predicted_s == pytest.approx(forward + host.seconds(45 + n))
+    assert hosted.predicted_s <= hosted.budget_s
+    assert 0 < n < len(bare.scheduled)

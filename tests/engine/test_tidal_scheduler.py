@@ -19,6 +19,7 @@ from tests.support.engine_steps import ScheduleAhead
 from tests.support.engine_steps import make_request
 from tests.support.engine_steps import run_step
 from tests.support.engine_steps import runner_output
+from tidal_engine.host_time import HostTime
 from tidal_engine.metrics import Mode
 from tidal_engine.scheduler import PROMPT_STEP_SHARE
 from tidal_engine.scheduler import TidalAsyncScheduler
@@ -469,3 +470,29 @@ def test_a_backlog_arriving_beside_online_traffic_is_prefilled_only_as_the_promp
     pool, carried = max(resident[-100:]), max(prompt_steps[-25:])
     assert carried > statistics.median(decode_steps[-75:]), (prompt_steps[-25:], decode_steps[-75:])
     assert pool <= carried + 3, (resident[-100:], prompt_steps[-25:])
+
+
+def test_the_hosts_time_between_steps_is_learnt_from_the_cycles_and_charged_to_the_budget(make_scheduler):
+    """Each cycle (one schedule() to the next) takes T̂ of what it scheduled plus the host's 4 ms and 0.1 ms a
+    request: the plugin learns that from the cycles alone, and from then on the whole cycle, host included, keeps
+    to α × the reference; ι is the cycle over the reference."""
+    profile = load_profile(A6000)
+    s = make_scheduler(TidalScheduler, settings=relative(1.1), max_num_seqs=64, num_blocks=4000)
+    now = [0.0]
+    s.clock = lambda: now[0]
+    arrive(s, "batch", 40, 1000, priority=1, max_tokens=2000, steps=25)
+    arrive(s, "online", 8, 32, priority=0, max_tokens=2000)
+    host = HostTime(0.004, 100e-6)
+    for _ in range(300):
+        out, priced = step_priced(s, profile)
+        requests = len(out.num_scheduled_tokens)
+        now[0] += priced + host.seconds(requests)
+    assert s.host_fit.host.seconds(requests) == pytest.approx(host.seconds(requests), rel=0.02)
+    plan = s.last_plan
+    assert plan.forward_s == pytest.approx(priced) and plan.requests == requests
+    assert priced + host.seconds(requests) <= 1.1 * plan.alone_s * 1.01
+    assert 0 < sum(1 for r in out.num_scheduled_tokens if r.startswith("batch")) < 40
+    sample = s.tidal_metrics.registry.get_sample_value
+    assert sample("tidal_sched_host_seconds", {"part": "step"}) == s.host_fit.host.per_step
+    assert sample("tidal_sched_host_seconds", {"part": "request"}) == s.host_fit.host.per_request
+    assert s.inflation == pytest.approx(1.1, abs=0.02)
