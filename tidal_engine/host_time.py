@@ -42,7 +42,6 @@ class HostFit:
     """Least squares of a cycle's residual on the requests it scheduled, over forgetting sums."""
 
     cycles: int = 0
-    weight: float = 0.0
     requests: float = 0.0  # Σ n
     residual: float = 0.0  # Σ r
     requests_sq: float = 0.0  # Σ n²
@@ -55,7 +54,6 @@ class HostFit:
             return
         f = FORGET
         self.cycles += 1
-        self.weight = f * self.weight + 1
         self.requests = f * self.requests + requests
         self.residual = f * self.residual + residual
         self.requests_sq = f * self.requests_sq + requests * requests
@@ -65,7 +63,7 @@ class HostFit:
 
     def _fitted(self) -> HostTime:
         """The line through the sums, neither part below zero (a host does not make steps shorter)."""
-        w = self.weight
+        w = (1 - FORGET**self.cycles) / (1 - FORGET)  # Σ of the cycles' weights
         mean_n, mean_r = self.requests / w, self.residual / w
         spread = self.requests_sq / w - mean_n * mean_n
         slope = (self.cross / w - mean_n * mean_r) / spread if spread > 1e-9 else 0.0

@@ -108,6 +108,8 @@ class SchedulerMetrics:
             ["part"],
             registry=r,
         )
+        self.host_step_seconds = self.host_seconds.labels("step")  # the children, looked up once: set every step
+        self.host_request_seconds = self.host_seconds.labels("request")
         self.working_set = Gauge("tidal_sched_working_set", "Batch requests scheduled in the last step.", registry=r)
         self.batch_resident = Gauge(
             "tidal_sched_batch_resident",

@@ -125,6 +125,23 @@ def unscheduled_demand(request: Request) -> int:
     return max(int(request.num_tokens_with_spec - request.num_computed_tokens), 0)
 
 
+def scheduled(requests: t.Mapping[str, Request], output: SchedulerOutput) -> t.Iterator[tuple[Request, int, int]]:
+    """Each request ``output`` scheduled, with its tokens and its context before the step. Read before
+    ``update_from_output`` moves the requests on: ``schedule()`` has already counted the step's tokens."""
+    for req_id, num in output.num_scheduled_tokens.items():
+        request = requests[req_id]
+        yield request, num, request.num_computed_tokens - num
+
+
+def step_totals(requests: t.Mapping[str, Request], output: SchedulerOutput) -> tuple[int, int, int]:
+    """The step ``output`` scheduled as T̂ reads it: its tokens, their requests' context before it, their attention
+    pairs."""
+    tokens = context = pairs = 0
+    for _, num, before in scheduled(requests, output):
+        tokens, context, pairs = tokens + num, context + before, pairs + sequence_pairs(num, before)
+    return tokens, context, pairs
+
+
 def waiting_demand(request: Request) -> int:
     """Tokens a waiting request asks for, ignoring prefix-cache hits (an upper bound)."""
     return max(int(request.num_tokens - request.num_computed_tokens), 0)
@@ -347,11 +364,8 @@ class TidalScheduler(Scheduler):
         return lambda tokens, context, _pairs: fit.predict(tokens, context)
 
     def _forward_seconds(self, cost: StepCost, output: SchedulerOutput) -> float:
-        """T̂ of what the step scheduled: its tokens, their requests' context before it, and their attention."""
-        tokens = context = pairs = 0
-        for req_id, num in output.num_scheduled_tokens.items():
-            before = self.requests[req_id].num_computed_tokens - num  # schedule() has counted the step's tokens
-            tokens, context, pairs = tokens + num, context + before, pairs + sequence_pairs(num, before)
+        """T̂ of what the step scheduled."""
+        tokens, context, pairs = step_totals(self.requests, output)
         if not tokens:
             return 0.0
         one = (np.array([min(tokens, self.tau)]), np.array([context]), np.array([pairs]))
@@ -506,8 +520,8 @@ class TidalScheduler(Scheduler):
         ran = {i for i in output.num_scheduled_tokens if not is_online(self.requests[i])}
         if plan.mode is Mode.RELATIVE and (cost := self._step_cost()) is not None:
             plan.forward_s, plan.requests = self._forward_seconds(cost, output), len(output.num_scheduled_tokens)
-            m.host_seconds.labels("step").set(self.host_fit.host.per_step)
-            m.host_seconds.labels("request").set(self.host_fit.host.per_request)
+            m.host_step_seconds.set(self.host_fit.host.per_step)
+            m.host_request_seconds.set(self.host_fit.host.per_request)
         if self.alpha_set:  # the order and the park bound of the relative budget; nothing else reads them
             for req_id in plan.parked:
                 self._parked_since.setdefault(req_id, now)

@@ -26,8 +26,9 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from config import Settings
+from tidal_engine.scheduler import scheduled
+from tidal_engine.scheduler import step_totals
 from tidal_engine.step_time import Profile
-from tidal_engine.step_time import sequence_pairs
 from tidal_engine.step_time import step_seconds
 from tidal_workers.bench import online
 from tidal_workers.bench.oracle import TEMPLATE_TOKENS
@@ -355,14 +356,12 @@ class StepShape:
 
 def step_shape(scheduler: Scheduler, output: SchedulerOutput) -> StepShape:
     """The shape of the step ``output`` scheduled, read before ``update_from_output`` moves the requests on."""
-    tokens = context = pairs = batch_decodes = batch_prefill = 0
+    tokens, context, pairs = step_totals(scheduler.requests, output)
+    batch_decodes = batch_prefill = 0
     prompt = False
-    for rid, n in output.num_scheduled_tokens.items():
-        request = scheduler.requests[rid]
-        before = request.num_computed_tokens - n  # schedule() has already counted the step's tokens
-        tokens, context, pairs = tokens + n, context + before, pairs + sequence_pairs(n, before)
+    for request, n, before in scheduled(scheduler.requests, output):
         prefill = before < request.num_prompt_tokens
-        if rid.startswith("batch"):
+        if request.request_id.startswith("batch"):
             batch_decodes += not prefill
             batch_prefill += n if prefill else 0
         elif prefill:
