@@ -96,3 +96,6 @@ def test_plugin_holds_batch_to_the_cap_and_online_gets_its_whole_demand(tiny_plu
     assert delta["tidal_sched_online_preempted_total"] == 0
     needed = sum(u["prompt_tokens"] + u["completion_tokens"] - 1 for u in online_usage)
     assert delta["tidal_sched_online_tokens_total"] == needed
+    # A labelled series is read per label value: the host's fit per part, not the sum of its two parts.
+    assert {"tidal_sched_host_seconds:step", "tidal_sched_host_seconds:request"} <= after.keys()
+    assert "tidal_sched_host_seconds" not in after

@@ -187,13 +187,13 @@ def wait_idle(engine_url: str, timeout: float = 120.0) -> float:
 
 
 def read_plugin(metrics_url: str) -> dict[str, float]:
-    """TidalScheduler's own series (``tidal_sched_*``), summed over labels except the mode, kept per mode."""
+    """TidalScheduler's own series (``tidal_sched_*``), a labelled one kept per label value (``name:value``, as
+    ``tidal_sched_mode:calm`` or ``tidal_sched_host_seconds:step``), so no two series add up to a figure neither is."""
     text = requests.get(metrics_url, timeout=2.0).text
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if not s.name.startswith("tidal_sched_") or s.name.endswith("_created"):
                 continue
-            name = f"{s.name}:{s.labels['mode']}" if "mode" in s.labels else s.name
-            out[name] = out.get(name, 0.0) + s.value
+            out[":".join([s.name, *s.labels.values()])] = s.value
     return out
