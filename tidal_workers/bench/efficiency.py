@@ -63,3 +63,18 @@ def phase_rates(rate_fn: t.Callable[[float], float], seconds: float, samples: in
 def efficiency(harvest: float, h_star: float) -> float | None:
     """E; None when the oracle leaves no harvest at all (nothing to be a share of)."""
     return harvest / h_star if h_star > 0 else None
+
+
+def peer_at(alpha: float, curve: t.Iterable[tuple[float, float]]) -> float | None:
+    """The peer's harvest at ``alpha`` from its measured (α_m, harvest) points: linear between them, starting at
+    online alone (no batch, 0 tokens/s at ``ALPHA_FLOOR``), and never falling as α rises (a peer setting that
+    harvests less at a higher α is beaten by one at a lower). None past the peer's highest point: not extrapolated.
+    """
+    best: dict[float, float] = {ALPHA_FLOOR: 0.0}
+    for a, harvest in curve:
+        best[a] = max(best.get(a, 0.0), harvest)
+    alphas = sorted(best)
+    if alpha > alphas[-1]:
+        return None
+    harvests = np.maximum.accumulate([best[a] for a in alphas])
+    return float(np.interp(alpha, alphas, harvests))

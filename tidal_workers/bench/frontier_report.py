@@ -16,7 +16,9 @@ Per point:
 - on a step load, the instant (step_response.py): the online inflation after the step, against α_set.
 
 With three or more valid repetitions of a setting, ``aggregates`` gives each figure's mean over them with a
-bootstrap interval (stats.bootstrap); with fewer, each repetition stands alone with its within-window intervals.
+bootstrap interval (stats.bootstrap) and a Student-t one (stats.t_bounds, the table's), and each technique's harvest
+over vLLM alone's at the same α_m, the peer's measured curve interpolated; with fewer, each repetition stands alone
+with its within-window intervals.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ Record = dict[str, t.Any]
 LATENCIES = ("ttft", "tbt")
 QUANTILES = {"p50": 0.5, "p99": 0.99}
 ALPHA_KNOBS = ("inside", "outside-latency")  # the techniques whose knob is an α_set
+INSTANT = ("transient", "recovered", "ttft_transient", "ttft_recovered")  # step_response's figures
+PEER = "vllm-priority"  # vLLM alone, the batch at the lowest priority: what each technique must beat
 ONLINE_ERRORS_MAX = 0.01  # a window whose online requests failed more often measured something else
 COLOURS = {
     "outside": "tab:blue",
@@ -252,7 +256,9 @@ class Report:
         return row
 
     def aggregates(self, rows: list[dict[str, t.Any]]) -> list[dict[str, t.Any]]:
-        """Per setting with three or more valid repetitions: each figure's mean with its bootstrap interval."""
+        """Per setting with three or more valid repetitions: each figure's mean with its bootstrap and its Student-t
+        interval; and each technique's harvest beside vLLM alone's at its mean α_m (efficiency.peer_at), where
+        the peer was measured in the same load and mix with three repetitions."""
         groups: dict[tuple, list[dict[str, t.Any]]] = collections.defaultdict(list)
         for row in rows:
             if row["kind"] == COSERVED and row["valid"]:
@@ -264,17 +270,30 @@ class Report:
             figures = {
                 "harvest": [r["harvest"]["value"] for r in group],
                 "E": [r["E"]["value"] for r in group],
+                "alpha_m": [r["alpha_m"] for r in group],
                 **{k: [r["inflation"][k]["value"] for r in group] for k in group[0]["inflation"]},
             }
+            if group[0].get("step"):  # the instant, judged on the repetitions too (issue 36 item 3)
+                figures.update({f"instant_{k}": [r["step"][k] for r in group] for k in INSTANT})
+            present = {k: [v for v in vs if v is not None] for k, vs in figures.items()}
             out.append(
                 {
                     "load": load,
                     "mix": mix,
                     "technique": technique,
                     "knob": knob,
-                    **{k: stats.interval([v for v in vs if v is not None]) for k, vs in figures.items()},
+                    **{k: {**stats.interval(vs), **stats.t_bounds(vs)} for k, vs in present.items()},
                 }
             )
+        for agg in out:
+            curve = [
+                (peer["alpha_m"]["value"], peer["harvest"]["value"])
+                for peer in out
+                if (peer["load"], peer["mix"], peer["technique"]) == (agg["load"], agg["mix"], PEER)
+            ]
+            at = efficiency.peer_at(agg["alpha_m"]["value"], curve) if curve and agg["technique"] != PEER else None
+            agg["peer_harvest"] = at
+            agg["over_peer"] = agg["harvest"]["value"] / at if at else None
         return out
 
     def results(self) -> dict[str, t.Any]:
@@ -390,7 +409,57 @@ def table(results: dict[str, t.Any]) -> str:
                 f"{1000 * (online['ttft_p50'] or 0):.0f} ms, TBT p50 {1000 * (online['tbt_p50'] or 0):.1f} ms, "
                 f"overruns {'–' if overruns is None else f'{100 * overruns:.1f} %'}; {state}"
             )
-    return "\n".join(lines)
+    return "\n".join(lines + _aggregate_table(results.get("aggregates") or []))
+
+
+def _aggregate_table(aggregates: list[dict[str, t.Any]]) -> list[str]:
+    """The settings with three or more valid repetitions: their means, each with its Student-t interval."""
+    if not aggregates:
+        return []
+    lines = [
+        "",
+        "Means over the valid repetitions, each with its 95 % Student-t interval (the bootstrap's in frontier.json); "
+        "vLLM alone at the same α_m is its measured curve interpolated, starting at online alone:",
+        "",
+        "| load | mix | technique | knob | reps | harvest tok/s | E | α_m | TTFT p50× | TTFT p99× | TBT p50× "
+        "| TBT p99× | vLLM alone at α_m | ÷ vLLM alone |",
+        "|" + "---|" * 14,
+    ]
+    for agg in aggregates:
+        peer, over = agg.get("peer_harvest"), agg.get("over_peer")
+        cells = [
+            agg["load"],
+            agg["mix"],
+            agg["technique"],
+            f"{agg['knob']:g}",
+            str(agg["harvest"]["reps"]),
+            _t_fig(agg["harvest"]),
+            _t_fig(agg["E"], "{:.2f}"),
+            _t_fig(agg["alpha_m"], "{:.2f}"),
+            *(_t_fig(agg[f"{n}_{q}"], "{:.3f}") for n in LATENCIES for q in QUANTILES),
+            "–" if peer is None else f"{peer:.0f}",
+            "–" if over is None else f"{over:.2f}×",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *(_instant_means(agg) for agg in aggregates if "instant_transient" in agg)]
+    return lines
+
+
+def _instant_means(agg: dict[str, t.Any]) -> str:
+    """The instant over the repetitions: each span's mean ITL (TTFT) p50 inflation with its Student-t interval."""
+    spans = [
+        f"{_t_fig(agg[f'instant_{k}'], '{:.3f}')} (TTFT p50 {_t_fig(agg[f'instant_ttft_{k}'], '{:.3f}')})"
+        for k in ("transient", "recovered")
+    ]
+    return (
+        f"- the instant over {agg['instant_transient']['reps']} repetitions, {agg['technique']} {agg['knob']:g} "
+        f"({agg['load']}, {agg['mix']}): online ITL p50 inflation {spans[0]} over the first {step_response.SETTLE_S:.0f} s "
+        f"after the step, {spans[1]} over the {step_response.HOLD_S:.0f} s after that"
+    )
+
+
+def _t_fig(iv: dict[str, t.Any], fmt: str = "{:.0f}") -> str:
+    return _fig({"value": iv.get("value"), "low": iv.get("t_low"), "high": iv.get("t_high")}, fmt)
 
 
 def plot(report: Report, results: dict[str, t.Any], path: Path) -> Path:

@@ -31,6 +31,17 @@ def test_bootstrap_is_reproducible():
     assert stats.bootstrap([1.0, 5.0, 2.0, 8.0]) == stats.bootstrap([1.0, 5.0, 2.0, 8.0])
 
 
+def test_the_t_interval_at_three_repetitions_reaches_past_the_extreme_ones_where_the_bootstrap_cannot():
+    values = [1.0, 2.0, 3.0]
+    t = stats.t_bounds(values)
+    assert (t["t_low"], t["t_high"]) == pytest.approx((2.0 - 4.303 / 3**0.5, 2.0 + 4.303 / 3**0.5))
+    boot = stats.bootstrap(values)
+    assert t["t_low"] < 1.0 <= boot.low and boot.high <= 3.0 < t["t_high"]
+    many = stats.t_bounds([float(i % 2) for i in range(40)])  # past 30 degrees of freedom: the normal's 1.96
+    assert many["t_high"] == pytest.approx(0.5 + 1.96 * (10 / 39) ** 0.5 / 40**0.5)  # stdev of 20 zeros, 20 ones
+    assert stats.t_bounds([1.0, 2.0]) == {"t_low": None, "t_high": None}
+
+
 @pytest.mark.parametrize("values", [[], [1.2], [1.2, 1.3]])
 def test_fewer_than_three_repetitions_are_refused(values):
     with pytest.raises(stats.TooFewRepetitions):

@@ -28,6 +28,17 @@ def test_alpha_m_is_the_largest_inflation_floored_at_1_10():
     assert efficiency.alpha_m([]) == 1.10
 
 
+def test_the_peers_harvest_at_an_alpha_is_its_curve_interpolated_from_online_alone_never_falling():
+    curve = [(1.4, 300.0), (1.2, 100.0)]
+    assert efficiency.peer_at(1.15, curve) == pytest.approx(50.0)  # between online alone (1.10, 0) and 100 at 1.2
+    assert efficiency.peer_at(1.3, curve) == pytest.approx(200.0)
+    assert efficiency.peer_at(1.4, curve) == pytest.approx(300.0)
+    assert efficiency.peer_at(1.5, curve) is None  # past its highest point: not extrapolated
+    assert efficiency.peer_at(1.3, [*curve, (1.3, 80.0)]) == pytest.approx(100.0)  # a dominated setting
+    assert efficiency.peer_at(1.10, [(1.10, 30.0), (1.2, 100.0)]) == pytest.approx(30.0)  # at the floor already
+    assert efficiency.peer_at(1.10, []) == 0.0
+
+
 def test_e_is_the_harvest_over_the_oracle_at_alpha_m():
     oracles = efficiency.Oracles(load_profile("qwen2.5-7b@a6000"), ONLINE, BATCH)
     h = oracles.h_star(1.5, 8.0)

@@ -76,6 +76,25 @@ def test_a_step_load_point_reports_the_instant_against_its_alpha_set_and_is_not_
     assert "the instant, inside 1.1 (step-1-8, standard)" in fr.table({"rows": [row]})
 
 
+def test_three_repetitions_of_a_step_load_give_the_instants_means_with_their_t_intervals():
+    plan = frontier_plan(loads=("step-1-8",), techniques=("inside",), knobs={"inside": (1.1,)}, reps=3)
+    records = []
+    for rep, slow in enumerate((1.2, 1.3, 1.4)):
+        alone = record(fp.Point(fp.ONLINE_ALONE, "standard", rep, "step-1-8"))
+        co = record(fp.Point(fp.COSERVED, "standard", rep, "step-1-8", "inside", 1.1), ratio=0.7 * STEADY)
+        for r, s in ((alone, 1.0), (co, slow)):
+            r["online"]["records"] = online_records(s, n=800)
+        records += [alone, co]
+    results = fr.Report(plan, records).results()
+    (agg,) = results["aggregates"]
+    assert agg["instant_recovered"]["value"] == pytest.approx(1.3, rel=0.01)
+    assert agg["instant_recovered"]["t_high"] == pytest.approx(1.3 + 4.303 * 0.1 / 3**0.5, rel=0.01)
+    line = "- the instant over 3 repetitions, inside 1.1 (step-1-8, standard): online ITL p50 inflation "
+    assert line in fr.table(
+        results
+    ) and "1.299 [1.052, 1.547] (TTFT p50 1.300 [1.052, 1.548]) over the 10 s" in fr.table(results)
+
+
 def test_a_time_scaled_run_reports_harvest_and_latencies_in_the_gpu_s_seconds():
     """Run k = 2 times slower, a window harvests half as many tokens a wall second, and every latency doubles."""
     slow_plan = dataclasses.replace(PLAN, time_scale=2.0)
@@ -147,9 +166,33 @@ def test_three_valid_repetitions_give_aggregates_and_the_table_lists_every_point
     assert aggregate["harvest"]["reps"] == 3
     assert results["invalid"] == []
     text = fr.table(results)
-    assert text.count("| flat-8 | standard | outside | 8 |") == 3
+    assert text.count("| flat-8 | standard | outside | 8 |") == 4  # each repetition, then their means
+    assert "| flat-8 | standard | outside | 8 | 3 | 400 [" in text
     assert "- ceiling, standard: 1700" in text
     assert "staged" not in text
+
+
+def test_the_aggregates_set_each_technique_beside_vllm_alone_at_its_own_alpha_m_with_t_intervals():
+    plan = dataclasses.replace(
+        PLAN, techniques=("outside", "vllm-priority"), knobs={"outside": (8,), "vllm-priority": (2, 4)}
+    )
+    peer = {2: (1.2, 100.0), 4: (1.4, 300.0)}  # each setting's inflation and harvest
+    records = []
+    for rep in range(3):
+        records += [record(point(fp.ONLINE_ALONE, rep)), record(point(fp.COSERVED, rep), tokens_per_s=390.0 + 10 * rep)]
+        for knob, (slow, tokens) in peer.items():
+            at = dataclasses.replace(point(fp.COSERVED, rep), technique="vllm-priority", knob=knob)
+            records.append(record(at, tokens_per_s=tokens, slow=slow))
+    results = fr.Report(plan, records).results()
+    by = {(a["technique"], a["knob"]): a for a in results["aggregates"]}
+    ours = by[("outside", 8)]
+    assert ours["alpha_m"]["value"] == pytest.approx(1.3)
+    assert ours["peer_harvest"] == pytest.approx(200.0)  # halfway along the peer's curve from 1.2 to 1.4
+    assert ours["over_peer"] == pytest.approx(400.0 / 200.0)
+    assert ours["harvest"]["t_low"] < ours["harvest"]["low"] and ours["harvest"]["t_high"] > ours["harvest"]["high"]
+    assert by[("vllm-priority", 2)]["peer_harvest"] is None  # the peer is not judged against itself
+    text = fr.table(results)
+    assert "| flat-8 | standard | outside | 8 | 3 | 400 [" in text and "| 200 | 2.00× |" in text
 
 
 def test_the_table_says_which_arms_staged_their_prompts_and_a_given_gate_reference():
