@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import math
 import random
-import statistics
 import threading
 import time
 
@@ -22,13 +20,12 @@ import redis
 
 from tidal_workers import keys
 from tidal_workers.attempt import Attempt
+from tidal_workers.bench import stats
 from tidal_workers.queue import WHOLE
 from tidal_workers.queue import Queue
 
 MODEL = "bench"
 TENANTS = ("heavy", "light")
-# Two-sided 95 % Student t quantiles by degrees of freedom (reps - 1), for the interval of the mean.
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,19 +109,12 @@ def run_once(cfg: FairnessConfig, rep: int) -> dict[str, float | int]:
     }
 
 
-def interval95(samples: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the 95 % interval of the mean (Student t), from at least 2 samples."""
-    mean = statistics.fmean(samples)
-    half = T95.get(len(samples) - 1, 1.96) * statistics.stdev(samples) / math.sqrt(len(samples))
-    return mean, mean - half, mean + half
-
-
 def measure(cfg: FairnessConfig, reps: int) -> dict:
     """``reps`` runs of one weight pair: raw samples and the heavy share against its weight's, as a ratio."""
     runs = [run_once(cfg, rep) for rep in range(reps)]
     expected = cfg.weights[0] / sum(cfg.weights)
     ratios = [float(r["heavy_share"]) / expected for r in runs]
-    mean, low, high = interval95(ratios)
+    mean, low, high = stats.t_interval(ratios)
     return {
         "weights": {"heavy": cfg.weights[0], "light": cfg.weights[1]},
         "expected_heavy_share": expected,
@@ -148,4 +138,4 @@ def config_summary(cfg: FairnessConfig) -> dict:
     }
 
 
-__all__ = ["FairnessConfig", "config_summary", "interval95", "measure", "run_once"]
+__all__ = ["FairnessConfig", "config_summary", "measure", "run_once"]

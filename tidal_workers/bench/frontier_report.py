@@ -285,13 +285,13 @@ class Report:
                     **{k: {**stats.interval(vs), **stats.t_bounds(vs)} for k, vs in present.items()},
                 }
             )
+        peers: dict[tuple[str, str], list[tuple[float, float]]] = collections.defaultdict(list)
         for agg in out:
-            curve = [
-                (peer["alpha_m"]["value"], peer["harvest"]["value"])
-                for peer in out
-                if (peer["load"], peer["mix"], peer["technique"]) == (agg["load"], agg["mix"], PEER)
-            ]
-            at = efficiency.peer_at(agg["alpha_m"]["value"], curve) if curve and agg["technique"] != PEER else None
+            if agg["technique"] == PEER:
+                peers[(agg["load"], agg["mix"])].append((agg["alpha_m"]["value"], agg["harvest"]["value"]))
+        for agg in out:
+            curve = peers.get((agg["load"], agg["mix"])) if agg["technique"] != PEER else None
+            at = efficiency.peer_at(agg["alpha_m"]["value"], curve) if curve else None
             agg["peer_harvest"] = at
             agg["over_peer"] = agg["harvest"]["value"] / at if at else None
         return out

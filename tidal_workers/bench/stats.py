@@ -127,15 +127,21 @@ T_975: tuple[float, ...] = (
 )
 
 
+def t_interval(values: t.Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean's 95 % Student-t interval, from at least two values."""
+    n = len(values)
+    half = (T_975[n - 2] if n - 1 <= len(T_975) else 1.96) * statistics.stdev(values) / n**0.5
+    mean = statistics.fmean(values)
+    return mean, mean - half, mean + half
+
+
 def t_bounds(values: t.Sequence[float]) -> dict[str, float | None]:
     """The mean's 95 % Student-t interval as ``t_low`` / ``t_high`` (None under MIN_REPS). At three repetitions a
     bootstrap of the mean cannot reach past the extreme repetition; the t interval is the wider, honest one."""
     if len(values) < MIN_REPS:
         return {"t_low": None, "t_high": None}
-    n = len(values)
-    half = (T_975[n - 2] if n - 1 <= len(T_975) else 1.96) * statistics.stdev(values) / n**0.5
-    mean = statistics.fmean(values)
-    return {"t_low": mean - half, "t_high": mean + half}
+    _, low, high = t_interval(values)
+    return {"t_low": low, "t_high": high}
 
 
 def interval(values: t.Sequence[float]) -> dict[str, float | int | None]:
