@@ -339,6 +339,11 @@ class Settings(SchedulerSettings):
         "Staged prefill, for a stock engine that also serves online traffic: a batch prompt is first warmed in vLLM's prefix cache by requests of one output token on its first N, 2N, ... tokens, so no engine step computes more than N of its tokens; a chat or completions item with a text prompt only. N should be a multiple of the engine's KV block (16 tokens on GPUs, 128 on vLLM's CPU backend): the prefix cache keeps whole blocks. 0: the whole prompt goes in one request, so into one step (docs/architecture.md, staged prefill).",
         ge=0,
     )
+    prefill_stage_min_tokens: int = _setting(
+        256,
+        "Staged prefill's floor: a prompt of at most this many tokens goes whole, staged or not. Staging it would cut its one step by less than a chunk at the price of a warm-up request and a step more through the engine; on the twin's decode-heavy mix (prompts ~200 tokens) the warm-ups raised online TTFT more than they saved (docs/architecture.md, staged prefill). 0: every prompt longer than a chunk is staged.",
+        ge=0,
+    )
     max_response_bytes: int = _setting(
         16 * 2**20,
         "Largest engine answer a worker keeps for one item, in bytes. A longer one (a long output with many logprobs can be tens of MB) is read through but not kept: the item becomes an error line `response_too_large`, with the usage the answer ends with recorded on its row.",

@@ -33,9 +33,10 @@ WARMUP_TOKENS = prometheus_client.Counter(
 
 
 def warm_prompt(rt: Runtime, url: str, body: t.Mapping[str, t.Any], fields: t.Mapping[str, t.Any]) -> int:
-    """Warm the prompt of an item's ``body`` (sent to ``url``) in chunks of ``TIDAL_PREFILL_STAGE_TOKENS``;
-    ``fields`` are the engine fields every request of the item carries (priority, cache_salt). Returns the
-    prompt tokens warmed (0 when the item is not staged or the first warm-up failed)."""
+    """Warm the prompt of an item's ``body`` (sent to ``url``) in chunks of ``TIDAL_PREFILL_STAGE_TOKENS`` where it
+    is longer than ``TIDAL_PREFILL_STAGE_MIN_TOKENS``; ``fields`` are the engine fields every request of the item
+    carries (priority, cache_salt). Returns the prompt tokens warmed (0 when the item is not staged or the first
+    warm-up failed)."""
     s = rt.settings
     tokenize = tokenize_request(url, body) if s.prefill_stage_tokens > 0 else None
     if tokenize is None:
@@ -52,7 +53,7 @@ def warm_prompt(rt: Runtime, url: str, body: t.Mapping[str, t.Any], fields: t.Ma
         log.info("staged prefill: /tokenize answered %s; the item goes whole", resp.status_code)
         return 0
     warmed = 0
-    for length in stage_prefixes(len(ids), s.prefill_stage_tokens):
+    for length in stage_prefixes(len(ids), s.prefill_stage_tokens, s.prefill_stage_min_tokens):
         OWN.sent()
         try:
             resp = rt.http.post(

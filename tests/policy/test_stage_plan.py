@@ -29,6 +29,20 @@ def test_every_request_of_a_staged_item_computes_one_chunk_at_most(prompt, chunk
     assert sum(computed) == prompt and max(computed) <= (chunk or prompt)
 
 
+@pytest.mark.parametrize(
+    "prompt, whole, prefixes",
+    [
+        (200, 256, ()),  # the decode-heavy mix's prompt: one step of 200 beats a warm-up of 128 and a step of 72
+        (256, 256, ()),
+        (257, 256, (128, 256)),  # past the floor, staged as ever
+        (900, 256, (128, 256, 384, 512, 640, 768, 896)),
+        (200, 0, (128,)),  # no floor: every prompt longer than a chunk
+    ],
+)
+def test_a_prompt_at_or_under_the_floor_goes_whole(prompt, whole, prefixes):
+    assert stage_prefixes(prompt, 128, whole) == prefixes
+
+
 def test_a_chat_item_is_tokenized_with_what_its_template_renders_and_nothing_of_its_sampling():
     body = {
         "model": "m",

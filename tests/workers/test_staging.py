@@ -20,7 +20,7 @@ CHUNK = 1  # tokens a warm-up adds: the stub's tokens are the key's characters, 
 
 @pytest.fixture
 def settings(settings):
-    return settings.replace(prefill_stage_tokens=CHUNK)
+    return settings.replace(prefill_stage_tokens=CHUNK, prefill_stage_min_tokens=0)
 
 
 def test_an_item_s_prompt_is_warmed_a_chunk_a_request_with_its_priority_and_salt_then_sent(
@@ -49,6 +49,25 @@ def test_an_item_s_prompt_is_warmed_a_chunk_a_request_with_its_priority_and_salt
     own = OWN.totals()
     moved = [a - b for a, b in zip(dataclasses.astuple(own), dataclasses.astuple(own_before), strict=True)]
     assert moved == [4, 1 + 2 + 3 + 7, 3 + 3, 3 + 4, 1, 7, 3, 4]
+
+
+class TestTheFloor:
+    @pytest.fixture
+    def settings(self, settings):
+        return settings.replace(prefill_stage_min_tokens=4)  # "b0-0": four tokens, the floor's own length
+
+    def test_a_prompt_at_or_under_the_floor_is_tokenized_and_then_sent_whole(self, rt, make_batch, worker, stub):
+        batch = make_batch(1)
+        own_before = OWN.totals()
+        with worker():
+            b, out, err = settled(rt, batch)
+        assert (b.completed, b.failed, err) == (1, 0, [])
+        assert_exactly_once(rt, batch, out, err)
+        assert len(stub.tokenized) == 1
+        assert [body for body in stub.requests if "prompt" in body] == []  # no warm-up
+        own = OWN.totals()
+        # one request sent; the stub's usage: 7 prompt tokens, all computed by the item itself
+        assert (own.sent - own_before.sent, own.computed_tokens - own_before.computed_tokens) == (1, 7)
 
 
 def test_a_failed_warm_up_ends_the_staging_and_the_item_goes_whole_with_no_retry_spent(rt, make_batch, worker, stub):

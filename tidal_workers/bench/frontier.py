@@ -384,7 +384,9 @@ class Frontier:
         stage_tokens = self.plan.stage_tokens_for(str(point.technique))
         if stage_tokens:
             gate_env[env_name("prefill_stage_tokens")] = str(stage_tokens)
+            gate_env[env_name("prefill_stage_min_tokens")] = str(self.plan.stage_min_tokens)
             knob["prefill_stage_tokens"] = stage_tokens
+            knob["prefill_stage_min_tokens"] = self.plan.stage_min_tokens
         count = self._backlog(load, mix.name, cap)
         stack_home = self.run_dir.root / "stacks" / point.name
         shutil.rmtree(stack_home, ignore_errors=True)  # an interrupted earlier try of this point

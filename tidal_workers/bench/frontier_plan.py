@@ -124,6 +124,9 @@ class FrontierPlan:
     # The batch prompts of STOCK_GATE_ARMS staged through the prefix cache this many tokens a request
     # (TIDAL_PREFILL_STAGE_TOKENS; 0: sent whole). outside-staged stages at STAGE_TOKENS whatever this says.
     stage_tokens: int = 0
+    # Staged arms' floor: prompts of this many tokens or fewer go whole (TIDAL_PREFILL_STAGE_MIN_TOKENS); 0, what
+    # the plans written before it ran: every prompt longer than a chunk staged.
+    stage_min_tokens: int = 0
     # outside-latency's reference ITL in ms (TIDAL_GATE_REFERENCE_ITL_MS: given, e.g. from a calibration or an
     # online-alone window); 0: the gate fits it, or takes it from the profile with gate_profile
     gate_reference_ms: float = 0.0

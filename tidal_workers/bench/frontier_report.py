@@ -360,7 +360,8 @@ def _plan_notes(plan: dict[str, t.Any]) -> list[str]:
         notes.append("outside-latency: the reference from the twin's profile at the online load served.")
     staged = [arm for arm in techniques if arm in STOCK_GATE_ARMS]
     if plan.get("stage_tokens") and staged:
-        notes.append(f"{' and '.join(staged)}: batch prompts staged {plan['stage_tokens']} tokens a request.")
+        whole = f" ({plan['stage_min_tokens']} tokens or fewer: whole)" if plan.get("stage_min_tokens") else ""
+        notes.append(f"{' and '.join(staged)}: batch prompts staged {plan['stage_tokens']} tokens a request{whole}.")
     return notes
 
 

@@ -32,12 +32,15 @@ _CHAT_TEMPLATE_FIELDS = (
 )
 
 
-def stage_prefixes(prompt_tokens: int, chunk_tokens: int) -> tuple[int, ...]:
+def stage_prefixes(prompt_tokens: int, chunk_tokens: int, whole_tokens: int = 0) -> tuple[int, ...]:
     """The prefix lengths to warm, in order: every multiple of the chunk short of the prompt's end, so each warm-up
-    and then the item itself computes one chunk at most. Empty for a chunk of 0 (off) or a prompt of one chunk or
-    less. The engine caches whole KV blocks only, so a chunk that is not a multiple of its block size leaves each
-    warm-up's last part-block to be computed again by the next."""
-    return tuple(range(chunk_tokens, prompt_tokens, chunk_tokens)) if chunk_tokens > 0 else ()
+    and then the item itself computes one chunk at most. Empty for a chunk of 0 (off), a prompt of one chunk or
+    less, or one of ``whole_tokens`` or less (``TIDAL_PREFILL_STAGE_MIN_TOKENS``: a short prompt's one step costs
+    the engine less than a warm-up request more). The engine caches whole KV blocks only, so a chunk that is not a
+    multiple of its block size leaves each warm-up's last part-block to be computed again by the next."""
+    if chunk_tokens <= 0 or prompt_tokens <= whole_tokens:
+        return ()
+    return tuple(range(chunk_tokens, prompt_tokens, chunk_tokens))
 
 
 def tokenize_request(url: str, body: t.Mapping[str, t.Any]) -> dict[str, t.Any] | None:

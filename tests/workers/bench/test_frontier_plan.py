@@ -69,9 +69,10 @@ def test_stage_tokens_stage_the_stock_engine_gates_only():
     assert [frontier_plan().stage_tokens_for(t) for t in fp.TECHNIQUES] == [0, 0, 0, 0, fp.STAGE_TOKENS]
 
 
-@pytest.mark.parametrize(("field", "other"), [("stage_tokens", 128), ("gate_profile", True)])
+@pytest.mark.parametrize(("field", "other"), [("stage_tokens", 128), ("gate_profile", True), ("stage_min_tokens", 256)])
 def test_a_plan_written_before_a_field_resumes_with_its_default(tmp_path, field, other):
-    """stage_tokens (unstaged) and gate_profile (the reference given or fitted) came after the first runs."""
+    """stage_tokens (unstaged), gate_profile (the reference given or fitted) and stage_min_tokens (every prompt
+    longer than a chunk staged) came after the first runs."""
     plan = frontier_plan()
     fields = plan.as_dict()
     del fields[field]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from config import Settings
 from config import load_settings
 from tidal_workers.bench.cli.common import PROFILE_OPTION
 from tidal_workers.bench.cli.common import begin
@@ -87,6 +88,13 @@ def _check(names: t.Sequence[str], known: t.Iterable[str], option: str) -> None:
     help="Stage outside's and outside-latency's batch prompts through the prefix cache this many tokens a request "
     "(TIDAL_PREFILL_STAGE_TOKENS; 0: whole; outside-staged always stages 128).",
 )
+@click.option(
+    "--stage-min-tokens",
+    default=next(f.default for f in dataclasses.fields(Settings) if f.name == "prefill_stage_min_tokens"),
+    show_default=True,
+    help="Staged arms send prompts of this many tokens or fewer whole (TIDAL_PREFILL_STAGE_MIN_TOKENS; 0: stage "
+    "every prompt longer than a chunk).",
+)
 @click.option("--peer-concurrency", default="", help="vLLM-alone batch requests at the engine (full: 4,8,16,32,64).")
 @click.option("--reps", default=1, show_default=True, help="Repetitions of every block; 3 or more add aggregates.")
 @click.option("--window-seconds", type=float, default=0.0, help="A flat window (quick 120, full 180).")
@@ -126,6 +134,7 @@ def frontier(
     gate_reference_ms: float,
     gate_profile: bool,
     stage_tokens: int,
+    stage_min_tokens: int,
     peer_concurrency: str,
     reps: int,
     window_seconds: float,
@@ -183,6 +192,7 @@ def frontier(
             ceiling=ceiling,
             time_scale=time_scale,
             stage_tokens=stage_tokens,
+            stage_min_tokens=stage_min_tokens if stage_tokens else 0,
             gate_reference_ms=gate_reference_ms,
             gate_profile=gate_profile,
         )
