@@ -260,8 +260,8 @@ def batch_work(before: Finished, own: Finished, inflight: int, seconds: float, s
     """This node's batch at the engine for the profile: ``inflight`` requests decoding at its items' mean context
     (prompt and half the output, over all it finished), the prompt tokens it had computed a second, in chunks of
     ``stage_tokens`` where staged, else of its items' mean computed prompt. Staged, the prompts at or under
-    ``TIDAL_PREFILL_STAGE_MIN_TOKENS`` land whole and are priced as chunks all the same: at most two chunks' worth,
-    on a mix whose prefill is a few percent of what the engine computes for the batch."""
+    ``TIDAL_PREFILL_STAGE_MIN_TOKENS`` land whole and are priced as chunks all the same (each at most two chunks'
+    worth at the default floor and chunk: a price a little low where most prompts are short)."""
     items = max(own.items, 1)
     context = (own.item_prompt_tokens + own.item_output_tokens / 2) / items
     chunk = stage_tokens or (own.computed_tokens / items)
