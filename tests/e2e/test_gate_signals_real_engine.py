@@ -63,7 +63,12 @@ def test_disaggregated_map_reads_real_pool_pages(twin):
     )
 
     settings = load_settings().replace(
-        gate_mode="aimd", gate_signals="disagg", gate_metrics_urls=f"prefill={metrics_url},decode={metrics_url}"
+        gate_mode="aimd",
+        gate_signals="disagg",
+        gate_metrics_urls=f"prefill={metrics_url},decode={metrics_url}",
+        # a scrape may wait half a period: the 0.5 s of the default 1-s period is too short for a page on a 2-core
+        # CI host with the soaks beside it (a CI run, 7 December); what this test reads is the map, not the timing
+        scrape_seconds=10.0,
     )
     gate = AimdGate(settings)
     gate.poll(time.time(), 0)
