@@ -78,3 +78,27 @@ def peer_at(alpha: float, curve: t.Iterable[tuple[float, float]]) -> float | Non
         return None
     harvests = np.maximum.accumulate([best[a] for a in alphas])
     return float(np.interp(alpha, alphas, harvests))
+
+
+def over_peer(
+    harvest: tuple[float, float | None, float | None],
+    alpha: tuple[float, float | None, float | None],
+    curve: t.Sequence[tuple[float, float]],
+) -> dict[str, float | None]:
+    """A technique's harvest over the peer's at its α_m, each as (mean, low, high), with bounds that carry both
+    intervals: the low end is the harvest's low over the peer at α_m's high, the high end the harvest's high over
+    the peer at α_m's low (the peer's curve never falls, so these are the worst and best pairings). On a steep peer
+    curve α_m's interval moves the ratio more than the harvest's does. An end is None where it cannot be read: the
+    peer is not measured that far up (not extrapolated), or it harvests nothing there (no ratio)."""
+
+    def ratio(tokens: float | None, at: float | None) -> float | None:
+        if tokens is None or at is None:
+            return None
+        peer = peer_at(at, curve)
+        return tokens / peer if peer else None
+
+    return {
+        "value": ratio(harvest[0], alpha[0]),
+        "low": ratio(harvest[1], alpha[2]),
+        "high": ratio(harvest[2], alpha[1]),
+    }

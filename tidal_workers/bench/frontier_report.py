@@ -258,7 +258,8 @@ class Report:
     def aggregates(self, rows: list[dict[str, t.Any]]) -> list[dict[str, t.Any]]:
         """Per setting with three or more valid repetitions: each figure's mean with its bootstrap and its Student-t
         interval; and each technique's harvest beside vLLM alone's at its mean α_m (efficiency.peer_at), where
-        the peer was measured in the same load and mix with three repetitions."""
+        the peer was measured in the same load and mix with three repetitions, the ratio's bounds carrying both the
+        harvest's and α_m's t intervals (efficiency.over_peer)."""
         groups: dict[tuple, list[dict[str, t.Any]]] = collections.defaultdict(list)
         for row in rows:
             if row["kind"] == COSERVED and row["valid"]:
@@ -293,7 +294,9 @@ class Report:
             curve = peers.get((agg["load"], agg["mix"])) if agg["technique"] != PEER else None
             at = efficiency.peer_at(agg["alpha_m"]["value"], curve) if curve else None
             agg["peer_harvest"] = at
-            agg["over_peer"] = agg["harvest"]["value"] / at if at else None
+            agg["over_peer"] = (
+                efficiency.over_peer(_t_triple(agg["harvest"]), _t_triple(agg["alpha_m"]), curve) if curve else None
+            )
         return out
 
     def results(self) -> dict[str, t.Any]:
@@ -420,14 +423,15 @@ def _aggregate_table(aggregates: list[dict[str, t.Any]]) -> list[str]:
     lines = [
         "",
         "Means over the valid repetitions, each with its 95 % Student-t interval (the bootstrap's in frontier.json); "
-        "vLLM alone at the same α_m is its measured curve interpolated, starting at online alone:",
+        "vLLM alone at the same α_m is its measured curve interpolated, starting at online alone; the ratio's bounds "
+        "pair the harvest's interval with α_m's (its low end: the harvest's low over vLLM alone at α_m's high):",
         "",
         "| load | mix | technique | knob | reps | harvest tok/s | E | α_m | TTFT p50× | TTFT p99× | TBT p50× "
         "| TBT p99× | vLLM alone at α_m | ÷ vLLM alone |",
         "|" + "---|" * 14,
     ]
     for agg in aggregates:
-        peer, over = agg.get("peer_harvest"), agg.get("over_peer")
+        peer = agg.get("peer_harvest")
         cells = [
             agg["load"],
             agg["mix"],
@@ -439,7 +443,7 @@ def _aggregate_table(aggregates: list[dict[str, t.Any]]) -> list[str]:
             _t_fig(agg["alpha_m"], "{:.2f}"),
             *(_t_fig(agg[f"{n}_{q}"], "{:.3f}") for n in LATENCIES for q in QUANTILES),
             "–" if peer is None else f"{peer:.0f}",
-            "–" if over is None else f"{over:.2f}×",
+            _ratio(agg.get("over_peer")),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *(_instant_means(agg) for agg in aggregates if "instant_transient" in agg)]
@@ -457,6 +461,18 @@ def _instant_means(agg: dict[str, t.Any]) -> str:
         f"({agg['load']}, {agg['mix']}): online ITL p50 inflation {spans[0]} over the first {step_response.SETTLE_S:.0f} s "
         f"after the step, {spans[1]} over the {step_response.HOLD_S:.0f} s after that"
     )
+
+
+def _t_triple(iv: dict[str, t.Any]) -> tuple[float, float | None, float | None]:
+    return iv["value"], iv.get("t_low"), iv.get("t_high")
+
+
+def _ratio(over: dict[str, float | None] | None) -> str:
+    """A ratio to vLLM alone with its bounds; an end that cannot be read (efficiency.over_peer) shows as –."""
+    if not over or over["value"] is None:
+        return "–"
+    ends = ["–" if over[k] is None else f"{over[k]:.2f}" for k in ("low", "high")]
+    return f"{over['value']:.2f}× [{ends[0]}, {ends[1]}]"
 
 
 def _t_fig(iv: dict[str, t.Any], fmt: str = "{:.0f}") -> str:

@@ -39,6 +39,20 @@ def test_the_peers_harvest_at_an_alpha_is_its_curve_interpolated_from_online_alo
     assert efficiency.peer_at(1.10, []) == 0.0
 
 
+def test_the_ratio_to_the_peer_pairs_the_harvests_interval_with_alpha_ms():
+    curve = [(1.2, 100.0), (1.4, 300.0)]
+    over = efficiency.over_peer((400.0, 380.0, 420.0), (1.3, 1.25, 1.35), curve)
+    assert over["value"] == pytest.approx(400.0 / 200.0)
+    assert over["low"] == pytest.approx(380.0 / 250.0)  # the harvest's low over the peer at alpha_m's high
+    assert over["high"] == pytest.approx(420.0 / 150.0)  # the harvest's high over the peer at alpha_m's low
+    past = efficiency.over_peer((400.0, 380.0, 420.0), (1.35, 1.3, 1.45), curve)
+    assert past["low"] is None and past["high"] == pytest.approx(420.0 / 200.0)  # not extrapolated past 1.4
+    floor = efficiency.over_peer((400.0, 380.0, 420.0), (1.15, 1.05, 1.25), curve)
+    assert floor["value"] == pytest.approx(8.0) and floor["high"] is None  # the peer takes nothing at 1.05
+    alone = efficiency.over_peer((400.0, None, None), (1.3, None, None), curve)
+    assert alone == {"value": pytest.approx(2.0), "low": None, "high": None}  # under three repetitions: no bounds
+
+
 def test_e_is_the_harvest_over_the_oracle_at_alpha_m():
     oracles = efficiency.Oracles(load_profile("qwen2.5-7b@a6000"), ONLINE, BATCH)
     h = oracles.h_star(1.5, 8.0)

@@ -187,11 +187,17 @@ def test_the_aggregates_set_each_technique_beside_vllm_alone_at_its_own_alpha_m_
     ours = by[("outside", 8)]
     assert ours["alpha_m"]["value"] == pytest.approx(1.3)
     assert ours["peer_harvest"] == pytest.approx(200.0)  # halfway along the peer's curve from 1.2 to 1.4
-    assert ours["over_peer"] == pytest.approx(400.0 / 200.0)
+    assert ours["over_peer"]["value"] == pytest.approx(400.0 / 200.0)
+    low, high = ours["harvest"]["t_low"], ours["harvest"]["t_high"]
+    assert ours["over_peer"]["low"] == pytest.approx(low / 200.0)  # alpha_m did not vary: the harvest's bounds
+    assert ours["over_peer"]["high"] == pytest.approx(high / 200.0)
     assert ours["harvest"]["t_low"] < ours["harvest"]["low"] and ours["harvest"]["t_high"] > ours["harvest"]["high"]
     assert by[("vllm-priority", 2)]["peer_harvest"] is None  # the peer is not judged against itself
     text = fr.table(results)
-    assert "| flat-8 | standard | outside | 8 | 3 | 400 [" in text and "| 200 | 2.00× |" in text
+    assert (
+        "| flat-8 | standard | outside | 8 | 3 | 400 [" in text
+        and f"| 200 | 2.00× [{low / 200:.2f}, {high / 200:.2f}] |" in text
+    )
 
 
 def test_the_table_says_which_arms_staged_their_prompts_and_a_given_gate_reference():
